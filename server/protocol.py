@@ -1,0 +1,382 @@
+"""Wire protocol, schema version 1 (DESIGN.md, "Public interfaces").
+
+Every message is a two-frame ZeroMQ multipart ``[topic, payload]``: ``topic`` is one of the ``TOPIC_*`` byte
+strings and ``payload`` is a msgpack map (packed with ``use_bin_type=True``). Arrays travel as raw little-endian
+bytes (msgpack ``bin``), every quantity is in SI units in the scene frame, and every payload carries
+
+* ``v``   -- schema version (int, always :data:`SCHEMA_VERSION`),
+* ``seq`` -- the simulation tick number (int, >= 0),
+* ``t``   -- simulation time (float, s).
+
+Topic payloads (besides v, seq, t):
+
+``state``
+    ``n`` vertex count; ``x`` float32[n*3] positions (m); ``tension`` float32[n-1] segment tensions (N);
+    ``twist`` (rad); ``grasps`` list of {``id``, ``vertex``, ``device``, ``pos`` [3] (m), ``force`` [3] (N)};
+    ``contacts`` count; ``energy`` {``kinetic``, ``elastic``, ``gravity``} (J);
+    ``solver`` {``iters``, ``residual``, ``substeps``}.
+``force``
+    ``device``; ``pose`` [3] stylus position (m); ``force`` [3] force commanded to the device after safety (N);
+    ``axial`` axial constraint force magnitude at the grasp (N); ``flags`` bitmask of ``FLAG_*``.
+``stats``
+    free-form map of loop statistics (latencies in microseconds).
+``event``
+    ``kind`` (grasp, release, reset, load, fault, overrun, ...) and free-form details.
+
+Encoding is deterministic: the same inputs always give the same bytes (map keys are emitted in a fixed order;
+free-form maps -- event details and stats -- are emitted with their keys sorted).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+import msgpack
+import numpy as np
+
+__all__ = [
+    "SCHEMA_VERSION", "MAX_MESSAGE_BYTES",
+    "TOPIC_STATE", "TOPIC_FORCE", "TOPIC_STATS", "TOPIC_EVENT", "TOPICS",
+    "FLAG_CLAMPED", "FLAG_SLEWED", "FLAG_WATCHDOG", "FLAG_FAULT",
+    "ProtocolError",
+    "encode_state", "encode_force", "encode_event", "encode_stats",
+    "decode", "decode_state", "decode_force", "decode_event", "decode_stats", "decode_multipart",
+]
+
+SCHEMA_VERSION = 1
+#: Largest payload accepted by :func:`decode` and produced by the encoders (bytes).
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+TOPIC_STATE = b"state"
+TOPIC_FORCE = b"force"
+TOPIC_STATS = b"stats"
+TOPIC_EVENT = b"event"
+TOPICS = (TOPIC_STATE, TOPIC_FORCE, TOPIC_STATS, TOPIC_EVENT)
+
+FLAG_CLAMPED = 1   # force magnitude was clamped to the device limit
+FLAG_SLEWED = 2    # force change was rate-limited
+FLAG_WATCHDOG = 4  # watchdog fired (stale solver output); force ramped to zero
+FLAG_FAULT = 8     # device fault; output disabled
+
+_ENVELOPE_KEYS = ("v", "seq", "t")
+_ENERGY_KEYS = ("kinetic", "elastic", "gravity")
+_F32 = np.dtype("<f4")
+
+
+class ProtocolError(ValueError):
+    """A payload that cannot be encoded or decoded under schema version 1."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# encoding
+
+
+def _pack(obj: dict) -> bytes:
+    try:
+        data = msgpack.packb(obj, use_bin_type=True, default=_pack_default)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ProtocolError(f"cannot encode payload: {exc}") from exc
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"encoded payload is {len(data)} bytes, over the {MAX_MESSAGE_BYTES}-byte cap")
+    return data
+
+
+def _pack_default(obj: Any) -> Any:
+    # Only reached for types msgpack cannot pack natively (numpy scalars/arrays in free-form maps).
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"cannot serialize object of type {type(obj).__name__}")
+
+
+def _envelope(seq: int, t: float) -> dict:
+    return {"v": SCHEMA_VERSION, "seq": int(seq), "t": float(t)}
+
+
+def _vec3(value: Iterable[float], what: str) -> list[float]:
+    out = [float(c) for c in value]
+    if len(out) != 3:
+        raise ProtocolError(f"{what} must have 3 components, got {len(out)}")
+    return out
+
+
+def _canonical(obj: Any) -> Any:
+    """Free-form values with map keys sorted (recursively), so encoding does not depend on insertion order."""
+    if isinstance(obj, Mapping):
+        return {k: _canonical(obj[k]) for k in sorted(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [_canonical(v) for v in obj]
+    return obj
+
+
+def encode_state(seq: int, t: float, x: np.ndarray, tension: np.ndarray, twist: float,
+                 grasps: Sequence[Mapping[str, Any]], contacts: int, energy: Mapping[str, float],
+                 solver: Mapping[str, Any]) -> bytes:
+    """Encode a ``state`` payload.
+
+    :param seq: tick number.
+    :param t: simulation time (s).
+    :param x: vertex positions, shape (n, 3), m; sent as float32 little-endian bytes (n*3 values).
+    :param tension: segment tensions, shape (n-1,), N; sent as float32 little-endian bytes.
+    :param twist: total twist (rad).
+    :param grasps: ``{"id": str, "vertex": int, "device": str, "pos": [3] (m), "force": [3] (N)}`` items.
+    :param contacts: number of active contacts.
+    :param energy: ``{"kinetic", "elastic", "gravity"}`` in J (extra keys are kept, sorted).
+    :param solver: ``{"iters": int, "residual": float, "substeps": int}`` (extra keys are kept, sorted).
+    """
+    x = np.asarray(x)
+    if x.ndim != 2 or x.shape[1] != 3 or x.shape[0] < 1:
+        raise ProtocolError(f"x must have shape (n, 3) with n >= 1, got {x.shape}")
+    n = x.shape[0]
+    tension = np.asarray(tension)
+    if tension.shape != (n - 1,):
+        raise ProtocolError(f"tension must have shape ({n - 1},) for n={n}, got {tension.shape}")
+    try:
+        energy_out = {k: float(energy[k]) for k in _ENERGY_KEYS}
+        energy_out.update({k: float(energy[k]) for k in sorted(energy) if k not in energy_out})
+        solver_out = {"iters": int(solver["iters"]), "residual": float(solver["residual"]),
+                      "substeps": int(solver["substeps"])}
+        solver_out.update({k: _canonical(solver[k]) for k in sorted(solver) if k not in solver_out})
+        grasps_out = [{"id": str(g["id"]), "vertex": int(g["vertex"]), "device": str(g["device"]),
+                       "pos": _vec3(g["pos"], "grasp pos"), "force": _vec3(g["force"], "grasp force")}
+                      for g in grasps]
+    except KeyError as exc:
+        raise ProtocolError(f"state: missing key {exc.args[0]!r}") from exc
+    msg = _envelope(seq, t)
+    msg["n"] = int(n)
+    msg["x"] = x.astype(_F32, order="C", copy=False).tobytes()
+    msg["tension"] = tension.astype(_F32, order="C", copy=False).tobytes()
+    msg["twist"] = float(twist)
+    msg["grasps"] = grasps_out
+    msg["contacts"] = int(contacts)
+    msg["energy"] = energy_out
+    msg["solver"] = solver_out
+    return _pack(msg)
+
+
+def encode_force(seq: int, t: float, device: str, pose: Sequence[float], force: Sequence[float], axial: float,
+                 flags: int) -> bytes:
+    """Encode a ``force`` payload.
+
+    :param device: device name.
+    :param pose: stylus position [3] (m).
+    :param force: force commanded to the device after safety processing [3] (N).
+    :param axial: axial constraint force magnitude at the grasp (N).
+    :param flags: bitmask of ``FLAG_CLAMPED | FLAG_SLEWED | FLAG_WATCHDOG | FLAG_FAULT``.
+    """
+    msg = _envelope(seq, t)
+    msg["device"] = str(device)
+    msg["pose"] = _vec3(pose, "pose")
+    msg["force"] = _vec3(force, "force")
+    msg["axial"] = float(axial)
+    flags = int(flags)
+    if flags < 0:
+        raise ProtocolError(f"flags must be >= 0, got {flags}")
+    msg["flags"] = flags
+    return _pack(msg)
+
+
+def encode_event(seq: int, t: float, kind: str, **details: Any) -> bytes:
+    """Encode an ``event`` payload: ``kind`` (grasp, release, reset, load, fault, overrun, ...) plus details.
+
+    Details are emitted after ``kind`` in sorted key order; they must not reuse v, seq, t or kind.
+    """
+    clash = set(details).intersection(("v", "seq", "t", "kind"))
+    if clash:
+        raise ProtocolError(f"event details may not use reserved keys {sorted(clash)}")
+    msg = _envelope(seq, t)
+    msg["kind"] = str(kind)
+    for k in sorted(details):
+        msg[k] = _canonical(details[k])
+    return _pack(msg)
+
+
+def encode_stats(seq: int, t: float, stats: Mapping[str, Any]) -> bytes:
+    """Encode a ``stats`` payload: loop lateness/period/step-time percentiles (microseconds), overruns, substeps.
+
+    ``stats`` is free-form; its keys are emitted in sorted order and must not reuse v, seq or t.
+    """
+    clash = set(stats).intersection(_ENVELOPE_KEYS)
+    if clash:
+        raise ProtocolError(f"stats may not use reserved keys {sorted(clash)}")
+    msg = _envelope(seq, t)
+    for k in sorted(stats):
+        msg[k] = _canonical(stats[k])
+    return _pack(msg)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# decoding
+
+
+def _fail(topic: str, msg: str) -> ProtocolError:
+    return ProtocolError(f"{topic}: {msg}")
+
+
+def _get(m: dict, key: str, types: type | tuple, topic: str) -> Any:
+    if key not in m:
+        raise _fail(topic, f"missing key {key!r}")
+    val = m[key]
+    # bool is an int subclass but never a valid number here
+    if isinstance(val, bool) or not isinstance(val, types):
+        tn = types.__name__ if isinstance(types, type) else "/".join(t.__name__ for t in types)
+        raise _fail(topic, f"key {key!r} must be {tn}, got {type(val).__name__}")
+    return val
+
+
+def _num(m: dict, key: str, topic: str) -> float:
+    return float(_get(m, key, (int, float), topic))
+
+
+def _vec3_in(m: dict, key: str, topic: str) -> list[float]:
+    val = _get(m, key, list, topic)
+    if len(val) != 3 or any(isinstance(c, bool) or not isinstance(c, (int, float)) for c in val):
+        raise _fail(topic, f"key {key!r} must be a list of 3 numbers")
+    return [float(c) for c in val]
+
+
+def _unpack(payload: bytes, topic: str) -> dict:
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise _fail(topic, f"payload must be bytes, got {type(payload).__name__}")
+    if len(payload) > MAX_MESSAGE_BYTES:
+        raise _fail(topic, f"payload is {len(payload)} bytes, over the {MAX_MESSAGE_BYTES}-byte cap")
+    try:
+        m = msgpack.unpackb(payload, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises a zoo of ValueError/TypeError/UnicodeDecodeError subclasses
+        raise _fail(topic, f"not a valid msgpack payload ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(m, dict):
+        raise _fail(topic, f"payload must be a msgpack map, got {type(m).__name__}")
+    v = _get(m, "v", int, topic)
+    if v != SCHEMA_VERSION:
+        raise _fail(topic, f"unsupported schema version v={v} (expected {SCHEMA_VERSION})")
+    if _get(m, "seq", int, topic) < 0:
+        raise _fail(topic, "seq must be >= 0")
+    m["t"] = _num(m, "t", topic)
+    return m
+
+
+def _f32_array(m: dict, key: str, count: int, topic: str) -> np.ndarray:
+    raw = _get(m, key, bytes, topic)
+    if len(raw) != 4 * count:
+        raise _fail(topic, f"key {key!r} has {len(raw)} bytes, expected {4 * count} (float32[{count}])")
+    return np.frombuffer(raw, dtype=_F32)
+
+
+def _check_state(m: dict) -> dict:
+    topic = "state"
+    n = _get(m, "n", int, topic)
+    if n < 1:
+        raise _fail(topic, f"n must be >= 1, got {n}")
+    # read-only views on the payload bytes, no copy
+    m["x"] = _f32_array(m, "x", 3 * n, topic).reshape(n, 3)
+    m["tension"] = _f32_array(m, "tension", n - 1, topic)
+    m["twist"] = _num(m, "twist", topic)
+    grasps = _get(m, "grasps", list, topic)
+    for i, g in enumerate(grasps):
+        where = f"state.grasps[{i}]"
+        if not isinstance(g, dict):
+            raise _fail(where, f"must be a map, got {type(g).__name__}")
+        _get(g, "id", str, where)
+        vertex = _get(g, "vertex", int, where)
+        if not 0 <= vertex < n:
+            raise _fail(where, f"vertex {vertex} out of range [0, {n})")
+        _get(g, "device", str, where)
+        g["pos"] = _vec3_in(g, "pos", where)
+        g["force"] = _vec3_in(g, "force", where)
+    if _get(m, "contacts", int, topic) < 0:
+        raise _fail(topic, "contacts must be >= 0")
+    energy = _get(m, "energy", dict, topic)
+    for k in _ENERGY_KEYS:
+        energy[k] = _num(energy, k, "state.energy")
+    solver = _get(m, "solver", dict, topic)
+    _get(solver, "iters", int, "state.solver")
+    solver["residual"] = _num(solver, "residual", "state.solver")
+    if "substeps" in solver:
+        _get(solver, "substeps", int, "state.solver")
+    return m
+
+
+def _check_force(m: dict) -> dict:
+    topic = "force"
+    _get(m, "device", str, topic)
+    m["pose"] = _vec3_in(m, "pose", topic)
+    m["force"] = _vec3_in(m, "force", topic)
+    m["axial"] = _num(m, "axial", topic)
+    if _get(m, "flags", int, topic) < 0:
+        raise _fail(topic, "flags must be >= 0")
+    return m
+
+
+def _check_event(m: dict) -> dict:
+    _get(m, "kind", str, "event")
+    return m
+
+
+def _check_stats(m: dict) -> dict:
+    return m
+
+
+_CHECKS = {"state": _check_state, "force": _check_force, "event": _check_event, "stats": _check_stats}
+
+
+def _topic_name(topic: bytes | str) -> str:
+    name = topic.decode("ascii", "replace") if isinstance(topic, (bytes, bytearray)) else str(topic)
+    if name not in _CHECKS:
+        raise ProtocolError(f"unknown topic {name!r}")
+    return name
+
+
+def _infer_topic(m: dict) -> str:
+    if "x" in m:
+        return "state"
+    if "axial" in m:
+        return "force"
+    if "kind" in m:
+        return "event"
+    return "stats"
+
+
+def decode(payload: bytes, topic: bytes | str | None = None) -> dict:
+    """Decode and validate one payload; raise :class:`ProtocolError` if it is malformed.
+
+    Checks the size cap, that the payload is a msgpack map, ``v == 1``, ``seq`` (int >= 0), ``t`` (number, s)
+    and the required keys and types of ``topic``. In ``state`` payloads ``x`` becomes a read-only float32
+    array of shape (n, 3) and ``tension`` one of shape (n-1,). Numbers documented as floats come back as
+    ``float``.
+
+    Pass ``topic`` (the first multipart frame) whenever it is known. Without it the topic is inferred from the
+    keys (``x`` -> state, ``axial`` -> force, ``kind`` -> event, otherwise stats), which cannot catch a state or
+    force payload that lacks its distinguishing key.
+    """
+    name = None if topic is None else _topic_name(topic)
+    m = _unpack(payload, name or "payload")
+    return _CHECKS[name or _infer_topic(m)](m)
+
+
+def decode_state(payload: bytes) -> dict:
+    """:func:`decode` for a ``state`` payload."""
+    return decode(payload, "state")
+
+
+def decode_force(payload: bytes) -> dict:
+    """:func:`decode` for a ``force`` payload."""
+    return decode(payload, "force")
+
+
+def decode_event(payload: bytes) -> dict:
+    """:func:`decode` for an ``event`` payload."""
+    return decode(payload, "event")
+
+
+def decode_stats(payload: bytes) -> dict:
+    """:func:`decode` for a ``stats`` payload."""
+    return decode(payload, "stats")
+
+
+def decode_multipart(frames: Sequence[bytes]) -> tuple[bytes, dict]:
+    """Decode a received ``[topic, payload]`` multipart message; returns ``(topic, decoded payload)``."""
+    if len(frames) != 2:
+        raise ProtocolError(f"expected a two-frame multipart message, got {len(frames)} frames")
+    topic = bytes(frames[0])
+    return topic, decode(frames[1], topic)

@@ -1,0 +1,129 @@
+"""Lagrange multipliers of the inextensibility constraints (Wang 2017 Sec. 5.2-5.3, App. D).
+
+After the unconstrained prediction xbar (Eq. D.1), the constraint forces move vertex i by
+    x_i^{k+1} = xbar_i + w_i (alpha_i e_i - alpha_{i-1} e_{i-1}),      e_j = x_{j+1}^k - x_j^k      (Eq. D.3)
+where w_i is the (effective) inverse mass and alpha_j = h^2 T_j / |e_j| carries the tension T_j (N) of
+segment j: Wang's alpha_i = -2 h lambda_i / m_i with the mass moved into w_i so that pinned, kinematic and
+grasped vertices need no special case. The new edges are
+    E_j = ebar_j + w_{j+1} alpha_{j+1} e_{j+1} - (w_j + w_{j+1}) alpha_j e_j + w_j alpha_{j-1} e_{j-1}   (Eq. D.4)
+and the constraints G_j = |E_j|^2 - s_j^2 = 0 (Eq. 2, D.6), with s_j = l_j for an inextensible thread and
+s_j = l_j (1 + T_j / EA) for an extensible one (a compliant constraint: the stretch is solved implicitly, so
+a stiff EA costs no extra substeps). Writing E_j = ebar_j + (C alpha)_j with the tridiagonal C:
+- contraction mapping (Eq. 10, D.8): (A + B(alpha_n)) alpha_{n+1} = R, with A_jk = 2 ebar_j . C_jk,
+  B(alpha)_jk = (C alpha)_j . C_jk, R_j = s_j^2 - |ebar_j|^2, i.e. the matrix row is (E_j + ebar_j) . C_jk.
+  (The extracted text of Eq. D.8 lost the factor 2 in A; it follows from expanding Eq. D.6.)
+- Newton (Eq. 12-13): the Jacobian is A + 2 B(alpha_n) = 2 E_j . C_jk (minus the compliance term).
+Both are tridiagonal and solved by the Thomas algorithm in O(N) per iteration.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+METHOD_CONTRACTION = 0
+METHOD_NEWTON = 1
+
+
+@njit(cache=True, error_model="numpy")
+def thomas_solve(lo: np.ndarray, di: np.ndarray, up: np.ndarray, rhs: np.ndarray, cp: np.ndarray,
+                 out: np.ndarray, m: int) -> None:
+    """Solve the tridiagonal system (lo: sub-, di: main, up: super-diagonal) of size m into ``out``.
+    ``cp`` is scratch. The constraint matrix is (weakly) diagonally dominant, so no pivoting is needed."""
+    beta = di[0]
+    cp[0] = up[0] / beta
+    out[0] = rhs[0] / beta
+    for j in range(1, m):
+        beta = di[j] - lo[j] * cp[j - 1]
+        cp[j] = up[j] / beta
+        out[j] = (rhs[j] - lo[j] * out[j - 1]) / beta
+    for j in range(m - 2, -1, -1):
+        out[j] -= cp[j] * out[j + 1]
+
+
+@njit(cache=True, error_model="numpy")
+def _new_edges(xbar: np.ndarray, e: np.ndarray, w: np.ndarray, alpha: np.ndarray, E: np.ndarray) -> None:
+    # Eq. D.4 with per-vertex inverse masses
+    m = e.shape[0]
+    for j in range(m):
+        wl = w[j]
+        wr = w[j + 1]
+        for d in range(3):
+            v = xbar[j + 1, d] - xbar[j, d] - (wl + wr) * alpha[j] * e[j, d]
+            if j > 0:
+                v += wl * alpha[j - 1] * e[j - 1, d]
+            if j < m - 1:
+                v += wr * alpha[j + 1] * e[j + 1, d]
+            E[j, d] = v
+
+
+@njit(cache=True, error_model="numpy")
+def solve_multipliers(xbar: np.ndarray, e: np.ndarray, elen: np.ndarray, w: np.ndarray, rest: np.ndarray,
+                      compliance: np.ndarray, h: float, method: int, tol: float, max_iters: int,
+                      alpha: np.ndarray, E: np.ndarray, lo: np.ndarray, di: np.ndarray, up: np.ndarray,
+                      rhs: np.ndarray, cp: np.ndarray, delta: np.ndarray) -> tuple:
+    """Solve for ``alpha`` (warm start: its value on entry) so that the new edges E have their rest lengths.
+
+    xbar (n,3) predicted positions (m); e (n-1,3) edges at x^k (m), elen their lengths (m); w (n,) effective
+    inverse masses (1/kg, 0 = kinematic); rest (n-1,) rest lengths (m); compliance (n-1,) 1/EA (1/N, 0 =
+    inextensible); h the step (s). On return ``E`` holds the new edges for the returned alpha.
+    Returns (iterations, residual): each iteration is one tridiagonal solve, residual = max_j |G_j| / l_j^2.
+    Segments whose both vertices are kinematic carry no constraint: the caller sets their alpha to 0.
+    """
+    m = e.shape[0]
+    inv_h2 = 1.0 / (h * h)
+    iters = 0
+    residual = 0.0
+    while True:
+        _new_edges(xbar, e, w, alpha, E)
+        residual = 0.0
+        for j in range(m):
+            if w[j] + w[j + 1] == 0.0:
+                continue
+            s = rest[j] * (1.0 + compliance[j] * alpha[j] * elen[j] * inv_h2)
+            g = E[j, 0] * E[j, 0] + E[j, 1] * E[j, 1] + E[j, 2] * E[j, 2] - s * s
+            r = abs(g) / (rest[j] * rest[j])
+            if r > residual:
+                residual = r
+        if residual <= tol or iters >= max_iters or not math.isfinite(residual):
+            break
+        for j in range(m):
+            wl = w[j]
+            wr = w[j + 1]
+            if wl + wr == 0.0:
+                lo[j] = 0.0
+                up[j] = 0.0
+                di[j] = 1.0
+                rhs[j] = 0.0
+                continue
+            s = rest[j] * (1.0 + compliance[j] * alpha[j] * elen[j] * inv_h2)
+            if method == METHOD_NEWTON:
+                # row of the Jacobian 2 E_j . C_jk; the compliant target adds -d(s^2)/d alpha_j on the diagonal
+                px = 2.0 * E[j, 0]
+                py = 2.0 * E[j, 1]
+                pz = 2.0 * E[j, 2]
+                rhs[j] = -(E[j, 0] * E[j, 0] + E[j, 1] * E[j, 1] + E[j, 2] * E[j, 2] - s * s)
+                dcomp = 2.0 * s * rest[j] * compliance[j] * elen[j] * inv_h2
+            else:
+                # row of A + B(alpha_n): (E_j + ebar_j) . C_jk, right side s^2 - |ebar_j|^2 (target lagged)
+                ebx = xbar[j + 1, 0] - xbar[j, 0]
+                eby = xbar[j + 1, 1] - xbar[j, 1]
+                ebz = xbar[j + 1, 2] - xbar[j, 2]
+                px = E[j, 0] + ebx
+                py = E[j, 1] + eby
+                pz = E[j, 2] + ebz
+                rhs[j] = s * s - (ebx * ebx + eby * eby + ebz * ebz)
+                dcomp = 0.0
+            di[j] = -(wl + wr) * (px * e[j, 0] + py * e[j, 1] + pz * e[j, 2]) - dcomp
+            lo[j] = wl * (px * e[j - 1, 0] + py * e[j - 1, 1] + pz * e[j - 1, 2]) if j > 0 else 0.0
+            up[j] = wr * (px * e[j + 1, 0] + py * e[j + 1, 1] + pz * e[j + 1, 2]) if j < m - 1 else 0.0
+        thomas_solve(lo, di, up, rhs, cp, delta, m)
+        if method == METHOD_NEWTON:
+            for j in range(m):
+                alpha[j] += delta[j]
+        else:
+            for j in range(m):
+                alpha[j] = delta[j]
+        iters += 1
+    return iters, residual

@@ -1,0 +1,220 @@
+"""Thread model (parameters, fixed during a run) and thread state (everything a step changes).
+
+As MuJoCo splits mjModel and mjData: a ThreadModel holds the rest geometry, masses, stiffnesses, boundary
+conditions and the scripted timeline; a ThreadState holds positions, multipliers, twist, grasp targets and
+every scratch buffer, allocated once. Kernels read the model and write only the state. Reset is copying an
+initial state. SI units throughout.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MAX_GRASPS = 4
+
+
+@dataclass(frozen=True)
+class ThreadParams:
+    """Physical parameters of one thread, resolved to SI (see solver/presets.py for how they are read)."""
+    name: str
+    length: float                 # m
+    segments: int
+    linear_density: float         # kg/m
+    bending_stiffness: float      # EI, N*m^2
+    twisting_stiffness: float     # GJ, N*m^2
+    air_drag: float = 0.0         # quadratic drag per length, N*s^2/m^3 (Wang 2017 Eq. 4 per unit length)
+    air_drag_linear: float = 0.0  # linear drag per length, N*s/m^2
+    bending_dissipation: float = 0.0  # Wang 2017 Eq. 5 k_d, J*s per hinge
+    contact_radius: float = 0.0   # m
+    diameter: float = 0.0         # m (0 = not given)
+    extensible: bool = False
+    stretch_stiffness: float = math.inf  # EA, N (inf when inextensible)
+
+    @property
+    def mass(self) -> float:
+        """Total mass (kg)."""
+        return self.linear_density * self.length
+
+
+@dataclass(frozen=True)
+class SolverSettings:
+    """How the equations are solved; part of the model because a run's results depend on it."""
+    method: str = "newton"        # "newton" (Eq. 13) or "contraction" (Eq. 10)
+    tol: float = 1e-12            # max |psi_j| / l_j^2 at which the multiplier iteration stops
+    max_iters: int = 50           # multiplier iterations per step
+    tick: float = 1e-3            # s, one tick of the fixed-rate loop
+    substeps: int = 0             # fixed substeps per tick; 0 = chosen each tick from the stability bound
+    max_substeps: int = 256
+    stability_target: float = 1.0  # h * omega_max aimed for (the explicit limit is 2)
+
+
+@dataclass
+class ThreadModel:
+    """Immutable during a run. Arrays are float64 unless noted; vertex arrays have n = segments + 1 rows."""
+    params: ThreadParams
+    solver: SolverSettings
+    rest_length: np.ndarray       # (n-1,) m
+    mass: np.ndarray              # (n,) kg, lumped: half of each adjacent segment
+    inv_mass: np.ndarray          # (n,) 1/kg, 0 for kinematic (pinned or driven) vertices
+    kinematic: np.ndarray         # (n,) int8, 1 = position prescribed
+    hinge_k: np.ndarray           # (n,) J, K_i = 4 EI / (l_{i-1} + l_i); 0 at the ends (docs/PHYSICS.md)
+    bend_gersh: np.ndarray        # (n,) N/m per vertex: Gershgorin row sum of the straight bending stiffness
+    drag_quad: np.ndarray         # (n,) N*s^2/m^2
+    drag_lin: np.ndarray          # (n,) N*s/m
+    compliance: np.ndarray        # (n-1,) 1/N: 1/EA, 0 for an inextensible thread
+    gravity: np.ndarray           # (3,) m/s^2
+    twist_k: float                # N*m, GJ / L_bar with 2 L_bar = sum of (l_{i-1} + l_i) over hinges
+    bending_dissipation: float    # J*s
+    # scripted timeline (solver/motion.py): kind, index, start, end (s), velocity (m/s or rad/s)
+    mot_kind: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    mot_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    mot_t0: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    mot_t1: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    mot_vel: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+
+    @property
+    def n_vertices(self) -> int:
+        return self.mass.shape[0]
+
+    @property
+    def n_segments(self) -> int:
+        return self.rest_length.shape[0]
+
+    @property
+    def method_code(self) -> int:
+        return 1 if self.solver.method == "newton" else 0
+
+
+@dataclass
+class ThreadState:
+    """Everything a step changes, plus scratch; allocated once by make_state."""
+    x: np.ndarray                 # (n,3) m, positions at the current time
+    x_prev: np.ndarray            # (n,3) m, positions one substep earlier
+    h: np.ndarray                 # (1,) s, the substep that separates x_prev and x
+    time: np.ndarray              # (1,) s
+    tension: np.ndarray           # (n-1,) N, axial force of each segment (Wang 2017 Eq. 8)
+    twist: np.ndarray             # (2,) rad: [total end-to-end twist Theta, accumulated input twist]
+    kin_target: np.ndarray        # (n,3) m, where kinematic vertices are (driven by the timeline)
+    ext_force: np.ndarray         # (n,3) N, external point forces
+    grasp_vertex: np.ndarray      # (G,) int64, grasped vertex or -1
+    grasp_k: np.ndarray           # (G,) N/m, coupling stiffness
+    grasp_c: np.ndarray           # (G,) N*s/m, coupling damping
+    grasp_fmax: np.ndarray        # (G,) N, coupling force limit
+    grasp_target: np.ndarray      # (G,3) m, target (stylus) position now
+    grasp_target_prev: np.ndarray  # (G,3) m, target one substep earlier
+    grasp_force: np.ndarray       # (G,3) N, force the coupling applies to the thread
+    grasp_sat: np.ndarray         # (G,) int8, 1 while the coupling force is at its limit
+    stats: np.ndarray             # (8,) see STAT_* in solver/integrator.py
+    # scratch
+    force: np.ndarray
+    twist_grad: np.ndarray
+    xbar: np.ndarray
+    w_eff: np.ndarray
+    edges: np.ndarray
+    elen: np.ndarray
+    new_edges: np.ndarray
+    alpha: np.ndarray
+    tri_lo: np.ndarray
+    tri_di: np.ndarray
+    tri_up: np.ndarray
+    tri_rhs: np.ndarray
+    tri_cp: np.ndarray
+    tri_delta: np.ndarray
+
+    def copy(self) -> "ThreadState":
+        return copy.deepcopy(self)
+
+    def copy_into(self, other: "ThreadState") -> None:
+        """Overwrite ``other``'s arrays in place (no allocation): how reset restores the initial state."""
+        for name, value in vars(self).items():
+            np.copyto(getattr(other, name), value)
+
+
+def lumped_masses(rest_length: np.ndarray, linear_density: float) -> np.ndarray:
+    """Vertex masses (kg): each segment's mass split equally between its two vertices."""
+    n = rest_length.shape[0] + 1
+    m = np.zeros(n)
+    seg = linear_density * rest_length
+    m[:-1] += 0.5 * seg
+    m[1:] += 0.5 * seg
+    return m
+
+
+def build_model(params: ThreadParams, solver: SolverSettings, gravity=(0.0, 0.0, -9.81),
+                kinematic_vertices=(), rest_length: np.ndarray | None = None,
+                timeline: dict | None = None) -> ThreadModel:
+    """Make the model of a thread with equal segments (or the given rest lengths, m)."""
+    ns = params.segments
+    if rest_length is None:
+        rest_length = np.full(ns, params.length / ns)
+    rest_length = np.asarray(rest_length, dtype=np.float64)
+    n = ns + 1
+    mass = lumped_masses(rest_length, params.linear_density)
+    kin = np.zeros(n, np.int8)
+    for v in kinematic_vertices:
+        kin[v] = 1
+    inv_mass = np.where(kin == 1, 0.0, 1.0 / mass)
+
+    # Voronoi length of each vertex (m): half of each adjacent segment.
+    vor = np.zeros(n)
+    vor[:-1] += 0.5 * rest_length
+    vor[1:] += 0.5 * rest_length
+
+    # Bending: E_i = K_i tan^2(phi_i/2) with K_i = 4 EI / (l_{i-1} + l_i) -> 1/2 EI kappa^2 over the Voronoi
+    # length (docs/PHYSICS.md); Wang 2017 Eq. 3's k_b equals K_i.
+    hinge_k = np.zeros(n)
+    hinge_k[1:-1] = 4.0 * params.bending_stiffness / (rest_length[:-1] + rest_length[1:])
+
+    # Gershgorin bound of the linearised bending stiffness: hinge i has energy (K_i/2) phi^2 / 2 ... i.e.
+    # stiffness c_i = K_i / 2 on phi ~ g . y with g = [1/l_a, -(1/l_a + 1/l_b), 1/l_b].
+    bend_gersh = np.zeros(n)
+    for i in range(1, n - 1):
+        la, lb = rest_length[i - 1], rest_length[i]
+        g = np.array([1.0 / la, -(1.0 / la + 1.0 / lb), 1.0 / lb])
+        c = 0.5 * hinge_k[i]
+        row = c * np.abs(g) * np.abs(g).sum()
+        bend_gersh[i - 1:i + 2] += row
+
+    l_bar = 0.5 * float(np.sum(rest_length[:-1] + rest_length[1:])) if ns > 1 else float(rest_length.sum())
+    twist_k = params.twisting_stiffness / l_bar if l_bar > 0 else 0.0
+    compliance = np.zeros(ns) if not params.extensible else np.full(ns, 1.0 / params.stretch_stiffness)
+
+    tl = timeline or {}
+    return ThreadModel(
+        params=params, solver=solver, rest_length=rest_length, mass=mass, inv_mass=inv_mass, kinematic=kin,
+        hinge_k=hinge_k, bend_gersh=bend_gersh, drag_quad=params.air_drag * vor,
+        drag_lin=params.air_drag_linear * vor, compliance=compliance,
+        gravity=np.asarray(gravity, dtype=np.float64), twist_k=twist_k,
+        bending_dissipation=params.bending_dissipation,
+        mot_kind=np.asarray(tl.get("kind", np.zeros(0)), np.int64),
+        mot_index=np.asarray(tl.get("index", np.zeros(0)), np.int64),
+        mot_t0=np.asarray(tl.get("t0", np.zeros(0)), np.float64),
+        mot_t1=np.asarray(tl.get("t1", np.zeros(0)), np.float64),
+        mot_vel=np.asarray(tl.get("vel", np.zeros((0, 3))), np.float64).reshape(-1, 3),
+    )
+
+
+def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
+               twist0: float = 0.0) -> ThreadState:
+    """Allocate a state at positions x0 (n,3) m with velocities v0 (n,3) m/s (x_prev = x0 - v0 h)."""
+    n = model.n_vertices
+    ns = model.n_segments
+    x0 = np.ascontiguousarray(x0, dtype=np.float64).reshape(n, 3)
+    h0 = model.solver.tick / max(model.solver.substeps, 1)
+    v = np.zeros((n, 3)) if v0 is None else np.asarray(v0, np.float64).reshape(n, 3)
+    v = np.where(model.kinematic[:, None] == 1, 0.0, v)
+    z = lambda *s: np.zeros(s)  # noqa: E731
+    return ThreadState(
+        x=x0.copy(), x_prev=x0 - v * h0, h=np.array([h0]), time=np.zeros(1), tension=z(ns),
+        twist=np.array([twist0, 0.0]), kin_target=x0.copy(), ext_force=z(n, 3),
+        grasp_vertex=np.full(MAX_GRASPS, -1, np.int64), grasp_k=z(MAX_GRASPS), grasp_c=z(MAX_GRASPS),
+        grasp_fmax=np.full(MAX_GRASPS, np.inf), grasp_target=z(MAX_GRASPS, 3),
+        grasp_target_prev=z(MAX_GRASPS, 3), grasp_force=z(MAX_GRASPS, 3),
+        grasp_sat=np.zeros(MAX_GRASPS, np.int8), stats=z(8),
+        force=z(n, 3), twist_grad=z(n, 3), xbar=z(n, 3), w_eff=z(n), edges=z(ns, 3), elen=z(ns),
+        new_edges=z(ns, 3), alpha=z(ns), tri_lo=z(ns), tri_di=z(ns), tri_up=z(ns), tri_rhs=z(ns),
+        tri_cp=z(ns), tri_delta=z(ns),
+    )

@@ -1,0 +1,35 @@
+"""The scripted timeline: piecewise-constant velocities of kinematic vertices, grasp targets and the input
+twist. A scenario's waypoints and "move to" segments are compiled to these at load time (solver/scenario.py),
+so a step only integrates velocities over the part of each segment that overlaps it: exact for piecewise
+linear paths, whatever the substep.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+MOTION_VERTEX = 0   # index: vertex; vel: m/s
+MOTION_GRASP = 1    # index: grasp slot; vel: m/s
+MOTION_TWIST = 2    # index unused; vel[0]: rad/s of input twist at the thread's end (Wang 2017 Eq. C.5 theta_in)
+
+
+@njit(cache=True, error_model="numpy")
+def apply_motions(t: float, h: float, kind: np.ndarray, index: np.ndarray, t0: np.ndarray, t1: np.ndarray,
+                  vel: np.ndarray, kin_target: np.ndarray, grasp_target: np.ndarray, twist: np.ndarray) -> None:
+    """Advance the driven quantities over [t, t + h] (s): kinematic vertex targets (m), grasp targets (m) and
+    the twist (rad; twist[0] total, twist[1] accumulated input)."""
+    for k in range(kind.shape[0]):
+        a = t0[k] if t0[k] > t else t
+        b = t1[k] if t1[k] < t + h else t + h
+        if b <= a:
+            continue
+        dt = b - a
+        if kind[k] == MOTION_VERTEX:
+            for d in range(3):
+                kin_target[index[k], d] += vel[k, d] * dt
+        elif kind[k] == MOTION_GRASP:
+            for d in range(3):
+                grasp_target[index[k], d] += vel[k, d] * dt
+        else:
+            twist[0] += vel[k, 0] * dt
+            twist[1] += vel[k, 0] * dt

@@ -1,0 +1,325 @@
+"""Scenarios: a thread preset with overrides, an initial shape, gravity, boundary conditions, a timeline of
+motions, the solver settings and a duration, read from YAML and validated before anything runs.
+
+The file format is documented in docs/SCENARIOS.md. Every error names the file, the key path and the reason.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .config import ConfigError, Section, load_yaml
+from .model import MAX_GRASPS, SolverSettings, ThreadModel, ThreadState, build_model, make_state
+from .motion import MOTION_GRASP, MOTION_TWIST, MOTION_VERTEX
+from .presets import CONFIG_DIR, merged_thread_section, resolve_thread
+
+SCENARIOS_DIR = CONFIG_DIR / "scenarios"
+
+
+@dataclass(frozen=True)
+class GraspSpec:
+    """A virtual coupling between a target (a stylus) and a vertex."""
+    id: str
+    slot: int
+    vertex: int
+    device: str
+    stiffness: float   # N/m
+    damping: float     # N*s/m
+    max_force: float   # N
+
+
+@dataclass
+class Scenario:
+    name: str
+    description: str
+    file: str
+    duration: float                 # s
+    state_rate: float               # Hz of the `state` topic in recordings
+    model: ThreadModel
+    initial: ThreadState
+    grasps: list[GraspSpec] = field(default_factory=list)
+    force_vertices: list[int] = field(default_factory=list)
+    source: dict = field(default_factory=dict)  # the file as read, for recording metadata
+
+    def new_state(self) -> ThreadState:
+        """A fresh copy of the initial state."""
+        return self.initial.copy()
+
+
+def scenario_names() -> list[str]:
+    return sorted(p.stem for p in SCENARIOS_DIR.glob("*.yaml"))
+
+
+def scenario_path(name_or_path: str) -> Path:
+    """A shipped scenario by name, or a path."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        return p
+    return SCENARIOS_DIR / f"{name_or_path}.yaml"
+
+
+def load_scenario(name_or_path: str, overrides: dict | None = None) -> Scenario:
+    """Read and validate a scenario file (by shipped name or path). ``overrides`` is a nested mapping merged
+    over the file's content (e.g. {"thread": {"segments": 20}}) before validation."""
+    path = scenario_path(name_or_path)
+    if not path.is_file():
+        raise ConfigError(str(path), "", f"no such scenario (shipped: {', '.join(scenario_names())})")
+    data = load_yaml(path)
+    if overrides:
+        data = _merge(data, overrides)
+    return build_scenario(data, str(path))
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _vertex(sec: Section, key: str, n: int, value=None) -> int:
+    v = sec.get(key, int) if value is None else value
+    if isinstance(v, bool) or not isinstance(v, int) or not -n <= v < n:
+        raise sec.error(key, f"must be a vertex index in [{-n}, {n - 1}], got {v!r}")
+    return v % n
+
+
+def _shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
+    kind = sec.get("kind", str, "straight", choices=("straight", "helix", "points"))
+    if kind == "points":
+        pts = sec.raw("points")
+        try:
+            arr = np.asarray(pts, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise sec.error("points", "must be a list of [x, y, z] points") from None
+        if arr.ndim != 2 or arr.shape[1] != 3 or arr.shape[0] != n_seg + 1 or not np.all(np.isfinite(arr)):
+            raise sec.error("points", f"must be {n_seg + 1} finite [x, y, z] points (segments + 1)")
+        if np.any(np.linalg.norm(np.diff(arr, axis=0), axis=1) <= 0):
+            raise sec.error("points", "consecutive points must differ")
+        sec.finish()
+        return arr
+    start = np.array(sec.vector("start", 3, [0.0, 0.0, 0.0]))
+    if kind == "straight":
+        d = np.array(sec.vector("direction", 3, [1.0, 0.0, 0.0], nonzero=True))
+        sec.finish()
+        return start + np.outer(np.linspace(0.0, length, n_seg + 1), d / np.linalg.norm(d))
+    axis = np.array(sec.vector("axis", 3, [1.0, 0.0, 0.0], nonzero=True))
+    radius = sec.get("radius", float, above=0.0)
+    pitch = sec.get("pitch", float, minval=0.0)  # m per turn
+    sec.finish()
+    axis = axis / np.linalg.norm(axis)
+    u = np.cross(axis, [0.0, 0.0, 1.0])
+    if np.linalg.norm(u) < 1e-9:
+        u = np.cross(axis, [0.0, 1.0, 0.0])
+    u /= np.linalg.norm(u)
+    w = np.cross(axis, u)
+    c = pitch / (2.0 * math.pi)
+
+    def chord(dphi: float) -> float:
+        return math.hypot(2.0 * radius * math.sin(dphi / 2.0), c * dphi)
+
+    # equal chords of length L/N: find the angle step by bisection (chord grows with dphi up to 2 pi)
+    target = length / n_seg
+    lo, hi = 0.0, 2.0 * math.pi
+    if chord(hi) < target and c == 0.0:
+        raise sec.error("radius", f"a circle of radius {radius} m cannot hold segments of {target} m")
+    while chord(hi) < target:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if chord(mid) < target else (lo, mid)
+    phi = np.arange(n_seg + 1) * 0.5 * (lo + hi)
+    return start + radius * (np.outer(np.cos(phi), u) + np.outer(np.sin(phi), w) - u) + np.outer(c * phi, axis)
+
+
+def build_scenario(data: dict, file: str) -> Scenario:
+    """Validate a scenario mapping read from ``file`` and build its model and initial state."""
+    top = Section(data, file)
+    name = top.get("name", str, Path(file).stem)
+    description = top.get("description", str, "")
+    duration = top.get("duration", float, 10.0, above=0.0)
+    params = resolve_thread(merged_thread_section(top.section("thread")))
+    n_seg = params.segments
+    n = n_seg + 1
+    gravity = top.vector("gravity", 3, [0.0, 0.0, -9.81])
+
+    x0 = _shape(top.section("shape", {}), n_seg, params.length)
+    rest = np.linalg.norm(np.diff(x0, axis=0), axis=1)
+
+    # -- solver ----------------------------------------------------------------------------------------
+    ssec = top.section("solver", {})
+    sub_raw = ssec.raw("substeps", "auto")
+    if sub_raw == "auto":
+        substeps = 0
+    elif isinstance(sub_raw, int) and not isinstance(sub_raw, bool) and sub_raw >= 1:
+        substeps = sub_raw
+    else:
+        raise ssec.error("substeps", f"must be 'auto' or an integer >= 1, got {sub_raw!r}")
+    settings = SolverSettings(
+        method=ssec.get("method", str, "newton", choices=("newton", "contraction")),
+        tol=ssec.get("tol", float, 1e-12, above=0.0, maxval=1e-6),
+        max_iters=ssec.get("max_iters", int, 50, minval=1, maxval=10_000),
+        tick=ssec.get("tick", float, 1e-3, above=0.0, maxval=0.1),
+        substeps=substeps,
+        max_substeps=ssec.get("max_substeps", int, 256, minval=1, maxval=100_000),
+        stability_target=ssec.get("stability_target", float, 1.0, above=0.0, maxval=2.0),
+    )
+    ssec.finish()
+
+    # -- boundary conditions ---------------------------------------------------------------------------
+    bsec = top.section("boundary", {})
+    kinematic: list[int] = []
+    for key in ("pinned", "driven"):
+        lst = bsec.raw(key, [])
+        if not isinstance(lst, list):
+            raise bsec.error(key, f"must be a list of vertex indices, got {lst!r}")
+        for v in lst:
+            kinematic.append(_vertex(bsec, key, n, v))
+    forces = []
+    for fs in bsec.sections("forces"):
+        forces.append((_vertex(fs, "vertex", n), fs.vector("force", 3)))
+        fs.finish()
+    grasps: list[GraspSpec] = []
+    grasp_targets = []
+    for i, gs in enumerate(bsec.sections("grasps")):
+        if i >= MAX_GRASPS:
+            raise gs.error("id", f"at most {MAX_GRASPS} grasps")
+        gid = gs.get("id", str, f"grasp{i}")
+        if any(g.id == gid for g in grasps):
+            raise gs.error("id", f"duplicate grasp id {gid!r}")
+        v = _vertex(gs, "vertex", n)
+        if v in kinematic:
+            raise gs.error("vertex", f"vertex {v} is pinned or driven; a grasp needs a free vertex")
+        grasps.append(GraspSpec(
+            id=gid, slot=i, vertex=v, device=gs.get("device", str, gid),
+            stiffness=gs.get("stiffness", float, 1000.0, above=0.0),
+            damping=gs.get("damping", float, 0.0, minval=0.0),
+            max_force=gs.get("max_force", float, 10.0, above=0.0)))
+        grasp_targets.append(gs.vector("target", 3, list(x0[v])))
+        gs.finish()
+    twist0 = bsec.get("initial_twist", float, 0.0)
+    bsec.finish()
+
+    # -- timeline --------------------------------------------------------------------------------------
+    timeline = _timeline(top.sections("timeline"), n, x0, kinematic, {g.id: g for g in grasps}, grasp_targets)
+
+    model = build_model(params, settings, gravity=gravity, kinematic_vertices=kinematic, rest_length=rest,
+                        timeline=timeline)
+
+    # -- initial velocity ------------------------------------------------------------------------------
+    vsec = top.section("initial_velocity", None)
+    v0 = np.zeros((n, 3))
+    if vsec is not None:
+        if vsec.has("uniform"):
+            v0[:] = vsec.vector("uniform", 3)
+        else:
+            a = np.array(vsec.vector("start", 3))
+            b = np.array(vsec.vector("end", 3))
+            s = np.concatenate([[0.0], np.cumsum(rest)]) / rest.sum()
+            v0 = np.outer(1.0 - s, a) + np.outer(s, b)  # linear in arc length
+        vsec.finish()
+
+    rsec = top.section("record", {})
+    state_rate = rsec.get("state_rate", float, 100.0, above=0.0, maxval=1.0 / settings.tick)
+    rsec.finish()
+    top.finish()
+
+    state = make_state(model, x0, v0, twist0)
+    for vtx, f in forces:
+        state.ext_force[vtx] += f
+    for g, target in zip(grasps, grasp_targets):
+        state.grasp_vertex[g.slot] = g.vertex
+        state.grasp_k[g.slot] = g.stiffness
+        state.grasp_c[g.slot] = g.damping
+        state.grasp_fmax[g.slot] = g.max_force
+        state.grasp_target[g.slot] = target
+        state.grasp_target_prev[g.slot] = target
+    return Scenario(name=name, description=description, file=file, duration=duration, state_rate=state_rate,
+                    model=model, initial=state, grasps=grasps, force_vertices=[v for v, _ in forces],
+                    source=data)
+
+
+def _timeline(entries: list[Section], n: int, x0: np.ndarray, kinematic: list[int],
+              grasps: dict[str, GraspSpec], grasp_targets: list) -> dict:
+    kind, index, t0, t1, vel = [], [], [], [], []
+
+    def position_at(k: int, i: int, t: float, start: np.ndarray) -> np.ndarray:
+        p = start.copy()
+        for kk, ii, a, b, v in zip(kind, index, t0, t1, vel):
+            if kk == k and ii == i:
+                p += np.asarray(v) * max(0.0, min(b, t) - a)
+        return p
+
+    for es in entries:
+        subjects = [k for k in ("vertex", "grasp", "twist") if es.has(k)]
+        if len(subjects) != 1:
+            raise es.error("vertex", "each timeline entry moves exactly one of: vertex, grasp, twist")
+        subj = subjects[0]
+        if subj == "twist":
+            es.raw("twist")  # `twist: input`, documents the subject
+            rate = es.get("rate", float)
+            a = es.get("from", float, 0.0, minval=0.0)
+            if es.has("max"):
+                mx = es.get("max", float, above=0.0)
+                if rate == 0.0:
+                    raise es.error("rate", "must not be 0 with 'max'")
+                b = a + mx / abs(rate)
+            else:
+                b = es.get("to", float, above=a)
+            kind.append(MOTION_TWIST)
+            index.append(0)
+            t0.append(a)
+            t1.append(b)
+            vel.append([rate, 0.0, 0.0])
+            es.finish()
+            continue
+        if subj == "vertex":
+            i = _vertex(es, "vertex", n)
+            if i not in kinematic:
+                raise es.error("vertex", f"vertex {i} must be listed in boundary.driven (or pinned) to be moved")
+            k, start = MOTION_VERTEX, x0[i]
+        else:
+            gid = es.get("grasp", str)
+            if gid not in grasps:
+                raise es.error("grasp", f"no grasp {gid!r} in boundary.grasps")
+            i = grasps[gid].slot
+            k, start = MOTION_GRASP, np.asarray(grasp_targets[i])
+        modes = [m for m in ("velocity", "move_to", "waypoints") if es.has(m)]
+        if len(modes) != 1:
+            raise es.error("velocity", "give exactly one of: velocity, move_to, waypoints")
+        if modes[0] == "waypoints":
+            wps = es.raw("waypoints")
+            arr = np.asarray(wps, dtype=np.float64) if isinstance(wps, list) else np.zeros((0,))
+            if arr.ndim != 2 or arr.shape[1] != 4 or arr.shape[0] < 2 or not np.all(np.isfinite(arr)):
+                raise es.error("waypoints", "must be a list of at least two [t, x, y, z] (s, m)")
+            if np.any(np.diff(arr[:, 0]) <= 0) or arr[0, 0] < 0:
+                raise es.error("waypoints", "times must start >= 0 and increase")
+            here = position_at(k, i, arr[0, 0], start)
+            if np.linalg.norm(here - arr[0, 1:]) > 1e-6:
+                raise es.error("waypoints", f"the first waypoint must be where the {subj} is at t={arr[0, 0]} s: "
+                               f"{np.round(here, 6).tolist()}")
+            for a, b in zip(arr[:-1], arr[1:]):
+                kind.append(k)
+                index.append(i)
+                t0.append(a[0])
+                t1.append(b[0])
+                vel.append(list((b[1:] - a[1:]) / (b[0] - a[0])))
+            es.finish()
+            continue
+        a = es.get("from", float, 0.0, minval=0.0)
+        b = es.get("to", float, above=a)
+        if modes[0] == "velocity":
+            v = es.vector("velocity", 3)
+        else:
+            goal = np.array(es.vector("move_to", 3))
+            v = list((goal - position_at(k, i, a, start)) / (b - a))
+        kind.append(k)
+        index.append(i)
+        t0.append(a)
+        t1.append(b)
+        vel.append(v)
+        es.finish()
+    return {"kind": kind, "index": index, "t0": t0, "t1": t1, "vel": vel}
