@@ -1,2 +1,99 @@
-def main() -> int:
+"""The `suturesim` command line (DESIGN.md, "Public interfaces").
+
+Each subcommand's module is imported only when it runs, so `suturesim --help` is instant and a missing optional
+dependency only affects the command that needs it. This table is the one place where the server names tools.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..solver.config import ConfigError
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from ..solver.scenario import load_scenario
+    from .headless import run_scenario
+
+    scenario = load_scenario(args.scenario)
+    summary = run_scenario(scenario, duration=args.duration, record=args.record, progress=sys.stderr.isatty())
+    for line in summary.lines():
+        print(line)
+    if args.record:
+        print(f"recorded to {args.record}")
+    return 0 if summary.finite else 1
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from ..tools.validate import main as validate_main
+
+    return validate_main(args.rest)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from ..tools.bench import main as bench_main
+
+    return bench_main(args.rest)
+
+
+def _cmd_scenarios(args: argparse.Namespace) -> int:
+    from ..solver.presets import preset_names
+    from ..solver.scenario import scenario_names
+
+    print("scenarios:", ", ".join(scenario_names()))
+    print("thread presets:", ", ".join(preset_names()))
     return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="suturesim",
+        description="Real-time haptic suturing server: an inextensible Kirchhoff rod (Wang et al. 2017) "
+                    "with axial force output.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("run", help="run a scenario headless, as fast as possible",
+                       description="Run a scenario headless as fast as the machine allows and print a summary; "
+                                   "optionally record the state (at the scenario's rate) and force (every tick) "
+                                   "topics to an MCAP file.")
+    p.add_argument("scenario", help="a shipped scenario name (see `suturesim scenarios`) or a YAML file")
+    p.add_argument("--duration", type=float, help="simulated seconds (default: the scenario's duration)")
+    p.add_argument("--record", metavar="OUT.mcap", help="record the published messages to this MCAP file")
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("validate", help="run the validation cases (Wang et al. 2017 Sec. 6) and print a table",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("bench", help="run the benchmarks and print a table", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("scenarios", help="list the shipped scenarios and thread presets")
+    p.set_defaults(func=_cmd_scenarios)
+    return parser
+
+
+# commands that parse their own options (argparse's REMAINDER cannot take a leading --option)
+_PASSTHROUGH = {"validate": _cmd_validate, "bench": _cmd_bench}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in _PASSTHROUGH:
+        args = argparse.Namespace(rest=argv[1:], func=_PASSTHROUGH[argv[0]])
+    else:
+        args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"suturesim: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -150,3 +150,30 @@ def bending_energy(x: np.ndarray, hinge_k: np.ndarray) -> float:
         c = (ax * bx + ay * by + az * bz) / math.sqrt((ax * ax + ay * ay + az * az) * (bx * bx + by * by + bz * bz))
         e += hinge_k[i] * (2.0 / (1.0 + c) - 1.0)
     return e
+
+
+@njit(cache=True, error_model="numpy")
+def constraint_force_at(x: np.ndarray, tension: np.ndarray, v: int, out: np.ndarray) -> float:
+    """Net axial constraint force (N) the thread's segments exert on vertex v (Wang 2017 Eq. 8): tension T_v
+    pulls it toward v+1, T_{v-1} toward v-1. Writes the vector into ``out`` (3,) and returns its magnitude."""
+    n = x.shape[0]
+    out[0] = 0.0
+    out[1] = 0.0
+    out[2] = 0.0
+    if v < n - 1:
+        ex = x[v + 1, 0] - x[v, 0]
+        ey = x[v + 1, 1] - x[v, 1]
+        ez = x[v + 1, 2] - x[v, 2]
+        s = tension[v] / math.sqrt(ex * ex + ey * ey + ez * ez)
+        out[0] += s * ex
+        out[1] += s * ey
+        out[2] += s * ez
+    if v > 0:
+        ex = x[v, 0] - x[v - 1, 0]
+        ey = x[v, 1] - x[v - 1, 1]
+        ez = x[v, 2] - x[v - 1, 2]
+        s = tension[v - 1] / math.sqrt(ex * ex + ey * ey + ez * ez)
+        out[0] -= s * ex
+        out[1] -= s * ey
+        out[2] -= s * ez
+    return math.sqrt(out[0] * out[0] + out[1] * out[1] + out[2] * out[2])

@@ -58,7 +58,8 @@ def substep(h: float, t: float,
                       twist_k, twist[0], force, twist_grad)
 
     h2 = h * h
-    # Eq. D.1 with lumped masses; the numerator N_i and mass D_i let grasps add their implicit terms
+    # Eq. D.1 in displacement form, x + (x - x_prev) + h^2 F / m, which rounds at the size of the step rather
+    # than of the position: the discrete momentum then stays at round-off over 10^6 steps
     for i in range(n):
         if kinematic[i] == 1:
             for d in range(3):
@@ -66,8 +67,8 @@ def substep(h: float, t: float,
             w_eff[i] = 0.0
         else:
             for d in range(3):
-                xbar[i, d] = mass[i] * (2.0 * x[i, d] - x_prev[i, d]) + h2 * force[i, d]
-            w_eff[i] = mass[i]
+                xbar[i, d] = x[i, d] + ((x[i, d] - x_prev[i, d]) + h2 * force[i, d] * inv_mass[i])
+            w_eff[i] = inv_mass[i]
     for g in range(g_count):
         v = grasp_vertex[g]
         if v < 0 or kinematic[v] == 1:
@@ -81,25 +82,23 @@ def substep(h: float, t: float,
         fmag = math.sqrt(fx * fx + fy * fy + fz * fz)
         if fmag > grasp_fmax[g]:
             # saturated: a constant pull of fmax toward the target (explicit, no stiffness left to destabilise)
-            s = grasp_fmax[g] / fmag
-            grasp_force[g, 0] = fx * s
-            grasp_force[g, 1] = fy * s
-            grasp_force[g, 2] = fz * s
+            sc = grasp_fmax[g] / fmag
+            grasp_force[g, 0] = fx * sc
+            grasp_force[g, 1] = fy * sc
+            grasp_force[g, 2] = fz * sc
             for d in range(3):
-                xbar[v, d] += h2 * grasp_force[g, d]
+                xbar[v, d] += h2 * grasp_force[g, d] * w_eff[v]
             grasp_sat[g] = 1
         else:
-            # m (x1 - 2x + x0)/h^2 = F + k (p1 - x1) + c ((p1 - p0) - (x1 - x))/h, solved for x1
+            # backward Euler on the coupling: m (x1 - xbar)/h^2 = k (p1 - x1) + c ((p1 - p0) - (x1 - x))/h,
+            # solved for x1; it only shrinks the vertex's effective inverse mass, so any stiffness is stable
+            m_v = 1.0 / w_eff[v]
+            m_eff = m_v + h2 * k + h * c
             for d in range(3):
-                xbar[v, d] += h2 * k * grasp_target[g, d] + h * c * (grasp_target[g, d] - grasp_target_prev[g, d]) + h * c * x[v, d]
-            w_eff[v] += h2 * k + h * c
+                xbar[v, d] = (m_v * xbar[v, d] + h2 * k * grasp_target[g, d]
+                              + h * c * (grasp_target[g, d] - grasp_target_prev[g, d] + x[v, d])) / m_eff
+            w_eff[v] = 1.0 / m_eff
             grasp_sat[g] = 0
-    for i in range(n):
-        if kinematic[i] == 0:
-            inv = 1.0 / w_eff[i]
-            for d in range(3):
-                xbar[i, d] *= inv
-            w_eff[i] = inv
 
     # warm start from the previous tensions (alpha = h^2 T / |e|)
     for j in range(m):
@@ -198,7 +197,8 @@ def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float) -> None:
 
 
 def choose_substeps(model: ThreadModel, state: ThreadState) -> int:
-    """Substeps for the next tick: fixed if the model says so, else from the stability bound."""
+    """Substeps for the next tick: fixed if the model says so, else from the stability bound with the current
+    tensions (x1.5: tension can grow within a tick)."""
     s = model.solver
     if s.substeps > 0:
         return s.substeps
@@ -212,8 +212,55 @@ def choose_substeps(model: ThreadModel, state: ThreadState) -> int:
     return n
 
 
+class Stepper:
+    """Advances one model/state pair tick by tick (model.solver.tick seconds each).
+
+    With automatic substeps, a tick is checked after it ran: every substep's multipliers must have converged,
+    and the stability bound at the tensions the tick ended with must still hold for the substep used
+    (h * omega < 2, the explicit limit). Tension can rise within one tick faster than any bound taken at its
+    start (a thread snapping taut), so a tick that fails either check is run again from a copy of the state
+    taken before it, with the substeps the new bound asks for (at least twice as many), up to
+    model.solver.max_substeps. The copy is allocated once, here; a tick allocates nothing.
+    """
+
+    CONVERGED = 1e-9      # residual max |G_j|/l_j^2 above which a substep counts as not converged
+    MAX_RETRIES = 4
+
+    def __init__(self, model: ThreadModel, state: ThreadState):
+        self.model = model
+        self.state = state
+        self._backup = state.copy()
+        self.retries = 0          # ticks run again since this stepper was made
+
+    def tick(self) -> int:
+        """Advance one tick; returns the substeps of the run that was kept."""
+        model, state, s = self.model, self.state, self.model.solver
+        n = choose_substeps(model, state)
+        if s.substeps > 0:
+            step(model, state, n, s.tick / n)
+            return n
+        state.copy_into(self._backup)
+        for attempt in range(self.MAX_RETRIES + 1):
+            h = s.tick / n
+            step(model, state, n, h)
+            residual = state.stats[STAT_MAX_RESIDUAL]
+            ok = residual <= self.CONVERGED  # False for NaN too
+            if ok:
+                omega = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length,
+                                    state.tension, 1.0)
+                ok = h * omega < 2.0
+            else:
+                omega = math.inf
+            if ok or n >= s.max_substeps or attempt == self.MAX_RETRIES:
+                return n
+            self._backup.copy_into(state)
+            self.retries += 1
+            n = min(max(substeps_for(omega, s.tick, s.stability_target, s.max_substeps), 2 * n), s.max_substeps)
+        return n
+
+
 def tick(model: ThreadModel, state: ThreadState) -> int:
-    """Advance one tick (model.solver.tick seconds); returns the substeps used."""
+    """Advance one tick without the retry of Stepper (fixed substeps, or the bound at the tick's start)."""
     n = choose_substeps(model, state)
     step(model, state, n, model.solver.tick / n)
     return n

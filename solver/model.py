@@ -47,7 +47,7 @@ class SolverSettings:
     max_iters: int = 50           # multiplier iterations per step
     tick: float = 1e-3            # s, one tick of the fixed-rate loop
     substeps: int = 0             # fixed substeps per tick; 0 = chosen each tick from the stability bound
-    max_substeps: int = 256
+    max_substeps: int = 1024
     stability_target: float = 1.0  # h * omega_max aimed for (the explicit limit is 2)
 
 
