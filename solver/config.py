@@ -44,6 +44,21 @@ def load_yaml(path: str | Path) -> dict:
     return data
 
 
+def _number(value: Any) -> float | None:
+    """A YAML number as float, or None. PyYAML (YAML 1.1) reads 3.0e9 (no sign in the exponent) as a string,
+    so a string that is a number counts as one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
 def _type_name(t: Any) -> str:
     return {float: "a number", int: "an integer", str: "a string", bool: "true or false",
             list: "a list", dict: "a mapping"}.get(t, getattr(t, "__name__", str(t)))
@@ -97,18 +112,12 @@ class Section:
 
     def _convert(self, key: str, value: Any, kind: type) -> Any:
         if kind is float:
-            if isinstance(value, str):
-                # PyYAML (YAML 1.1) reads 3.0e9 (no sign in the exponent) as a string; accept what is a number
-                try:
-                    value = float(value)
-                except ValueError:
-                    raise self.error(key, f"must be a number, got {value!r}") from None
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            number = _number(value)
+            if number is None:
                 raise self.error(key, f"must be a number, got {value!r}")
-            value = float(value)
-            if not math.isfinite(value):
+            if not math.isfinite(number):
                 raise self.error(key, f"must be finite, got {value!r}")
-            return value
+            return number
         if kind is int:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise self.error(key, f"must be an integer, got {value!r}")
@@ -147,17 +156,18 @@ class Section:
             raise self.error(key, f"must be a list of {length} numbers, got {value!r}")
         out = []
         for v in value:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+            number = _number(v)
+            if number is None or not math.isfinite(number):
                 raise self.error(key, f"must be a list of {length} finite numbers, got {value!r}")
-            out.append(float(v))
+            out.append(number)
         if nonzero and all(v == 0.0 for v in out):
             raise self.error(key, "must not be the zero vector")
         return out
 
     def raw(self, key: str, default: Any = _REQUIRED) -> Any:
-        """The raw value (the caller validates it and reports errors through ``error``)."""
+        """The raw value (the caller validates it and reports errors through ``error``); null = absent."""
         self.read.add(key)
-        if key not in self.data:
+        if key not in self.data or self.data[key] is None:
             if default is _REQUIRED:
                 raise self.error(key, "is required")
             return default

@@ -133,8 +133,10 @@ def resolve_thread(sec: Section) -> ThreadParams:
         gj = sec.get(k, float, above=0.0) * 2.0 * i_area
     elif k == "poisson_ratio":
         if youngs is None:
-            raise sec.error(k, "needs 'youngs_modulus' to give the shear modulus")
-        nu = sec.get(k, float, minval=-1.0, below=0.5 + 1e-12)
+            raise sec.error(k, "needs 'youngs_modulus' to give the shear modulus (if a scenario override gave the "
+                               "bending stiffness another way, it replaced the preset's youngs_modulus: give "
+                               "twisting_stiffness or shear_modulus there too)")
+        nu = sec.get(k, float, above=-1.0, maxval=0.5)
         gj = youngs / (2.0 * (1.0 + nu)) * 2.0 * i_area
     else:
         gj = 0.0

@@ -97,8 +97,11 @@ def _shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
             raise sec.error("points", "must be a list of [x, y, z] points") from None
         if arr.ndim != 2 or arr.shape[1] != 3 or arr.shape[0] != n_seg + 1 or not np.all(np.isfinite(arr)):
             raise sec.error("points", f"must be {n_seg + 1} finite [x, y, z] points (segments + 1)")
-        if np.any(np.linalg.norm(np.diff(arr, axis=0), axis=1) <= 0):
+        seg = np.linalg.norm(np.diff(arr, axis=0), axis=1)
+        if np.any(seg <= 0):
             raise sec.error("points", "consecutive points must differ")
+        if abs(seg.sum() - length) > 1e-9 * length:
+            raise sec.error("points", f"the points span {seg.sum():.9g} m but thread.length is {length:.9g} m")
         sec.finish()
         return arr
     start = np.array(sec.vector("start", 3, [0.0, 0.0, 0.0]))
@@ -121,13 +124,12 @@ def _shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
     def chord(dphi: float) -> float:
         return math.hypot(2.0 * radius * math.sin(dphi / 2.0), c * dphi)
 
-    # equal chords of length L/N: find the angle step by bisection (chord grows with dphi up to 2 pi)
+    # equal chords of length L/N: find the angle step by bisection on [0, pi], where the chord grows with it
     target = length / n_seg
-    lo, hi = 0.0, 2.0 * math.pi
-    if chord(hi) < target and c == 0.0:
-        raise sec.error("radius", f"a circle of radius {radius} m cannot hold segments of {target} m")
-    while chord(hi) < target:
-        hi *= 2.0
+    lo, hi = 0.0, math.pi
+    if chord(hi) < target:
+        raise sec.error("radius", f"segments of {target:.6g} m are longer than half a turn of this helix "
+                                  f"({chord(hi):.6g} m): use more segments or a larger radius")
     for _ in range(200):
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if chord(mid) < target else (lo, mid)
@@ -292,7 +294,10 @@ def _timeline(entries: list[Section], n: int, x0: np.ndarray, kinematic: list[in
             raise es.error("velocity", "give exactly one of: velocity, move_to, waypoints")
         if modes[0] == "waypoints":
             wps = es.raw("waypoints")
-            arr = np.asarray(wps, dtype=np.float64) if isinstance(wps, list) else np.zeros((0,))
+            try:
+                arr = np.asarray(wps, dtype=np.float64) if isinstance(wps, list) else np.zeros((0,))
+            except (TypeError, ValueError):
+                arr = np.zeros((0,))
             if arr.ndim != 2 or arr.shape[1] != 4 or arr.shape[0] < 2 or not np.all(np.isfinite(arr)):
                 raise es.error("waypoints", "must be a list of at least two [t, x, y, z] (s, m)")
             if np.any(np.diff(arr[:, 0]) <= 0) or arr[0, 0] < 0:
