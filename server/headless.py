@@ -11,7 +11,7 @@ import numpy as np
 import yaml
 
 from ..solver import diagnostics
-from ..solver.integrator import STAT_MAX_RESIDUAL, Stepper
+from ..solver.integrator import STAT_MAX_RESIDUAL, SolverDivergence, Stepper
 from ..solver.scenario import Scenario
 from . import protocol
 from .messages import MessageBuilder
@@ -86,7 +86,12 @@ def run_scenario(scenario: Scenario, duration: float | None = None, record: str 
     stepper = Stepper(model, state)
     try:
         for k in range(1, ticks + 1):
-            n = stepper.tick()
+            try:
+                n = stepper.tick()
+            except SolverDivergence as exc:
+                print(f"suturesim: {exc}", file=sys.stderr)
+                finite = False
+                break
             sub_min = min(sub_min, n)
             sub_max = max(sub_max, n)
             max_res = max(max_res, float(state.stats[STAT_MAX_RESIDUAL]))

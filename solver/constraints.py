@@ -70,60 +70,89 @@ def solve_multipliers(xbar: np.ndarray, e: np.ndarray, elen: np.ndarray, w: np.n
     inextensible); h the step (s). On return ``E`` holds the new edges for the returned alpha.
     Returns (iterations, residual): each iteration is one tridiagonal solve, residual = max_j |G_j| / l_j^2.
     Segments whose both vertices are kinematic carry no constraint: the caller sets their alpha to 0.
+
+    Each iteration is two sweeps: the first computes E_j, G_j and row j of the matrix and eliminates forward
+    (Thomas), the second substitutes back and updates alpha. ``lo``, ``up`` and ``delta`` are kept for the
+    caller's scratch layout; ``di`` holds the eliminated pivots and ``rhs`` the eliminated right side.
     """
     m = e.shape[0]
     inv_h2 = 1.0 / (h * h)
+    newton = method == METHOD_NEWTON
     iters = 0
     residual = 0.0
     while True:
-        _new_edges(xbar, e, w, alpha, E)
         residual = 0.0
-        for j in range(m):
-            if w[j] + w[j + 1] == 0.0:
-                continue
-            s = rest[j] * (1.0 + compliance[j] * alpha[j] * elen[j] * inv_h2)
-            g = E[j, 0] * E[j, 0] + E[j, 1] * E[j, 1] + E[j, 2] * E[j, 2] - s * s
-            r = abs(g) / (rest[j] * rest[j])
-            if r > residual:
-                residual = r
-        if residual <= tol or iters >= max_iters or not math.isfinite(residual):
-            break
         for j in range(m):
             wl = w[j]
             wr = w[j + 1]
+            # Eq. D.4: the new edge for the current alpha
+            c0 = (wl + wr) * alpha[j]
+            ex = xbar[j + 1, 0] - xbar[j, 0]
+            ey = xbar[j + 1, 1] - xbar[j, 1]
+            ez = xbar[j + 1, 2] - xbar[j, 2]
+            Ex = ex - c0 * e[j, 0]
+            Ey = ey - c0 * e[j, 1]
+            Ez = ez - c0 * e[j, 2]
+            if j > 0:
+                c1 = wl * alpha[j - 1]
+                Ex += c1 * e[j - 1, 0]
+                Ey += c1 * e[j - 1, 1]
+                Ez += c1 * e[j - 1, 2]
+            if j < m - 1:
+                c2 = wr * alpha[j + 1]
+                Ex += c2 * e[j + 1, 0]
+                Ey += c2 * e[j + 1, 1]
+                Ez += c2 * e[j + 1, 2]
+            E[j, 0] = Ex
+            E[j, 1] = Ey
+            E[j, 2] = Ez
             if wl + wr == 0.0:
-                lo[j] = 0.0
-                up[j] = 0.0
-                di[j] = 1.0
-                rhs[j] = 0.0
-                continue
-            s = rest[j] * (1.0 + compliance[j] * alpha[j] * elen[j] * inv_h2)
-            if method == METHOD_NEWTON:
-                # row of the Jacobian 2 E_j . C_jk; the compliant target adds -d(s^2)/d alpha_j on the diagonal
-                px = 2.0 * E[j, 0]
-                py = 2.0 * E[j, 1]
-                pz = 2.0 * E[j, 2]
-                rhs[j] = -(E[j, 0] * E[j, 0] + E[j, 1] * E[j, 1] + E[j, 2] * E[j, 2] - s * s)
-                dcomp = 2.0 * s * rest[j] * compliance[j] * elen[j] * inv_h2
+                l_j = 0.0
+                d_j = 1.0
+                u_j = 0.0
+                r_j = 0.0
             else:
-                # row of A + B(alpha_n): (E_j + ebar_j) . C_jk, right side s^2 - |ebar_j|^2 (target lagged)
-                ebx = xbar[j + 1, 0] - xbar[j, 0]
-                eby = xbar[j + 1, 1] - xbar[j, 1]
-                ebz = xbar[j + 1, 2] - xbar[j, 2]
-                px = E[j, 0] + ebx
-                py = E[j, 1] + eby
-                pz = E[j, 2] + ebz
-                rhs[j] = s * s - (ebx * ebx + eby * eby + ebz * ebz)
-                dcomp = 0.0
-            di[j] = -(wl + wr) * (px * e[j, 0] + py * e[j, 1] + pz * e[j, 2]) - dcomp
-            lo[j] = wl * (px * e[j - 1, 0] + py * e[j - 1, 1] + pz * e[j - 1, 2]) if j > 0 else 0.0
-            up[j] = wr * (px * e[j + 1, 0] + py * e[j + 1, 1] + pz * e[j + 1, 2]) if j < m - 1 else 0.0
-        thomas_solve(lo, di, up, rhs, cp, delta, m)
-        if method == METHOD_NEWTON:
-            for j in range(m):
-                alpha[j] += delta[j]
+                s = rest[j] * (1.0 + compliance[j] * alpha[j] * elen[j] * inv_h2)
+                g = Ex * Ex + Ey * Ey + Ez * Ez - s * s
+                r = abs(g) / (rest[j] * rest[j])
+                if r > residual or r != r:
+                    residual = r
+                if newton:
+                    # row of the Jacobian 2 E_j . C_jk; the compliant target adds -d(s^2)/d alpha_j
+                    px = 2.0 * Ex
+                    py = 2.0 * Ey
+                    pz = 2.0 * Ez
+                    r_j = -g
+                    dcomp = 2.0 * s * rest[j] * compliance[j] * elen[j] * inv_h2
+                else:
+                    # row of A + B(alpha_n): (E_j + ebar_j) . C_jk, right side s^2 - |ebar_j|^2 (target lagged)
+                    px = Ex + ex
+                    py = Ey + ey
+                    pz = Ez + ez
+                    r_j = s * s - (ex * ex + ey * ey + ez * ez)
+                    dcomp = 0.0
+                d_j = -(wl + wr) * (px * e[j, 0] + py * e[j, 1] + pz * e[j, 2]) - dcomp
+                l_j = wl * (px * e[j - 1, 0] + py * e[j - 1, 1] + pz * e[j - 1, 2]) if j > 0 else 0.0
+                u_j = wr * (px * e[j + 1, 0] + py * e[j + 1, 1] + pz * e[j + 1, 2]) if j < m - 1 else 0.0
+            # forward elimination of the Thomas algorithm, fused with building the row
+            if j > 0:
+                d_j -= l_j * cp[j - 1]
+                r_j -= l_j * rhs[j - 1]
+            cp[j] = u_j / d_j
+            rhs[j] = r_j / d_j
+        if residual <= tol or iters >= max_iters or residual != residual or residual > 1e300:
+            break
+        # back substitution; Newton solves for the change of alpha, the contraction mapping for alpha itself
+        nxt = rhs[m - 1]
+        if newton:
+            alpha[m - 1] += nxt
+            for j in range(m - 2, -1, -1):
+                nxt = rhs[j] - cp[j] * nxt
+                alpha[j] += nxt
         else:
-            for j in range(m):
-                alpha[j] = delta[j]
+            alpha[m - 1] = nxt
+            for j in range(m - 2, -1, -1):
+                nxt = rhs[j] - cp[j] * nxt
+                alpha[j] = nxt
         iters += 1
     return iters, residual

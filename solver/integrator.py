@@ -24,7 +24,7 @@ from .constraints import solve_multipliers
 from .forces import accumulate_forces, edge_vectors
 from .model import ThreadModel, ThreadState
 from .motion import apply_motions
-from .stability import omega_bound, substeps_for
+from .stability import omega_bound, scaled_inverse_masses, substeps_for
 
 # state.stats slots
 STAT_ITERS = 0          # multiplier iterations of the last substep
@@ -34,6 +34,8 @@ STAT_MAX_ITERS = 3      # most iterations any substep of the last tick needed
 STAT_MAX_RESIDUAL = 4   # largest residual of any substep of the last tick
 STAT_TOTAL_ITERS = 5    # iterations summed over the last tick
 STAT_OMEGA = 6          # stability bound (rad/s) used for the last tick
+STAT_SCALED = 7         # vertices whose mass was scaled in the last tick
+STAT_MASS_FACTOR = 8    # largest mass scale factor of the last tick (1 = none)
 
 
 @njit(cache=True, error_model="numpy")
@@ -177,14 +179,16 @@ def rescale_history(x: np.ndarray, x_prev: np.ndarray, ratio: float) -> None:
             x_prev[i, d] = x[i, d] - ratio * (x[i, d] - x_prev[i, d])
 
 
-def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float) -> None:
-    """Advance ``state`` by n_sub substeps of h seconds (one kernel call)."""
+def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, inv_mass: np.ndarray | None = None) -> None:
+    """Advance ``state`` by n_sub substeps of h seconds (one kernel call), with the model's inverse masses or
+    the given (mass-scaled) ones."""
     if h != state.h[0]:
         rescale_history(state.x, state.x_prev, h / state.h[0])
         state.h[0] = h
     s = model.solver
     advance(n_sub, h, state.time[0],
-            model.rest_length, model.mass, model.inv_mass, model.kinematic, model.hinge_k,
+            model.rest_length, model.mass, model.inv_mass if inv_mass is None else inv_mass, model.kinematic,
+            model.hinge_k,
             model.bending_dissipation, model.drag_quad, model.drag_lin, model.compliance, model.gravity,
             model.twist_k, model.mot_kind, model.mot_index, model.mot_t0, model.mot_t1, model.mot_vel,
             model.method_code, s.tol, s.max_iters,
@@ -196,71 +200,103 @@ def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float) -> None:
     state.time[0] += n_sub * h
 
 
-def choose_substeps(model: ThreadModel, state: ThreadState) -> int:
-    """Substeps for the next tick: fixed if the model says so, else from the stability bound with the current
-    tensions (x1.5: tension can grow within a tick)."""
+def choose_substeps(model: ThreadModel, state: ThreadState) -> tuple[int, int]:
+    """(substeps for the next tick, substeps the stability bound asks for). Fixed if the model says so; else
+    from the bound with the current tensions (x1.5: tension can grow within a tick), capped at max_substeps."""
     s = model.solver
     if s.substeps > 0:
-        return s.substeps
+        return s.substeps, s.substeps
     omega = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length, state.tension, 1.5)
     state.stats[STAT_OMEGA] = omega
-    n = substeps_for(omega, s.tick, s.stability_target, s.max_substeps)
+    needed = substeps_for(omega, s.tick, s.stability_target, 1 << 30)
+    n = min(needed, s.max_substeps)
     prev = int(state.stats[STAT_SUBSTEPS])
     # hysteresis: only drop the substep count once the bound is clearly lower, so h does not flicker
     if 0 < n < prev and n > 0.75 * prev:
         n = prev
-    return n
+    return n, needed
+
+
+class SolverDivergence(RuntimeError):
+    """The step produced non-finite positions or multipliers that did not converge, and no retry helped."""
 
 
 class Stepper:
     """Advances one model/state pair tick by tick (model.solver.tick seconds each).
 
-    With automatic substeps, a tick is checked after it ran: every substep's multipliers must have converged,
-    and the stability bound at the tensions the tick ended with must still hold for the substep used
-    (h * omega < 2, the explicit limit). Tension can rise within one tick faster than any bound taken at its
-    start (a thread snapping taut), so a tick that fails either check is run again from a copy of the state
-    taken before it, with the substeps the new bound asks for (at least twice as many), up to
-    model.solver.max_substeps. The copy is allocated once, here; a tick allocates nothing.
+    With automatic substeps (docs/PHYSICS.md Sec. 6) each tick takes the substeps the stability bound asks
+    for, up to the budget model.solver.max_substeps; past the budget the vertices that are too stiff for the
+    substep get their mass scaled (stability.scaled_inverse_masses), so a taut suture never needs more than
+    the budget. A tick is checked after it ran: every substep's multipliers must have converged, and the bound
+    at the tensions the tick ended with must still hold (h * omega < 2). Tension can rise within one tick
+    faster than any bound taken at its start (a thread snapping taut), so a tick that fails is run again from
+    a copy of the state taken before it, with more substeps and masses scaled for the larger tensions. The
+    copy is allocated once, here; a tick allocates nothing.
     """
 
     CONVERGED = 1e-9      # residual max |G_j|/l_j^2 above which a substep counts as not converged
-    MAX_RETRIES = 4
+    MAX_RETRIES = 3
 
     def __init__(self, model: ThreadModel, state: ThreadState):
         self.model = model
         self.state = state
         self._backup = state.copy()
+        self._tension = state.tension.copy()   # the larger of the tensions before and after a failed try
         self.retries = 0          # ticks run again since this stepper was made
 
     def tick(self) -> int:
-        """Advance one tick; returns the substeps of the run that was kept."""
+        """Advance one tick; returns the substeps of the run that was kept. Raises SolverDivergence if the
+        state went non-finite (then it must not be used: reset it)."""
         model, state, s = self.model, self.state, self.model.solver
-        n = choose_substeps(model, state)
+        n, needed = choose_substeps(model, state)
         if s.substeps > 0:
             step(model, state, n, s.tick / n)
+            self._check_finite(n)
             return n
         state.copy_into(self._backup)
+        np.abs(state.tension, out=self._tension)
         for attempt in range(self.MAX_RETRIES + 1):
             h = s.tick / n
-            step(model, state, n, h)
-            residual = state.stats[STAT_MAX_RESIDUAL]
-            ok = residual <= self.CONVERGED  # False for NaN too
+            scaled, factor = 0, 1.0
+            if needed > n:
+                scaled, factor = scaled_inverse_masses(state.x, model.mass, model.inv_mass, model.bend_gersh,
+                                                       model.rest_length, self._tension, 1.5, h,
+                                                       s.stability_target, state.inv_mass_tick)
+            else:
+                np.copyto(state.inv_mass_tick, model.inv_mass)
+            step(model, state, n, h, state.inv_mass_tick)
+            state.stats[STAT_SCALED] = scaled
+            state.stats[STAT_MASS_FACTOR] = factor
+            ok = state.stats[STAT_MAX_RESIDUAL] <= self.CONVERGED  # False for NaN too
+            omega = math.inf
             if ok:
-                omega = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length,
+                omega = omega_bound(state.x, state.inv_mass_tick, model.bend_gersh, model.rest_length,
                                     state.tension, 1.0)
                 ok = h * omega < 2.0
-            else:
-                omega = math.inf
-            if ok or n >= s.max_substeps or attempt == self.MAX_RETRIES:
+            if ok or attempt == self.MAX_RETRIES:
+                self._check_finite(n)
                 return n
+            # run the tick again, resolving the tensions it reached
+            np.maximum(self._tension, np.abs(state.tension), out=self._tension)
             self._backup.copy_into(state)
             self.retries += 1
-            n = min(max(substeps_for(omega, s.tick, s.stability_target, s.max_substeps), 2 * n), s.max_substeps)
+            omega_new = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length,
+                                    self._tension, 1.5)
+            needed = max(substeps_for(omega_new, s.tick, s.stability_target, 1 << 30), 2 * n)
+            n = min(needed, s.max_substeps)
         return n
+
+    def _check_finite(self, n: int) -> None:
+        r = self.state.stats[STAT_MAX_RESIDUAL]
+        if not (r <= 1e-3):  # NaN fails too; a residual this large means the multipliers did not converge
+            raise SolverDivergence(
+                f"the solver diverged at t = {self.state.time[0]:.4f} s with {n} substeps per tick "
+                f"(constraint residual {r:.3g}); use automatic substeps or more substeps")
 
 
 def tick(model: ThreadModel, state: ThreadState) -> int:
-    """Advance one tick without the retry of Stepper (fixed substeps, or the bound at the tick's start)."""
-    n = choose_substeps(model, state)
+    """Advance one tick without Stepper's mass scaling and retry: fixed substeps, or the bound at the tick's
+    start up to max_substeps (for benchmarks of the bare scheme)."""
+    n, _ = choose_substeps(model, state)
     step(model, state, n, model.solver.tick / n)
     return n

@@ -47,7 +47,7 @@ class SolverSettings:
     max_iters: int = 50           # multiplier iterations per step
     tick: float = 1e-3            # s, one tick of the fixed-rate loop
     substeps: int = 0             # fixed substeps per tick; 0 = chosen each tick from the stability bound
-    max_substeps: int = 1024
+    max_substeps: int = 32        # budget of automatic substeps; beyond it, selective mass scaling (stability.py)
     stability_target: float = 1.0  # h * omega_max aimed for (the explicit limit is 2)
 
 
@@ -107,7 +107,8 @@ class ThreadState:
     grasp_target_prev: np.ndarray  # (G,3) m, target one substep earlier
     grasp_force: np.ndarray       # (G,3) N, force the coupling applies to the thread
     grasp_sat: np.ndarray         # (G,) int8, 1 while the coupling force is at its limit
-    stats: np.ndarray             # (8,) see STAT_* in solver/integrator.py
+    stats: np.ndarray             # (10,) see STAT_* in solver/integrator.py
+    inv_mass_tick: np.ndarray     # (n,) 1/kg, the inverse masses of the current tick (mass-scaled if needed)
     # scratch
     force: np.ndarray
     twist_grad: np.ndarray
@@ -213,7 +214,8 @@ def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
         grasp_vertex=np.full(MAX_GRASPS, -1, np.int64), grasp_k=z(MAX_GRASPS), grasp_c=z(MAX_GRASPS),
         grasp_fmax=np.full(MAX_GRASPS, np.inf), grasp_target=z(MAX_GRASPS, 3),
         grasp_target_prev=z(MAX_GRASPS, 3), grasp_force=z(MAX_GRASPS, 3),
-        grasp_sat=np.zeros(MAX_GRASPS, np.int8), stats=z(8),
+        grasp_sat=np.zeros(MAX_GRASPS, np.int8), stats=z(10),
+        inv_mass_tick=model.inv_mass.copy(),
         force=z(n, 3), twist_grad=z(n, 3), xbar=z(n, 3), w_eff=z(n), edges=z(ns, 3), elen=z(ns),
         new_edges=z(ns, 3), alpha=z(ns), tri_lo=z(ns), tri_di=z(ns), tri_up=z(ns), tri_rhs=z(ns),
         tri_cp=z(ns), tri_delta=z(ns),

@@ -21,10 +21,10 @@ from numba import njit
 
 
 @njit(cache=True, error_model="numpy")
-def omega_bound(x: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray, rest: np.ndarray,
-                tension: np.ndarray, tension_margin: float) -> float:
-    """Upper bound (rad/s) of the highest natural frequency at configuration x (m) with tensions (N)
-    multiplied by ``tension_margin`` (tension can grow within a tick)."""
+def fold_factor(x: np.ndarray) -> float:
+    """How much stiffer the most folded hinge is than a straight one, (E'' + |E'|) / E''(0) for
+    E(phi) = tan^2(phi/2): with u = tan^2(phi/2) = (1-c)/(1+c) and sec^2 = 1 + u, E' = tan sec^2,
+    E'' = sec^4/2 + tan^2 sec^2 and E''(0) = 1/2. Taken over the whole thread (conservative, one pass)."""
     n = x.shape[0]
     fac_max = 1.0
     for i in range(1, n - 1):
@@ -36,21 +36,38 @@ def omega_bound(x: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray, res
         bz = x[i + 1, 2] - x[i, 2]
         c = (ax * bx + ay * by + az * bz) / math.sqrt((ax * ax + ay * ay + az * az) * (bx * bx + by * by + bz * bz))
         c = max(c, -0.999)
-        # with u = tan^2(phi/2) = (1-c)/(1+c) and sec^2 = 1 + u: E' = tan sec^2, E'' = sec^4/2 + tan^2 sec^2,
-        # E''(0) = 1/2. The largest factor anywhere scales every row (conservative, one pass, no scratch).
         u = (1.0 - c) / (1.0 + c)
         sec2 = 1.0 + u
         fac = (0.5 * sec2 * sec2 + u * sec2 + math.sqrt(u) * sec2) / 0.5
         if fac > fac_max:
             fac_max = fac
+    return fac_max
+
+
+@njit(cache=True, error_model="numpy")
+def vertex_stiffness(i: int, bend_gersh: np.ndarray, fac: float, rest: np.ndarray, tension: np.ndarray,
+                     tension_margin: float) -> float:
+    """Gershgorin row sum (N/m) of vertex i: bending scaled by the fold factor, plus the geometric stiffness
+    2 (|T_{i-1}|/l_{i-1} + |T_i|/l_i) of the tensions (times tension_margin)."""
+    n = bend_gersh.shape[0]
+    k = bend_gersh[i] * fac
+    if i > 0:
+        k += 2.0 * abs(tension[i - 1]) * tension_margin / rest[i - 1]
+    if i < n - 1:
+        k += 2.0 * abs(tension[i]) * tension_margin / rest[i]
+    return k
+
+
+@njit(cache=True, error_model="numpy")
+def omega_bound(x: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray, rest: np.ndarray,
+                tension: np.ndarray, tension_margin: float) -> float:
+    """Upper bound (rad/s) of the highest natural frequency at configuration x (m) with tensions (N)
+    multiplied by ``tension_margin`` (tension can grow within a tick)."""
+    n = x.shape[0]
+    fac_max = fold_factor(x)
     worst = 0.0
     for i in range(n):
-        k = bend_gersh[i] * fac_max
-        if i > 0:
-            k += 2.0 * abs(tension[i - 1]) * tension_margin / rest[i - 1]
-        if i < n - 1:
-            k += 2.0 * abs(tension[i]) * tension_margin / rest[i]
-        w2 = inv_mass[i] * k
+        w2 = inv_mass[i] * vertex_stiffness(i, bend_gersh, fac_max, rest, tension, tension_margin)
         if w2 > worst:
             worst = w2
     return math.sqrt(worst)
@@ -61,3 +78,34 @@ def substeps_for(omega: float, tick: float, target: float, max_substeps: int) ->
     if not math.isfinite(omega):
         return max_substeps
     return int(min(max(1, math.ceil(tick * omega / target)), max_substeps))
+
+
+@njit(cache=True, error_model="numpy")
+def scaled_inverse_masses(x: np.ndarray, mass: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray,
+                          rest: np.ndarray, tension: np.ndarray, tension_margin: float, h: float, target: float,
+                          out: np.ndarray) -> tuple:
+    """Selective mass scaling: the inverse masses (1/kg) for a tick of substep h (s) such that every vertex's
+    Gershgorin bound meets h * omega_i <= target. A vertex that already does keeps its mass; a stiffer one
+    (a taut or sharply bent stretch of a light suture) gets just enough extra inertia, m_i' = h^2 K_i / target^2.
+    Kinematic vertices keep 0. Static forces are unchanged, so equilibria and their tensions are exact; only the
+    dynamics of the scaled vertices slow down. Returns (vertices scaled, largest mass factor)."""
+    n = x.shape[0]
+    fac_max = fold_factor(x)
+    scaled = 0
+    worst = 1.0
+    lim = target * target / (h * h)
+    for i in range(n):
+        if inv_mass[i] == 0.0:
+            out[i] = 0.0
+            continue
+        k = vertex_stiffness(i, bend_gersh, fac_max, rest, tension, tension_margin)
+        if k * inv_mass[i] > lim:
+            m_new = k / lim
+            out[i] = 1.0 / m_new
+            scaled += 1
+            f = m_new / mass[i]
+            if f > worst:
+                worst = f
+        else:
+            out[i] = inv_mass[i]
+    return scaled, worst
