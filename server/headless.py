@@ -30,6 +30,7 @@ class RunSummary:
     final_energy_j: dict
     finite: bool
     messages: int
+    ticks_redone: int = 0      # ticks the Stepper ran again (past the substep budget if need be)
 
     @property
     def real_time_factor(self) -> float:
@@ -43,7 +44,8 @@ class RunSummary:
             f"..{self.substeps_max} per tick",
             f"max constraint residual {self.max_residual:.2e}, max tension {self.max_tension_n:.6g} N, energy (J): kinetic "
             f"{e['kinetic']:.6g}, elastic {e['elastic']:.6g}, gravity {e['gravity']:.6g}",
-            f"{'finite' if self.finite else 'NOT FINITE'}; {self.messages} messages recorded",
+            f"{'finite' if self.finite else 'NOT FINITE'}; {self.ticks_redone} ticks redone; "
+            f"{self.messages} messages recorded",
         ]
 
 
@@ -122,4 +124,4 @@ def run_scenario(scenario: Scenario, duration: float | None = None, record: str 
     return RunSummary(scenario=scenario.name, sim_time_s=float(state.time[0]), wall_s=wall, ticks=ticks,
                       substeps_min=sub_min if ticks else 0, substeps_max=sub_max, max_residual=max_res,
                       max_tension_n=max_t, final_energy_j=diagnostics.energies(model, state), finite=finite,
-                      messages=messages)
+                      messages=messages, ticks_redone=stepper.retries)

@@ -17,7 +17,6 @@ Both are tridiagonal and solved by the Thomas algorithm in O(N) per iteration.
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 from numba import njit
@@ -125,12 +124,13 @@ def solve_multipliers(xbar: np.ndarray, e: np.ndarray, elen: np.ndarray, w: np.n
                     r_j = -g
                     dcomp = 2.0 * s * rest[j] * compliance[j] * elen[j] * inv_h2
                 else:
-                    # row of A + B(alpha_n): (E_j + ebar_j) . C_jk, right side s^2 - |ebar_j|^2 (target lagged)
+                    # row of A + B(alpha_n): (E_j + ebar_j) . C_jk, right side s^2 - |ebar_j|^2; the compliant
+                    # target s(alpha)^2 is linearised about alpha_n (lagging it diverges for soft EA at small h)
                     px = Ex + ex
                     py = Ey + ey
                     pz = Ez + ez
-                    r_j = s * s - (ex * ex + ey * ey + ez * ez)
-                    dcomp = 0.0
+                    dcomp = 2.0 * s * rest[j] * compliance[j] * elen[j] * inv_h2
+                    r_j = s * s - dcomp * alpha[j] - (ex * ex + ey * ey + ez * ez)
                 d_j = -(wl + wr) * (px * e[j, 0] + py * e[j, 1] + pz * e[j, 2]) - dcomp
                 l_j = wl * (px * e[j - 1, 0] + py * e[j - 1, 1] + pz * e[j - 1, 2]) if j > 0 else 0.0
                 u_j = wr * (px * e[j + 1, 0] + py * e[j + 1, 1] + pz * e[j + 1, 2]) if j < m - 1 else 0.0

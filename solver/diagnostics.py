@@ -3,7 +3,9 @@
 The variational integrator's velocities live between steps: v^{k+1/2} = (x^{k+1} - x^k)/h. The state holds
 x = x^{k+1}, x_prev = x^k, so kinetic energy and momenta here are those of the last half step, and the
 conserved discrete angular momentum is sum m x^k x (x^{k+1} - x^k)/h (Marsden & West 2001: Noether's theorem
-for the discrete Lagrangian; exact because every internal force is central or rotation invariant).
+for the discrete Lagrangian; exact because the constraint, bending and drag forces are central or rotation
+invariant). A held twist (theta != 0) is not: it needs end frames held in space, whose torque changes the
+angular momentum by -twist_k theta (t_first - t_last) per second (tests/test_constraints.py).
 """
 from __future__ import annotations
 

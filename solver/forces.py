@@ -29,16 +29,17 @@ def edge_vectors(x: np.ndarray, edges: np.ndarray, elen: np.ndarray) -> None:
 def accumulate_forces(x: np.ndarray, x_prev: np.ndarray, edges: np.ndarray, elen: np.ndarray, h: float,
                       mass: np.ndarray, hinge_k: np.ndarray, k_d: float, drag_quad: np.ndarray,
                       drag_lin: np.ndarray, gravity: np.ndarray, ext_force: np.ndarray, twist_k: float,
-                      theta: float, force: np.ndarray, twist_grad: np.ndarray) -> None:
-    """Write the total non-constraint force (N) on every vertex into ``force`` and dTheta/dx (rad/m), the
-    gradient of the end-to-end twist angle, into ``twist_grad`` (left at zero when twist_k is 0).
+                      force: np.ndarray, twist_grad: np.ndarray) -> None:
+    """Write the non-constraint force (N) on every vertex into ``force`` and dTheta/dx (rad/m), the gradient of
+    the end-to-end twist angle, into ``twist_grad`` (left at zero when twist_k is 0). The twist force itself,
+    -twist_k theta dTheta/dx, is added by the integrator once theta is known (integrator.substep).
 
     edges, elen: the edges of x and their lengths (edge_vectors). h: step (s), for the velocities
     (x - x_prev)/h of the drag and the bending rate of the dissipation.
     hinge_k: K_i (J) of the bending energy K_i * (2/(1+cos phi_i) - 1), zero at the two end vertices.
     k_d: Wang 2017 Eq. 5 bending-dissipation coefficient (J*s per hinge).
     drag_quad: per-vertex quadratic drag (N*s^2/m^2), drag_lin: per-vertex linear drag (N*s/m).
-    twist_k: GJ / L_bar (N*m), so the twist energy is twist_k * theta^2 / 2 with theta the total twist (rad).
+    twist_k: GJ / L_bar (N*m); only whether it is 0 matters here.
     """
     n = x.shape[0]
     inv_h = 1.0 / h
@@ -127,13 +128,6 @@ def accumulate_forces(x: np.ndarray, x_prev: np.ndarray, edges: np.ndarray, elen
             twist_grad[i, 1] += (gm + gp) * ky
             twist_grad[i, 2] += (gm + gp) * kz
 
-    if with_twist and theta != 0.0:
-        # Uniform twist (Wang 2017 Eq. 3, App. C): E_t = twist_k theta^2 / 2, F = -twist_k theta dTheta/dx
-        ft = -twist_k * theta
-        for i in range(n):
-            force[i, 0] += ft * twist_grad[i, 0]
-            force[i, 1] += ft * twist_grad[i, 1]
-            force[i, 2] += ft * twist_grad[i, 2]
 
 
 @njit(cache=True, error_model="numpy")

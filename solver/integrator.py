@@ -24,7 +24,7 @@ from .constraints import solve_multipliers
 from .forces import accumulate_forces, edge_vectors
 from .model import ThreadModel, ThreadState
 from .motion import apply_motions
-from .stability import omega_bound, scaled_inverse_masses, substeps_for
+from .stability import fold_factor, omega_bound, scale_masses, substeps_for
 
 # state.stats slots
 STAT_ITERS = 0          # multiplier iterations of the last substep
@@ -55,9 +55,29 @@ def substep(h: float, t: float,
             grasp_target_prev[g, d] = grasp_target[g, d]
     apply_motions(t, h, mot_kind, mot_index, mot_t0, mot_t1, mot_vel, kin_target, grasp_target, twist)
 
+    # the twist gradient of the previous substep, along the displacement it was applied to
+    g_prev = 0.0
+    if twist_k != 0.0:
+        for i in range(n):
+            for d in range(3):
+                g_prev += twist_grad[i, d] * (x[i, d] - x_prev[i, d])
     edge_vectors(x, edges, elen)
     accumulate_forces(x, x_prev, edges, elen, h, mass, hinge_k, k_d, drag_quad, drag_lin, gravity, ext_force,
-                      twist_k, twist[0], force, twist_grad)
+                      twist_k, force, twist_grad)
+    if twist_k != 0.0:
+        # Theta advanced over the last substep with the gradient at its start; now that the gradient at its end
+        # is known, complete the trapezoidal rule 1/2 (g^k + g^{k+1}) . (x^{k+1} - x^k): the twist energy then
+        # stays bounded instead of drifting at first order in h (docs/PHYSICS.md Sec. 2)
+        g_new = 0.0
+        for i in range(n):
+            for d in range(3):
+                g_new += twist_grad[i, d] * (x[i, d] - x_prev[i, d])
+        twist[0] += 0.5 * (g_new - g_prev)
+        # uniform twist (Wang 2017 Eq. 3, App. C): E_t = twist_k theta^2 / 2, F = -twist_k theta dTheta/dx
+        ft = -twist_k * twist[0]
+        for i in range(n):
+            for d in range(3):
+                force[i, d] += ft * twist_grad[i, d]
 
     h2 = h * h
     # Eq. D.1 in displacement form, x + (x - x_prev) + h^2 F / m, which rounds at the size of the step rather
@@ -144,14 +164,30 @@ def advance(n_sub: int, h: float, t: float,
             x, x_prev, tension, twist, kin_target, ext_force,
             grasp_vertex, grasp_k, grasp_c, grasp_fmax, grasp_target, grasp_target_prev, grasp_force,
             grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
-            lo, di, up, rhs, cp, delta, stats):
-    """Run n_sub substeps of h (s) from time t (s); write iteration statistics into ``stats``."""
+            lo, di, up, rhs, cp, delta, stats,
+            scale, base_inv_mass, bend_gersh, fold, tension_floor, tension_margin, target):
+    """Run n_sub substeps of h (s) from time t (s); write iteration statistics into ``stats``.
+
+    With ``scale``, ``inv_mass`` is rewritten before every substep from ``base_inv_mass`` by selective mass
+    scaling (stability.scale_masses) with the tensions of the substep before, so the scaling follows a tension
+    that rises within the tick (a thread snapping taut)."""
     max_it = 0
     max_res = 0.0
     total = 0
     it = 0
     res = 0.0
+    n_scaled = 0
+    worst = 1.0
     for s in range(n_sub):
+        if scale:
+            if s > 0:
+                fold = fold_factor(x)  # hinges can fold within a tick (a whip); their stiffness grows fast
+            ns, f = scale_masses(mass, base_inv_mass, bend_gersh, fold, rest, tension, tension_floor,
+                                 tension_margin, h, target, inv_mass)
+            if ns > n_scaled:
+                n_scaled = ns
+            if f > worst:
+                worst = f
         it, res = substep(h, t + s * h, rest, mass, inv_mass, kinematic, hinge_k, k_d, drag_quad, drag_lin,
                           compliance, gravity, twist_k, mot_kind, mot_index, mot_t0, mot_t1, mot_vel, method, tol,
                           max_iters, x, x_prev, tension, twist, kin_target, ext_force,
@@ -169,6 +205,8 @@ def advance(n_sub: int, h: float, t: float,
     stats[3] = max_it
     stats[4] = max_res
     stats[5] = total
+    stats[7] = n_scaled
+    stats[8] = worst
 
 
 @njit(cache=True, error_model="numpy")
@@ -179,16 +217,21 @@ def rescale_history(x: np.ndarray, x_prev: np.ndarray, ratio: float) -> None:
             x_prev[i, d] = x[i, d] - ratio * (x[i, d] - x_prev[i, d])
 
 
-def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, inv_mass: np.ndarray | None = None) -> None:
-    """Advance ``state`` by n_sub substeps of h seconds (one kernel call), with the model's inverse masses or
-    the given (mass-scaled) ones."""
+def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, scale: bool = False,
+         tension_floor: float = 0.0, tension_margin: float = 1.5) -> None:
+    """Advance ``state`` by n_sub substeps of h seconds (one kernel call). With ``scale``, masses are scaled
+    before every substep wherever the substep is too long for the local stiffness (docs/PHYSICS.md Sec. 6),
+    counting every segment's tension as at least ``tension_floor`` (N)."""
+    fold = fold_factor(state.x) if scale else 1.0
     if h != state.h[0]:
         rescale_history(state.x, state.x_prev, h / state.h[0])
         state.h[0] = h
+    if not scale:
+        np.copyto(state.inv_mass_tick, model.inv_mass)
+    # with scale, inv_mass_tick still holds the masses of the previous substep, which scale_masses needs
     s = model.solver
     advance(n_sub, h, state.time[0],
-            model.rest_length, model.mass, model.inv_mass if inv_mass is None else inv_mass, model.kinematic,
-            model.hinge_k,
+            model.rest_length, model.mass, state.inv_mass_tick, model.kinematic, model.hinge_k,
             model.bending_dissipation, model.drag_quad, model.drag_lin, model.compliance, model.gravity,
             model.twist_k, model.mot_kind, model.mot_index, model.mot_t0, model.mot_t1, model.mot_vel,
             model.method_code, s.tol, s.max_iters,
@@ -196,17 +239,37 @@ def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, inv_mass:
             state.grasp_vertex, state.grasp_k, state.grasp_c, state.grasp_fmax, state.grasp_target,
             state.grasp_target_prev, state.grasp_force, state.grasp_sat, state.force, state.twist_grad, state.xbar, state.w_eff,
             state.edges, state.elen, state.new_edges, state.alpha, state.tri_lo, state.tri_di, state.tri_up,
-            state.tri_rhs, state.tri_cp, state.tri_delta, state.stats)
+            state.tri_rhs, state.tri_cp, state.tri_delta, state.stats,
+            scale, model.inv_mass, model.bend_gersh, fold, tension_floor, tension_margin,
+            model.solver.stability_target)
     state.time[0] += n_sub * h
 
 
-def choose_substeps(model: ThreadModel, state: ThreadState) -> tuple[int, int]:
+def grasp_tension_floor(state: ThreadState) -> float:
+    """The tension (N) the grasps can put into the thread during the next tick: each coupling's force if its
+    vertex stayed where it is, min(max_force, k |p - x|). A stylus far from its vertex is about to pull."""
+    floor = 0.0
+    for g in range(state.grasp_vertex.shape[0]):
+        v = state.grasp_vertex[g]
+        if v < 0:
+            continue
+        dx = state.grasp_target[g, 0] - state.x[v, 0]
+        dy = state.grasp_target[g, 1] - state.x[v, 1]
+        dz = state.grasp_target[g, 2] - state.x[v, 2]
+        f = min(state.grasp_fmax[g], state.grasp_k[g] * math.sqrt(dx * dx + dy * dy + dz * dz))
+        floor = max(floor, f)
+    return floor
+
+
+def choose_substeps(model: ThreadModel, state: ThreadState, tension: np.ndarray | None = None) -> tuple[int, int]:
     """(substeps for the next tick, substeps the stability bound asks for). Fixed if the model says so; else
-    from the bound with the current tensions (x1.5: tension can grow within a tick), capped at max_substeps."""
+    from the bound with the given tension estimate (default: the current tensions; x1.5, tension can grow within
+    a tick), capped at max_substeps."""
     s = model.solver
     if s.substeps > 0:
         return s.substeps, s.substeps
-    omega = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length, state.tension, 1.5)
+    t_est = state.tension if tension is None else tension
+    omega = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length, t_est, 1.5)
     state.stats[STAT_OMEGA] = omega
     needed = substeps_for(omega, s.tick, s.stability_target, 1 << 30)
     n = min(needed, s.max_substeps)
@@ -227,48 +290,46 @@ class Stepper:
     With automatic substeps (docs/PHYSICS.md Sec. 6) each tick takes the substeps the stability bound asks
     for, up to the budget model.solver.max_substeps; past the budget the vertices that are too stiff for the
     substep get their mass scaled (stability.scaled_inverse_masses), so a taut suture never needs more than
-    the budget. A tick is checked after it ran: every substep's multipliers must have converged, and the bound
-    at the tensions the tick ended with must still hold (h * omega < 2). Tension can rise within one tick
-    faster than any bound taken at its start (a thread snapping taut), so a tick that fails is run again from
-    a copy of the state taken before it, with more substeps and masses scaled for the larger tensions. The
-    copy is allocated once, here; a tick allocates nothing.
+    the budget. A tick that fails its checks is run again with up to solver.retry_substeps substeps (an
+    overrun of the real-time budget, reported by the caller, rather than a diverging state). The bound uses a
+    tension estimate: the current tensions, but at least what the grasps can pull
+    with during the tick (grasp_tension_floor). A tick is checked after it ran: every substep's multipliers must
+    have converged, and the bound at the tensions the tick ended with must still hold (h * omega < 2). Tension
+    can rise within one tick faster than any estimate (a thread snapping taut), so a tick that fails is run
+    again from a copy of the state taken before it, with more substeps and a larger estimate: the tensions it
+    reached, or four times the estimate if they were not finite. The copy is allocated once, here; a tick
+    allocates nothing.
     """
 
     CONVERGED = 1e-9      # residual max |G_j|/l_j^2 above which a substep counts as not converged
-    MAX_RETRIES = 3
+    MAX_RETRIES = 6
 
     def __init__(self, model: ThreadModel, state: ThreadState):
         self.model = model
         self.state = state
         self._backup = state.copy()
-        self._tension = state.tension.copy()   # the larger of the tensions before and after a failed try
+        self._tension = state.tension.copy()   # the tension estimate of the tick being run (N)
         self.retries = 0          # ticks run again since this stepper was made
 
     def tick(self) -> int:
         """Advance one tick; returns the substeps of the run that was kept. Raises SolverDivergence if the
         state went non-finite (then it must not be used: reset it)."""
         model, state, s = self.model, self.state, self.model.solver
-        n, needed = choose_substeps(model, state)
         if s.substeps > 0:
+            n = s.substeps
             step(model, state, n, s.tick / n)
             self._check_finite(n)
             return n
+        est = self._tension
+        np.abs(state.tension, out=est)
+        np.maximum(est, grasp_tension_floor(state), out=est)
+        n, needed = choose_substeps(model, state, est)
         state.copy_into(self._backup)
-        np.abs(state.tension, out=self._tension)
+        floor = grasp_tension_floor(state)
         for attempt in range(self.MAX_RETRIES + 1):
             h = s.tick / n
-            scaled, factor = 0, 1.0
-            if needed > n:
-                scaled, factor = scaled_inverse_masses(state.x, model.mass, model.inv_mass, model.bend_gersh,
-                                                       model.rest_length, self._tension, 1.5, h,
-                                                       s.stability_target, state.inv_mass_tick)
-            else:
-                np.copyto(state.inv_mass_tick, model.inv_mass)
-            step(model, state, n, h, state.inv_mass_tick)
-            state.stats[STAT_SCALED] = scaled
-            state.stats[STAT_MASS_FACTOR] = factor
+            step(model, state, n, h, scale=needed > n, tension_floor=floor)
             ok = state.stats[STAT_MAX_RESIDUAL] <= self.CONVERGED  # False for NaN too
-            omega = math.inf
             if ok:
                 omega = omega_bound(state.x, state.inv_mass_tick, model.bend_gersh, model.rest_length,
                                     state.tension, 1.0)
@@ -276,14 +337,21 @@ class Stepper:
             if ok or attempt == self.MAX_RETRIES:
                 self._check_finite(n)
                 return n
-            # run the tick again, resolving the tensions it reached
-            np.maximum(self._tension, np.abs(state.tension), out=self._tension)
+            # run the tick again with more substeps and a higher tension floor for the mass scaling: the
+            # tensions it reached, and at least four times the floor (a violent snap can leave the multipliers
+            # unconverged but finite; each retry then slows the stiff vertices further until they converge)
+            converged = state.stats[STAT_MAX_RESIDUAL] <= self.CONVERGED
+            if converged:  # tensions of an unconverged solve mean nothing
+                np.maximum(est, np.abs(state.tension), out=est)
+            floor = max(4.0 * floor, 1e-3)
+            np.maximum(est, floor, out=est)
             self._backup.copy_into(state)
             self.retries += 1
-            omega_new = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length,
-                                    self._tension, 1.5)
+            omega_new = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length, est, 1.5)
             needed = max(substeps_for(omega_new, s.tick, s.stability_target, 1 << 30), 2 * n)
-            n = min(needed, s.max_substeps)
+            # past the real-time budget if need be: mass scaling tames tension from loads, not the inertial
+            # tension of a whip (it grows with the added mass), so a violent tick gets real substeps
+            n = min(needed, max(s.max_substeps, s.retry_substeps))
         return n
 
     def _check_finite(self, n: int) -> None:

@@ -48,6 +48,7 @@ class SolverSettings:
     tick: float = 1e-3            # s, one tick of the fixed-rate loop
     substeps: int = 0             # fixed substeps per tick; 0 = chosen each tick from the stability bound
     max_substeps: int = 32        # budget of automatic substeps; beyond it, selective mass scaling (stability.py)
+    retry_substeps: int = 1024    # a tick that failed may be run again with up to this many (a transient overrun)
     stability_target: float = 1.0  # h * omega_max aimed for (the explicit limit is 2)
 
 

@@ -81,31 +81,47 @@ def substeps_for(omega: float, tick: float, target: float, max_substeps: int) ->
 
 
 @njit(cache=True, error_model="numpy")
-def scaled_inverse_masses(x: np.ndarray, mass: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray,
-                          rest: np.ndarray, tension: np.ndarray, tension_margin: float, h: float, target: float,
-                          out: np.ndarray) -> tuple:
-    """Selective mass scaling: the inverse masses (1/kg) for a tick of substep h (s) such that every vertex's
-    Gershgorin bound meets h * omega_i <= target. A vertex that already does keeps its mass; a stiffer one
-    (a taut or sharply bent stretch of a light suture) gets just enough extra inertia, m_i' = h^2 K_i / target^2.
-    Kinematic vertices keep 0. Static forces are unchanged, so equilibria and their tensions are exact; only the
-    dynamics of the scaled vertices slow down. Returns (vertices scaled, largest mass factor)."""
-    n = x.shape[0]
-    fac_max = fold_factor(x)
+def scale_masses(mass: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray, fold: float, rest: np.ndarray,
+                 tension: np.ndarray, tension_floor: float, tension_margin: float, h: float, target: float,
+                 out: np.ndarray) -> tuple:
+    """Selective mass scaling: the inverse masses (1/kg) for a substep h (s) such that every vertex's Gershgorin
+    bound meets h * omega_i <= target. A vertex that already does keeps its mass; a stiffer one (a taut or
+    sharply bent stretch of a light suture) gets just enough extra inertia, m_i' = h^2 K_i / target^2, with K_i
+    from the bending row sum times ``fold`` plus the geometric stiffness of the tensions (at least
+    ``tension_floor`` N, times ``tension_margin``). Kinematic vertices keep 0. Static forces are unchanged, so
+    equilibria and their tensions are exact; only the dynamics of the scaled vertices slow down.
+
+    ``out`` holds the inverse masses the tensions were computed with. Under scaled masses the inertial part of
+    a tension is inflated by the scale factor, so each tension is divided by the larger factor at its segment's
+    ends before it is used; without that the scaling would feed on itself. Returns (vertices scaled, largest
+    factor)."""
+    n = mass.shape[0]
     scaled = 0
     worst = 1.0
     lim = target * target / (h * h)
+    f_left = 1.0                       # the old factor of vertex i-1 (out[i-1] is already overwritten)
+    f_here = inv_mass[0] / out[0] if out[0] > 0.0 else 1.0
     for i in range(n):
+        f_right = 1.0
+        if i < n - 1:
+            f_right = inv_mass[i + 1] / out[i + 1] if out[i + 1] > 0.0 else 1.0
         if inv_mass[i] == 0.0:
             out[i] = 0.0
-            continue
-        k = vertex_stiffness(i, bend_gersh, fac_max, rest, tension, tension_margin)
-        if k * inv_mass[i] > lim:
-            m_new = k / lim
-            out[i] = 1.0 / m_new
-            scaled += 1
-            f = m_new / mass[i]
-            if f > worst:
-                worst = f
         else:
-            out[i] = inv_mass[i]
+            k = bend_gersh[i] * fold
+            if i > 0:
+                k += 2.0 * max(abs(tension[i - 1]) / max(f_left, f_here), tension_floor) * tension_margin / rest[i - 1]
+            if i < n - 1:
+                k += 2.0 * max(abs(tension[i]) / max(f_here, f_right), tension_floor) * tension_margin / rest[i]
+            if k * inv_mass[i] > lim:
+                m_new = k / lim
+                out[i] = 1.0 / m_new
+                scaled += 1
+                f = m_new / mass[i]
+                if f > worst:
+                    worst = f
+            else:
+                out[i] = inv_mass[i]
+        f_left = f_here
+        f_here = f_right
     return scaled, worst

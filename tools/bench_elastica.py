@@ -270,7 +270,6 @@ def run_pyelastica(
     PyElastica can stay NaN-free for thousands of steps while its elements spin wildly.
     """
     ea = _import_elastica()
-    import numpy as np
 
     if segments < 2:
         raise ValueError("segments must be >= 2")
