@@ -93,17 +93,24 @@ class Section:
     def keys(self) -> Iterable[str]:
         return self.data.keys()
 
+    def _fetch(self, key: str, default: Any) -> tuple[bool, Any]:
+        """(True, value) if ``key`` is given; (False, default) if it is absent or null; an error if it is
+        absent and required. Marks the key as read."""
+        self.read.add(key)
+        if key not in self.data or self.data[key] is None:
+            if default is _REQUIRED:
+                raise self.error(key, "is required")
+            return False, default
+        return True, self.data[key]
+
     # -- typed getters -------------------------------------------------------------------------------
     def get(self, key: str, kind: type = float, default: Any = _REQUIRED, *, minval: float | None = None,
             maxval: float | None = None, above: float | None = None, below: float | None = None,
             choices: Iterable[Any] | None = None) -> Any:
         """Read ``key`` as ``kind`` (float, int, str, bool), checking bounds; ``default`` if absent."""
-        self.read.add(key)
-        if key not in self.data or self.data[key] is None:
-            if default is _REQUIRED:
-                raise self.error(key, "is required")
-            return default
-        value = self.data[key]
+        present, value = self._fetch(key, default)
+        if not present:
+            return value
         value = self._convert(key, value, kind)
         self._check_bounds(key, value, minval, maxval, above, below)
         if choices is not None and value not in choices:
@@ -146,12 +153,9 @@ class Section:
 
     def vector(self, key: str, length: int = 3, default: Any = _REQUIRED, *, nonzero: bool = False) -> list:
         """Read a list of ``length`` finite numbers."""
-        self.read.add(key)
-        if key not in self.data or self.data[key] is None:
-            if default is _REQUIRED:
-                raise self.error(key, "is required")
-            return default
-        value = self.data[key]
+        present, value = self._fetch(key, default)
+        if not present:
+            return value
         if not isinstance(value, (list, tuple)) or len(value) != length:
             raise self.error(key, f"must be a list of {length} numbers, got {value!r}")
         out = []
@@ -166,21 +170,14 @@ class Section:
 
     def raw(self, key: str, default: Any = _REQUIRED) -> Any:
         """The raw value (the caller validates it and reports errors through ``error``); null = absent."""
-        self.read.add(key)
-        if key not in self.data or self.data[key] is None:
-            if default is _REQUIRED:
-                raise self.error(key, "is required")
-            return default
-        return self.data[key]
+        return self._fetch(key, default)[1]
 
     def section(self, key: str, default: Any = _REQUIRED) -> "Section | None":
         """A nested mapping as a Section (None if absent and default is None)."""
-        self.read.add(key)
-        if key not in self.data or self.data[key] is None:
-            if default is _REQUIRED:
-                raise self.error(key, "is required")
-            return Section({}, self.file_of(key), self.key_path(key)) if default == {} else default
-        return Section(self.data[key], self.file_of(key), self.key_path(key))
+        present, value = self._fetch(key, default)
+        if not present:
+            return Section({}, self.file_of(key), self.key_path(key)) if value == {} else value
+        return Section(value, self.file_of(key), self.key_path(key))
 
     def sections(self, key: str) -> list["Section"]:
         """A list of mappings, each as a Section (empty if absent)."""

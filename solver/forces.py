@@ -12,6 +12,18 @@ import numpy as np
 from numba import njit
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def hinge_cos(x: np.ndarray, i: int) -> float:
+    """cos phi_i = e_{i-1} . e_i / (|e_{i-1}| |e_i|) at hinge i (1 <= i <= n-2) of positions x."""
+    ax = x[i, 0] - x[i - 1, 0]
+    ay = x[i, 1] - x[i - 1, 1]
+    az = x[i, 2] - x[i - 1, 2]
+    bx = x[i + 1, 0] - x[i, 0]
+    by = x[i + 1, 1] - x[i, 1]
+    bz = x[i + 1, 2] - x[i, 2]
+    return (ax * bx + ay * by + az * bz) / math.sqrt((ax * ax + ay * ay + az * az) * (bx * bx + by * by + bz * bz))
+
+
 @njit(cache=True, error_model="numpy")
 def edge_vectors(x: np.ndarray, edges: np.ndarray, elen: np.ndarray) -> None:
     """Edges e_j = x_{j+1} - x_j (m) and their lengths (m)."""
@@ -78,15 +90,7 @@ def accumulate_forces(x: np.ndarray, x_prev: np.ndarray, edges: np.ndarray, elen
         if k_d != 0.0:
             # Wang 2017 Eq. 5-6 / App. A: P = 1/2 k_d (d beta/dt)^2 with beta = cos phi, force -k_d beta_dot dbeta/dx;
             # it has the same geometric factor dc/dx as the bending force, so it folds into s.
-            pax = x_prev[i, 0] - x_prev[i - 1, 0]
-            pay = x_prev[i, 1] - x_prev[i - 1, 1]
-            paz = x_prev[i, 2] - x_prev[i - 1, 2]
-            pbx = x_prev[i + 1, 0] - x_prev[i, 0]
-            pby = x_prev[i + 1, 1] - x_prev[i, 1]
-            pbz = x_prev[i + 1, 2] - x_prev[i, 2]
-            pc = (pax * pbx + pay * pby + paz * pbz) / math.sqrt(
-                (pax * pax + pay * pay + paz * paz) * (pbx * pbx + pby * pby + pbz * pbz))
-            s += k_d * (c - pc) * inv_h
+            s += k_d * (c - hinge_cos(x_prev, i)) * inv_h
         # dc/da = (t_b - c t_a)/|a|, dc/db = (t_a - c t_b)/|b|: exact, perpendicular to a and b, so bending
         # never loads the constraint direction (Wang 2017 App. C drops the projection; the tension would absorb it)
         sa = s * ila * ila
@@ -135,14 +139,7 @@ def bending_energy(x: np.ndarray, hinge_k: np.ndarray) -> float:
     """Discrete bending energy (J): sum over hinges of K_i * tan^2(phi_i / 2)."""
     e = 0.0
     for i in range(1, x.shape[0] - 1):
-        ax = x[i, 0] - x[i - 1, 0]
-        ay = x[i, 1] - x[i - 1, 1]
-        az = x[i, 2] - x[i - 1, 2]
-        bx = x[i + 1, 0] - x[i, 0]
-        by = x[i + 1, 1] - x[i, 1]
-        bz = x[i + 1, 2] - x[i, 2]
-        c = (ax * bx + ay * by + az * bz) / math.sqrt((ax * ax + ay * ay + az * az) * (bx * bx + by * by + bz * bz))
-        e += hinge_k[i] * (2.0 / (1.0 + c) - 1.0)
+        e += hinge_k[i] * (2.0 / (1.0 + hinge_cos(x, i)) - 1.0)
     return e
 
 

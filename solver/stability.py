@@ -19,6 +19,8 @@ import math
 import numpy as np
 from numba import njit
 
+from .forces import hinge_cos
+
 
 @njit(cache=True, error_model="numpy")
 def fold_factor(x: np.ndarray) -> float:
@@ -28,14 +30,7 @@ def fold_factor(x: np.ndarray) -> float:
     n = x.shape[0]
     fac_max = 1.0
     for i in range(1, n - 1):
-        ax = x[i, 0] - x[i - 1, 0]
-        ay = x[i, 1] - x[i - 1, 1]
-        az = x[i, 2] - x[i - 1, 2]
-        bx = x[i + 1, 0] - x[i, 0]
-        by = x[i + 1, 1] - x[i, 1]
-        bz = x[i + 1, 2] - x[i, 2]
-        c = (ax * bx + ay * by + az * bz) / math.sqrt((ax * ax + ay * ay + az * az) * (bx * bx + by * by + bz * bz))
-        c = max(c, -0.999)
+        c = max(hinge_cos(x, i), -0.999)
         u = (1.0 - c) / (1.0 + c)
         sec2 = 1.0 + u
         fac = (0.5 * sec2 * sec2 + u * sec2 + math.sqrt(u) * sec2) / 0.5
