@@ -24,6 +24,28 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if summary.finite else 1
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from .config import load_server_config
+    from .security import SecurityError
+    from .supervisor import serve
+
+    overrides = {"scenario": args.scenario, "record": args.record,
+                 "endpoints": {"pub": args.pub, "control": args.control, "stylus": args.stylus},
+                 "security": {"insecure": True} if args.insecure else {}}
+    cfg = load_server_config(args.config, overrides)
+    try:
+        return serve(cfg)
+    except SecurityError as exc:
+        print(f"suturesim: {exc}", file=sys.stderr)
+        return 2
+
+
+def _cmd_keys(args: argparse.Namespace) -> int:
+    from .security import keys_main
+
+    return keys_main(args.rest)
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
     from ..tools.validate import main as validate_main
 
@@ -53,6 +75,30 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
+    p = sub.add_parser("serve", help="the daemon: a 1 kHz physics process publishing over ZeroMQ",
+                       description="Run the real-time server: the physics process steps the scenario at 1 kHz, "
+                                   "publishes state/force/stats/event on --pub, answers control requests on "
+                                   "--control and takes remote stylus poses on --stylus (docs/PROTOCOL.md). "
+                                   "Every socket binds 127.0.0.1 unless told otherwise; a non-loopback address "
+                                   "needs CURVE keys in the config (`suturesim keys`) or --insecure. "
+                                   "SIGINT/SIGTERM zero the forces and stop cleanly.")
+    p.add_argument("--config", metavar="F", help="server config YAML (default: the shipped configs/server.yaml)")
+    p.add_argument("--scenario", metavar="S", help="scenario name or file (default: the config's, 'default')")
+    p.add_argument("--device", choices=["simulated", "remote"], default="simulated",
+                   help="simulated: the scenario's scripted stylus; remote: poses from --stylus drive the grasps "
+                        "(either way, a pose arriving on --stylus takes over its device's grasp)")
+    p.add_argument("--pub", metavar="EP", help="PUB endpoint (default tcp://127.0.0.1:5555)")
+    p.add_argument("--control", metavar="EP", help="REP control endpoint (default tcp://127.0.0.1:5556)")
+    p.add_argument("--stylus", metavar="EP", help="PULL remote stylus endpoint (default tcp://127.0.0.1:5557)")
+    p.add_argument("--record", metavar="F.mcap", help="record every published message to this MCAP file")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow binding non-loopback addresses without CURVE authentication (trusted networks only)")
+    p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("keys", help="make a CURVE key pair for binding beyond loopback", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_keys)
+
     p = sub.add_parser("run", help="run a scenario headless, as fast as possible",
                        description="Run a scenario headless as fast as the machine allows and print a summary; "
                                    "optionally record the state (at the scenario's rate) and force (every tick) "
@@ -77,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # commands that parse their own options (argparse's REMAINDER cannot take a leading --option)
-_PASSTHROUGH = {"validate": _cmd_validate, "bench": _cmd_bench}
+_PASSTHROUGH = {"validate": _cmd_validate, "bench": _cmd_bench, "keys": _cmd_keys}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,7 +43,7 @@ def substep(h: float, t: float,
             rest, mass, inv_mass, kinematic, hinge_k, k_d, drag_quad, drag_lin, compliance, gravity, twist_k,
             mot_kind, mot_index, mot_t0, mot_t1, mot_vel, method, tol, max_iters,
             x, x_prev, tension, twist, kin_target, ext_force,
-            grasp_vertex, grasp_k, grasp_c, grasp_fmax, grasp_target, grasp_target_prev, grasp_force,
+            grasp_vertex, grasp_k, grasp_c, grasp_fmax, grasp_target, grasp_target_prev, grasp_vel, grasp_force,
             grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
             lo, di, up, rhs, cp, delta):
     """Advance the state by one substep h (s) starting at time t (s). Returns (iterations, residual)."""
@@ -53,6 +53,7 @@ def substep(h: float, t: float,
     for g in range(g_count):
         for d in range(3):
             grasp_target_prev[g, d] = grasp_target[g, d]
+            grasp_target[g, d] += grasp_vel[g, d] * h  # a live device's pose, ramped across the tick
     apply_motions(t, h, mot_kind, mot_index, mot_t0, mot_t1, mot_vel, kin_target, grasp_target, twist)
 
     # the twist gradient of the previous substep, along the displacement it was applied to
@@ -162,7 +163,7 @@ def advance(n_sub: int, h: float, t: float,
             rest, mass, inv_mass, kinematic, hinge_k, k_d, drag_quad, drag_lin, compliance, gravity, twist_k,
             mot_kind, mot_index, mot_t0, mot_t1, mot_vel, method, tol, max_iters,
             x, x_prev, tension, twist, kin_target, ext_force,
-            grasp_vertex, grasp_k, grasp_c, grasp_fmax, grasp_target, grasp_target_prev, grasp_force,
+            grasp_vertex, grasp_k, grasp_c, grasp_fmax, grasp_target, grasp_target_prev, grasp_vel, grasp_force,
             grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
             lo, di, up, rhs, cp, delta, stats,
             scale, base_inv_mass, bend_gersh, fold, tension_floor, tension_margin, target):
@@ -192,7 +193,7 @@ def advance(n_sub: int, h: float, t: float,
                           compliance, gravity, twist_k, mot_kind, mot_index, mot_t0, mot_t1, mot_vel, method, tol,
                           max_iters, x, x_prev, tension, twist, kin_target, ext_force,
                           grasp_vertex, grasp_k, grasp_c, grasp_fmax, grasp_target, grasp_target_prev,
-                          grasp_force, grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
+                          grasp_vel, grasp_force, grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
                           lo, di, up, rhs, cp, delta)
         total += it
         if it > max_it:
@@ -237,7 +238,7 @@ def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, scale: bo
             model.method_code, s.tol, s.max_iters,
             state.x, state.x_prev, state.tension, state.twist, state.kin_target, state.ext_force,
             state.grasp_vertex, state.grasp_k, state.grasp_c, state.grasp_fmax, state.grasp_target,
-            state.grasp_target_prev, state.grasp_force, state.grasp_sat, state.force, state.twist_grad, state.xbar, state.w_eff,
+            state.grasp_target_prev, state.grasp_vel, state.grasp_force, state.grasp_sat, state.force, state.twist_grad, state.xbar, state.w_eff,
             state.edges, state.elen, state.new_edges, state.alpha, state.tri_lo, state.tri_di, state.tri_up,
             state.tri_rhs, state.tri_cp, state.tri_delta, state.stats,
             scale, model.inv_mass, model.bend_gersh, fold, tension_floor, tension_margin,

@@ -106,6 +106,7 @@ class ThreadState:
     grasp_fmax: np.ndarray        # (G,) N, coupling force limit
     grasp_target: np.ndarray      # (G,3) m, target (stylus) position now
     grasp_target_prev: np.ndarray  # (G,3) m, target one substep earlier
+    grasp_vel: np.ndarray         # (G,3) m/s, target velocity set by a live device (ramps a pose across a tick)
     grasp_force: np.ndarray       # (G,3) N, force the coupling applies to the thread
     grasp_sat: np.ndarray         # (G,) int8, 1 while the coupling force is at its limit
     stats: np.ndarray             # (10,) see STAT_* in solver/integrator.py
@@ -214,7 +215,7 @@ def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
         twist=np.array([twist0, 0.0]), kin_target=x0.copy(), ext_force=z(n, 3),
         grasp_vertex=np.full(MAX_GRASPS, -1, np.int64), grasp_k=z(MAX_GRASPS), grasp_c=z(MAX_GRASPS),
         grasp_fmax=np.full(MAX_GRASPS, np.inf), grasp_target=z(MAX_GRASPS, 3),
-        grasp_target_prev=z(MAX_GRASPS, 3), grasp_force=z(MAX_GRASPS, 3),
+        grasp_target_prev=z(MAX_GRASPS, 3), grasp_vel=z(MAX_GRASPS, 3), grasp_force=z(MAX_GRASPS, 3),
         grasp_sat=np.zeros(MAX_GRASPS, np.int8), stats=z(10),
         inv_mass_tick=model.inv_mass.copy(),
         force=z(n, 3), twist_grad=z(n, 3), xbar=z(n, 3), w_eff=z(n), edges=z(ns, 3), elen=z(ns),

@@ -1,0 +1,235 @@
+"""Control requests on the REP socket (DESIGN.md, "Public interfaces"; docs/PROTOCOL.md).
+
+A request is a msgpack map {"cmd": ..., ...}; the reply is {"ok": true, ...} or {"ok": false, "error": ...}.
+Anything wrong with a request — not msgpack, not a map, an unknown command, a wrong type, a value a scenario
+file would reject — is an error reply; nothing a client sends can stop the loop. At most one request is
+handled per tick, after the tick's physics and publishing.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import msgpack
+import numpy as np
+import zmq
+
+from ..solver.config import ConfigError
+from ..solver.model import MAX_GRASPS
+from ..solver.scenario import GraspSpec, build_scenario, load_scenario
+from ..solver.integrator import STAT_SUBSTEPS
+
+
+class RequestError(ValueError):
+    """A request the server cannot carry out; its message goes back to the client."""
+
+
+def _field(req: dict, key: str, kinds: type | tuple, default: Any = ...) -> Any:
+    if key not in req:
+        if default is ...:
+            raise RequestError(f"missing field {key!r}")
+        return default
+    value = req[key]
+    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+        raise RequestError(f"field {key!r} has the wrong type: {type(value).__name__}")
+    if not isinstance(value, kinds):
+        raise RequestError(f"field {key!r} has the wrong type: {type(value).__name__}")
+    return value
+
+
+def _number(req: dict, key: str, default: Any = ..., positive: bool = False) -> float:
+    value = float(_field(req, key, (int, float), default))
+    if not math.isfinite(value) or (positive and value <= 0):
+        raise RequestError(f"field {key!r} must be a finite{' positive' if positive else ''} number")
+    return value
+
+
+def _nested(path: str, value: Any) -> dict:
+    keys = path.split(".")
+    if not path or any(not k for k in keys):
+        raise RequestError(f"bad parameter path {path!r}")
+    out: dict = {keys[-1]: value}
+    for k in reversed(keys[:-1]):
+        out = {k: out}
+    return out
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+class ControlHandler:
+    """Answers requests for one PhysicsLoop."""
+
+    def __init__(self, loop):
+        self.loop = loop
+        self.commands: dict[str, Callable[[dict], dict]] = {
+            "status": self.status, "reset": self.reset, "pause": self.pause, "resume": self.resume,
+            "load": self.load, "set": self.set, "grasp": self.grasp, "release": self.release,
+            "record_start": self.record_start, "record_stop": self.record_stop, "shutdown": self.shutdown,
+        }
+
+    def handle_one(self) -> None:
+        """Receive one request (one is waiting) and send its reply."""
+        sock = self.loop.ctl
+        try:
+            raw = sock.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        reply = self.reply(raw)
+        try:
+            sock.send(msgpack.packb(reply, use_bin_type=True), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+
+    def reply(self, raw: bytes) -> dict:
+        try:
+            if len(raw) > self.loop.cfg.security.max_message_bytes:
+                raise RequestError("request too large")
+            try:
+                req = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+            except Exception as exc:  # noqa: BLE001 - any decoding failure is the client's
+                raise RequestError(f"not a msgpack message: {exc.__class__.__name__}") from None
+            if not isinstance(req, dict):
+                raise RequestError("a request must be a map with a 'cmd' field")
+            cmd = req.get("cmd")
+            if not isinstance(cmd, str):
+                raise RequestError("missing or non-string 'cmd'")
+            handler = self.commands.get(cmd)
+            if handler is None:
+                raise RequestError(f"unknown command {cmd!r} (known: {', '.join(sorted(self.commands))})")
+            out = handler(req)
+            return {"ok": True, **out}
+        except (RequestError, ConfigError) as exc:
+            self.loop.stats.control_errors += 1
+            return {"ok": False, "error": str(exc)}
+        except Exception as exc:  # noqa: BLE001 - a bug in a handler must not stop the loop
+            self.loop.stats.control_errors += 1
+            return {"ok": False, "error": f"internal error: {exc.__class__.__name__}: {exc}"}
+
+    # -- commands -------------------------------------------------------------------------------------------
+    def status(self, req: dict) -> dict:
+        lp = self.loop
+        st = lp.state
+        return {"scenario": lp.scenario.name, "seq": lp.seq, "t": float(st.time[0]), "paused": lp.paused,
+                "substeps": int(st.stats[STAT_SUBSTEPS]), "n": lp.model.n_vertices,
+                "grasps": [{"id": g.id, "vertex": g.vertex, "device": g.device,
+                            "force": st.grasp_force[g.slot].tolist()} for g in lp.grasps],
+                "devices": sorted(lp.device_live), "stats": lp.stats.summary_counters(),
+                "realtime": lp.realtime, "cpu": lp.cpu}
+
+    def reset(self, req: dict) -> dict:
+        lp = self.loop
+        lp.install(lp.scenario)
+        lp.event("reset")
+        return {}
+
+    def pause(self, req: dict) -> dict:
+        self.loop.paused = True
+        self.loop.event("pause")
+        return {}
+
+    def resume(self, req: dict) -> dict:
+        self.loop.paused = False
+        self.loop.event("resume")
+        return {}
+
+    def load(self, req: dict) -> dict:
+        lp = self.loop
+        spec = _field(req, "scenario", (str, dict))
+        scenario = load_scenario(spec) if isinstance(spec, str) else build_scenario(spec, "<load request>")
+        lp.install(scenario)
+        lp.event("load", scenario=scenario.name)
+        return {"scenario": scenario.name}
+
+    def set(self, req: dict) -> dict:
+        """Change a scenario parameter by dotted path; validated by rebuilding the scenario. The thread keeps
+        its state when the vertex count is unchanged."""
+        lp = self.loop
+        path = _field(req, "path", str)
+        if "value" not in req:
+            raise RequestError("missing field 'value'")
+        value = req["value"]
+        data = _merge(lp.scenario.source, _nested(path, value))
+        scenario = build_scenario(data, f"<set {path}>")
+        old = lp.state
+        if scenario.model.n_vertices == lp.model.n_vertices:
+            new = scenario.new_state()
+            for name in ("x", "x_prev", "h", "time", "tension", "twist", "grasp_target", "grasp_target_prev",
+                         "grasp_force"):
+                np.copyto(getattr(new, name), getattr(old, name))
+            lp.install(scenario, new)
+        else:
+            lp.install(scenario)
+        lp.event("set", path=path, value=value if isinstance(value, (int, float, str, bool)) else str(value))
+        return {}
+
+    def grasp(self, req: dict) -> dict:
+        lp = self.loop
+        n = lp.model.n_vertices
+        vertex = _field(req, "vertex", int)
+        if not -n <= vertex < n:
+            raise RequestError(f"vertex must be in [{-n}, {n - 1}]")
+        vertex %= n
+        if lp.model.kinematic[vertex]:
+            raise RequestError(f"vertex {vertex} is pinned or driven")
+        used = {g.slot for g in lp.grasps}
+        free = [s for s in range(MAX_GRASPS) if s not in used]
+        if not free:
+            raise RequestError(f"at most {MAX_GRASPS} grasps")
+        gid = _field(req, "id", str, f"grasp{free[0]}")
+        if any(g.id == gid for g in lp.grasps):
+            raise RequestError(f"a grasp {gid!r} exists already")
+        spec = GraspSpec(id=gid, slot=free[0], vertex=vertex, device=_field(req, "device", str, gid),
+                         stiffness=_number(req, "stiffness", 1000.0, positive=True),
+                         damping=_number(req, "damping", 0.0),
+                         max_force=_number(req, "max_force", 3.0, positive=True))
+        if spec.damping < 0:
+            raise RequestError("field 'damping' must be >= 0")
+        st = lp.state
+        st.grasp_vertex[spec.slot] = vertex
+        st.grasp_k[spec.slot] = spec.stiffness
+        st.grasp_c[spec.slot] = spec.damping
+        st.grasp_fmax[spec.slot] = spec.max_force
+        st.grasp_target[spec.slot] = st.x[vertex]
+        st.grasp_target_prev[spec.slot] = st.x[vertex]
+        st.grasp_force[spec.slot] = 0.0
+        lp.grasps.append(spec)
+        lp.event("grasp", id=spec.id, vertex=vertex, device=spec.device)
+        return {"id": spec.id, "slot": spec.slot}
+
+    def release(self, req: dict) -> dict:
+        lp = self.loop
+        gid = _field(req, "id", str)
+        for g in lp.grasps:
+            if g.id == gid:
+                st = lp.state
+                st.grasp_vertex[g.slot] = -1
+                st.grasp_force[g.slot] = 0.0
+                st.grasp_vel[g.slot] = 0.0
+                lp.grasps.remove(g)
+                lp.event("release", id=gid)
+                return {}
+        raise RequestError(f"no grasp {gid!r}")
+
+    def record_start(self, req: dict) -> dict:
+        path = _field(req, "path", str)
+        if self.loop.supervisor is None:
+            raise RequestError("recording is run by the supervisor (suturesim serve)")
+        self.loop.supervisor.send(("record_start", path))
+        self.loop.event("record_start", path=path)
+        return {"path": path}
+
+    def record_stop(self, req: dict) -> dict:
+        if self.loop.supervisor is None:
+            raise RequestError("recording is run by the supervisor (suturesim serve)")
+        self.loop.supervisor.send(("record_stop", None))
+        self.loop.event("record_stop")
+        return {}
+
+    def shutdown(self, req: dict) -> dict:
+        self.loop.running = False
+        return {}

@@ -1,0 +1,359 @@
+"""The physics process: a fixed-rate loop on absolute deadlines that steps the thread, publishes it and answers
+control requests (DESIGN.md, "Processes and data flow").
+
+Each tick, top to bottom: wait for the deadline (sleep to `spin_us` before it, spin the rest), read the newest
+stylus poses (shared-memory link and remote PULL socket), advance the solver by one tick, write each device's
+force to the link, publish `force` (every tick), `state` (at its rate) and `stats` (each second), answer at most
+one control request, and account lateness and step time. Everything the loop touches is allocated before the
+first tick, and the garbage collector is frozen and disabled once start-up is done.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import os
+import time
+from dataclasses import dataclass, replace
+
+import msgpack
+import numpy as np
+import zmq
+
+from ..haptics.link import DeviceLink
+from ..solver.integrator import SolverDivergence, Stepper
+from ..solver.motion import MOTION_GRASP
+from ..solver.scenario import GraspSpec, Scenario, load_scenario
+from . import protocol
+from .config import ServerConfig
+from .messages import MessageBuilder
+from .security import SocketSecurity
+
+STYLUS_MAX_POS_M = 10.0        # a remote pose farther than this from the origin is rejected
+STYLUS_DRAIN_PER_TICK = 32     # remote stylus messages read per tick at most
+CATCH_UP_TICKS = 50            # further behind than this, the schedule is re-anchored (and an event says so)
+
+
+@dataclass
+class LoopStats:
+    """Per-tick timings of the last second (µs), in preallocated ring buffers, and counters."""
+    capacity: int
+
+    def __post_init__(self):
+        self.lateness = np.zeros(self.capacity)
+        self.period = np.zeros(self.capacity)
+        self.step = np.zeros(self.capacity)
+        self.substeps = np.zeros(self.capacity)
+        self.count = 0
+        self.overruns = 0
+        self.ticks = 0
+        self.stylus_rejected = 0
+        self.stylus_accepted = 0
+        self.control_errors = 0
+
+    def add(self, lateness_us: float, period_us: float, step_us: float, substeps: int) -> None:
+        i = self.count % self.capacity
+        self.lateness[i] = lateness_us
+        self.period[i] = period_us
+        self.step[i] = step_us
+        self.substeps[i] = substeps
+        self.count += 1
+        self.ticks += 1
+
+    def summary_counters(self) -> dict:
+        """The counters only (no percentiles, no reset): for `status` replies."""
+        return {"ticks": self.ticks, "overruns": self.overruns, "stylus_accepted": self.stylus_accepted,
+                "stylus_rejected": self.stylus_rejected, "control_errors": self.control_errors}
+
+    def summary(self) -> dict:
+        """Percentiles over the ticks since the last summary (once a second: this allocates, off the tick path)."""
+        n = min(self.count, self.capacity)
+        out = self.summary_counters()
+        if n == 0:
+            return out
+        lat, per, st, sub = self.lateness[:n], self.period[:n], self.step[:n], self.substeps[:n]
+        q = np.percentile
+        out["lateness_us"] = {"p50": float(q(lat, 50)), "p99": float(q(lat, 99)), "p999": float(q(lat, 99.9)),
+                              "max": float(lat.max())}
+        out["period_us"] = {"p50": float(q(per, 50)), "p99": float(q(per, 99)), "p999": float(q(per, 99.9)),
+                            "max": float(per.max())}
+        out["step_us"] = {"p50": float(q(st, 50)), "p99": float(q(st, 99)), "max": float(st.max())}
+        out["substeps"] = {"mean": float(sub.mean()), "max": int(sub.max())}
+        self.count = 0
+        return out
+
+
+def set_realtime(priority: int, cpu: int) -> tuple[bool, int, list[str]]:
+    """Ask for SCHED_FIFO at ``priority`` and pin to ``cpu`` (-1: the last CPU this process may use, if it may
+    use more than one). Returns (realtime granted, cpu pinned or -1, messages saying what was not granted)."""
+    notes = []
+    realtime = False
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+        realtime = True
+    except (PermissionError, OSError, AttributeError) as exc:
+        notes.append(f"SCHED_FIFO not granted ({exc.__class__.__name__}: {exc}); running at normal priority "
+                     "(give the process CAP_SYS_NICE or an rtprio limit for tighter timing)")
+    pinned = -1
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+        target = allowed[-1] if cpu < 0 and len(allowed) > 1 else (cpu if cpu >= 0 else -1)
+        if target >= 0:
+            os.sched_setaffinity(0, {target})
+            pinned = target
+    except (OSError, AttributeError, ValueError) as exc:
+        notes.append(f"CPU affinity not set ({exc})")
+    return realtime, pinned, notes
+
+
+class PhysicsLoop:
+    """The loop and everything it owns: scenario, stepper, sockets, link. Built in the physics process."""
+
+    def __init__(self, cfg: ServerConfig, link_name: str | None = None, supervisor=None):
+        self.cfg = cfg
+        self.supervisor = supervisor      # a multiprocessing Connection to the supervisor (recording), or None
+        self.tick_ns = int(round(cfg.loop.tick_s * 1e9))
+        self.ctx = zmq.Context()
+        self.security = SocketSecurity(self.ctx, cfg.security,
+                                       [cfg.endpoints.pub, cfg.endpoints.control, cfg.endpoints.stylus])
+        self.pub = self._bind(zmq.PUB, cfg.endpoints.pub)
+        self.pub.setsockopt(zmq.SNDHWM, cfg.loop.sndhwm)
+        self.ctl = self._bind(zmq.REP, cfg.endpoints.control)
+        # a request over max_message_bytes must get an error reply (control.py), so ZeroMQ itself only drops
+        # (and disconnects) what is far beyond it
+        self.ctl.setsockopt(zmq.MAXMSGSIZE, 16 * cfg.security.max_message_bytes)
+        self.stylus = self._bind(zmq.PULL, cfg.endpoints.stylus)
+        self.stylus.setsockopt(zmq.RCVHWM, 64)
+        self.link = DeviceLink.attach(link_name) if link_name else None
+        self.seq = 0
+        self.paused = False
+        self.running = True
+        self.realtime = False
+        self.cpu = -1
+        self.stats = LoopStats(capacity=max(1, int(round(1.0 / cfg.loop.stats_hz / cfg.loop.tick_s))))
+        self._pose = np.zeros(3)
+        self._quat = np.zeros(4)
+        self._axial = np.zeros(3)
+        self.device_live: dict[str, float] = {}      # device -> last time (s, monotonic) a pose arrived
+        self.install(load_scenario(cfg.scenario) if isinstance(cfg.scenario, str) else cfg.scenario)
+
+    def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
+        sock = self.ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        self.security.apply(sock, endpoint)
+        sock.bind(endpoint)
+        return sock
+
+    # -- scene ------------------------------------------------------------------------------------------
+    def install(self, scenario: Scenario, state=None) -> None:
+        """Make ``scenario`` the running scene (its initial state, or ``state`` if given). Not on the tick path."""
+        self.scenario = scenario
+        self.model = scenario.model
+        self.state = scenario.new_state() if state is None else state
+        self.stepper = Stepper(self.model, self.state)
+        self.grasps: list[GraspSpec] = list(scenario.grasps)
+        self.builder = MessageBuilder(scenario, self.grasps)
+        self.state_every = max(1, int(round(1.0 / (self.cfg.loop.state_hz * self.model.solver.tick))))
+        n_slots = self.link.n_devices if self.link is not None else 0
+        devices = list(dict.fromkeys(g.device for g in self.grasps))
+        self.device_slot: dict[str, int] = {d: i for i, d in enumerate(devices[:n_slots])}
+        self.device_live.clear()
+        gc.collect()
+
+    def warm_up(self) -> None:
+        """Run every kernel the loop uses once, on a copy, so that the first tick does not compile."""
+        backup = self.state.copy()
+        Stepper(self.model, backup).tick()
+        self.builder.state(0, backup)
+        self.builder.forces(0, backup)
+
+    def drive_with_device(self, grasp: GraspSpec) -> None:
+        """A live device now drives ``grasp``: its scripted timeline motions stop (the model is rebuilt
+        without them, once)."""
+        keep = ~((self.model.mot_kind == MOTION_GRASP) & (self.model.mot_index == grasp.slot))
+        if keep.all():
+            return
+        self.model = replace(self.model, mot_kind=self.model.mot_kind[keep], mot_index=self.model.mot_index[keep],
+                             mot_t0=self.model.mot_t0[keep], mot_t1=self.model.mot_t1[keep],
+                             mot_vel=self.model.mot_vel[keep])
+        self.stepper = Stepper(self.model, self.state)
+
+    def set_device_pose(self, device: str, pos: np.ndarray) -> bool:
+        """Move the targets of the grasps held by ``device`` to ``pos`` (m) over the next tick."""
+        hit = False
+        for g in self.grasps:
+            if g.device == device:
+                if device not in self.device_live:
+                    self.drive_with_device(g)
+                self.state.grasp_vel[g.slot] = (pos - self.state.grasp_target[g.slot]) / self.cfg.loop.tick_s
+                hit = True
+        if hit:
+            self.device_live[device] = time.monotonic()
+        return hit
+
+    # -- inputs -----------------------------------------------------------------------------------------
+    def read_link_poses(self) -> None:
+        if self.link is None:
+            return
+        for g in self.grasps:
+            slot = self.device_slot.get(g.device)
+            if slot is None:
+                continue
+            got = self.link.read_pose(slot, self._pose, self._quat)
+            if got is not None:
+                self.set_device_pose(g.device, self._pose)
+
+    def drain_stylus(self) -> None:
+        for _ in range(STYLUS_DRAIN_PER_TICK):
+            try:
+                raw = self.stylus.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+                device = msg["device"]
+                pos = msg["pos"]
+                if not isinstance(device, str) or not isinstance(pos, (list, tuple)) or len(pos) != 3:
+                    raise ValueError
+                x, y, z = (float(v) for v in pos)
+                if not (math.isfinite(x) and math.isfinite(y) and math.isfinite(z)) or \
+                        x * x + y * y + z * z > STYLUS_MAX_POS_M ** 2:
+                    raise ValueError
+                self._pose[0], self._pose[1], self._pose[2] = x, y, z
+                if self.set_device_pose(device, self._pose):
+                    self.stats.stylus_accepted += 1
+                else:
+                    self.stats.stylus_rejected += 1
+            except Exception:  # noqa: BLE001 - any malformed message is counted and dropped
+                self.stats.stylus_rejected += 1
+
+    # -- outputs ----------------------------------------------------------------------------------------
+    def publish(self, topic: bytes, payload: bytes) -> None:
+        try:
+            self.pub.send_multipart((topic, payload), zmq.NOBLOCK)
+        except zmq.Again:  # a slow subscriber at its high-water mark: the loop never waits for it
+            pass
+
+    def event(self, kind: str, **details) -> None:
+        self.publish(protocol.TOPIC_EVENT, protocol.encode_event(self.seq, float(self.state.time[0]), kind,
+                                                                 **details))
+
+    def write_forces(self, t_ns: int) -> None:
+        if self.link is None:
+            return
+        for g in self.grasps:
+            slot = self.device_slot.get(g.device)
+            if slot is None:
+                continue
+            f = self.state.grasp_force[g.slot]
+            axial = self.builder.axial(self.state, g.vertex)
+            self.link.write_force(slot, -f, axial, 0, self.seq, t_ns)
+
+    # -- the loop ---------------------------------------------------------------------------------------
+    def run(self, stop=None, on_ready=None) -> None:
+        """Run until a shutdown request or ``stop`` (a multiprocessing.Event) is set."""
+        from .control import ControlHandler
+
+        control = ControlHandler(self)
+        self.warm_up()
+        self.realtime, self.cpu, notes = set_realtime(self.cfg.loop.priority if self.cfg.loop.realtime else 0,
+                                                      self.cfg.loop.cpu) if self.cfg.loop.realtime else (
+            False, -1, ["realtime disabled in the config"])
+        for note in notes:
+            print(f"suturesim physics: {note}", flush=True)
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        if on_ready is not None:
+            on_ready()
+        self.event("start", scenario=self.scenario.name, realtime=self.realtime, cpu=self.cpu)
+        tick_ns = self.tick_ns
+        spin_ns = int(self.cfg.loop.spin_us * 1000)
+        stats_every = self.stats.capacity
+        t0 = time.monotonic_ns() + tick_ns
+        k = 0
+        last_start = t0
+        poller_flags = zmq.POLLIN
+        while self.running and (stop is None or not stop.is_set()):
+            deadline = t0 + k * tick_ns
+            now = time.monotonic_ns()
+            if deadline - now > spin_ns:
+                time.sleep((deadline - now - spin_ns) * 1e-9)
+            while time.monotonic_ns() < deadline:
+                pass
+            start = time.monotonic_ns()
+            late = start - deadline
+            if late > tick_ns:
+                self.stats.overruns += 1
+                if late > CATCH_UP_TICKS * tick_ns:  # too far behind to catch up: re-anchor the schedule
+                    self.event("overrun", late_us=late / 1000.0, ticks=late // tick_ns)
+                    t0 = start - k * tick_ns
+            self.seq += 1
+            self.read_link_poses()
+            self.drain_stylus()
+            t_step = time.monotonic_ns()
+            substeps = 0
+            if not self.paused:
+                try:
+                    substeps = self.stepper.tick()
+                except SolverDivergence as exc:
+                    self.fault_reset(str(exc))
+            step_ns = time.monotonic_ns() - t_step
+            self.state.grasp_vel.fill(0.0)  # a pose moves its grasp over one tick; no pose, no motion
+            self.write_forces(start)
+            for payload in self.builder.forces(self.seq, self.state):
+                self.publish(protocol.TOPIC_FORCE, payload)
+            if self.seq % self.state_every == 0:
+                self.publish(protocol.TOPIC_STATE, self.builder.state(self.seq, self.state))
+            if self.ctl.poll(0, poller_flags):
+                control.handle_one()
+            self.stats.add(late / 1000.0, (start - last_start) / 1000.0, step_ns / 1000.0, substeps)
+            last_start = start
+            if self.stats.count >= stats_every:
+                self.publish_stats()
+            k += 1
+        self.event("shutdown")
+        self.zero_forces()
+        time.sleep(0.05)  # let the last messages leave before the sockets close
+
+    def publish_stats(self) -> None:
+        s = self.stats.summary()
+        s.update({"realtime": self.realtime, "cpu": self.cpu, "retries": self.stepper.retries,
+                  "paused": self.paused})
+        self.publish(protocol.TOPIC_STATS, protocol.encode_stats(self.seq, float(self.state.time[0]), s))
+
+    def fault_reset(self, reason: str) -> None:
+        """The solver diverged: forces to zero, a `fault` event, and the scene back to its initial state."""
+        self.zero_forces()
+        self.event("fault", reason=reason)
+        self.install(self.scenario)
+        self.event("reset", reason="fault")
+
+    def zero_forces(self) -> None:
+        if self.link is not None:
+            self.link.zero_forces(protocol.FLAG_FAULT, time.monotonic_ns())
+
+    def close(self) -> None:
+        for sock in (self.pub, self.ctl, self.stylus):
+            sock.close(0)
+        self.security.close()
+        if self.link is not None:
+            self.link.close()
+        self.ctx.term()
+
+
+def physics_main(cfg: ServerConfig, link_name: str | None, ready, stop, conn=None,
+                 fault_note: str | None = None) -> None:
+    """Entry point of the physics process (multiprocessing, spawn)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when to stop
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    loop = PhysicsLoop(cfg, link_name, supervisor=conn)
+    try:
+        def announce():
+            if fault_note:
+                loop.event("fault", reason=fault_note)
+            ready.set()
+        loop.run(stop=stop, on_ready=announce)
+    finally:
+        loop.close()

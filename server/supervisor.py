@@ -1,0 +1,150 @@
+"""`suturesim serve`: the supervisor (DESIGN.md, "Processes and data flow").
+
+It validates the configuration (before anything starts), creates the shared-memory link to the device driver,
+starts the physics process and, when asked, a recorder process; on SIGINT/SIGTERM it zeroes every force, stops
+the children, flushes the recording and exits 0. If the physics process dies, it zeroes the forces at once and,
+by the configured policy, starts it again (which publishes a `fault` event first) or exits non-zero with the
+reason, after publishing the `fault` event itself.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+import sys
+import time
+
+import zmq
+
+from ..haptics.link import DeviceLink
+from ..solver.scenario import load_scenario
+from . import protocol
+from .config import ServerConfig
+from .headless import recording_metadata
+from .physics import physics_main
+from .recorder import recorder_main
+from .security import check_bind_policy
+
+STOP_TIMEOUT_S = 1.5     # the physics process gets this long to stop by itself before it is killed
+READY_TIMEOUT_S = 120.0  # first start on a cold numba cache compiles every kernel
+
+
+class Supervisor:
+    def __init__(self, cfg: ServerConfig, out=print):
+        self.cfg = cfg
+        self.out = out
+        self.mp = mp.get_context("spawn")
+        self.stop = self.mp.Event()
+        self.link: DeviceLink | None = None
+        self.recorder = None
+        self.recorder_stop = None
+
+    # -- recorder ---------------------------------------------------------------------------------------
+    def start_recording(self, path: str) -> None:
+        self.stop_recording()
+        scenario = load_scenario(self.cfg.scenario)
+        meta = recording_metadata(scenario)
+        meta["server"] = {"config": self.cfg.file, "pub": self.cfg.endpoints.pub}
+        self.recorder_stop = self.mp.Event()
+        ready = self.mp.Event()
+        self.recorder = self.mp.Process(target=recorder_main, name="suturesim-recorder",
+                                        args=(self.cfg.endpoints.pub, path, self.recorder_stop, ready, meta))
+        self.recorder.start()
+        ready.wait(10.0)
+        time.sleep(0.2)  # ZeroMQ's slow joiner: let the subscription reach the publisher
+        self.out(f"suturesim: recording to {path}")
+
+    def stop_recording(self) -> None:
+        if self.recorder is not None:
+            self.recorder_stop.set()
+            self.recorder.join(5.0)
+            if self.recorder.is_alive():
+                self.recorder.kill()
+            self.recorder = None
+
+    # -- faults -----------------------------------------------------------------------------------------
+    def publish_fault(self, reason: str) -> None:
+        """Publish a `fault` event from the supervisor (the physics process, which owns the PUB socket, is gone)."""
+        ctx = zmq.Context()
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 500)
+        try:
+            pub.bind(self.cfg.endpoints.pub)
+            time.sleep(0.3)  # subscribers reconnect to the new socket
+            pub.send_multipart((protocol.TOPIC_EVENT, protocol.encode_event(0, 0.0, "fault", reason=reason)))
+            time.sleep(0.1)
+        except zmq.ZMQError:
+            pass
+        finally:
+            pub.close()
+            ctx.term()
+
+    # -- main -------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        cfg = self.cfg
+        for line in check_bind_policy(cfg.endpoints.all(), cfg.security):
+            print(line, file=sys.stderr, flush=True)
+        scenario = load_scenario(cfg.scenario)
+        devices = list(dict.fromkeys(g.device for g in scenario.grasps))
+        self.link = DeviceLink.create(max(1, len(devices)))
+        self.link.zero_forces(0, time.monotonic_ns())   # zero force on start
+        previous = {s: signal.signal(s, lambda *_: self.stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+        restarts = 0
+        fault_note = None
+        code = 0
+        try:
+            if cfg.record:
+                self.start_recording(cfg.record)
+            while True:
+                ready = self.mp.Event()
+                conn, child_conn = self.mp.Pipe()
+                proc = self.mp.Process(target=physics_main, name="suturesim-physics",
+                                       args=(cfg, self.link.name, ready, self.stop, child_conn, fault_note))
+                proc.start()
+                t_start = time.monotonic()
+                while not ready.wait(0.05):
+                    if not proc.is_alive() or self.stop.is_set() or time.monotonic() - t_start > READY_TIMEOUT_S:
+                        break
+                if ready.is_set():
+                    self.out(f"suturesim: serving {scenario.name!r}: state/force/stats/event on {cfg.endpoints.pub}, "
+                             f"control on {cfg.endpoints.control}, stylus on {cfg.endpoints.stylus} "
+                             f"(first tick {time.monotonic() - t_start:.2f} s after start)")
+                while proc.is_alive() and not self.stop.is_set():
+                    if conn.poll(0.05):
+                        try:
+                            what, arg = conn.recv()
+                        except (EOFError, OSError):
+                            continue
+                        if what == "record_start":
+                            self.start_recording(arg)
+                        elif what == "record_stop":
+                            self.stop_recording()
+                if self.stop.is_set() or proc.exitcode == 0:
+                    self.stop.set()
+                    proc.join(STOP_TIMEOUT_S)
+                    if proc.is_alive():
+                        proc.kill()
+                        proc.join(1.0)
+                    break
+                # the physics process died on its own
+                self.link.zero_forces(protocol.FLAG_FAULT, time.monotonic_ns())
+                reason = f"the physics process died (exit code {proc.exitcode})"
+                print(f"suturesim: {reason}; forces zeroed", file=sys.stderr, flush=True)
+                if cfg.fault.policy == "restart" and restarts < cfg.fault.max_restarts:
+                    restarts += 1
+                    fault_note = f"{reason}; restarted ({restarts} of {cfg.fault.max_restarts})"
+                    continue
+                self.publish_fault(reason)
+                code = 1
+                break
+        finally:
+            self.link.zero_forces(protocol.FLAG_FAULT if code else 0, time.monotonic_ns())  # zero on stop
+            self.stop_recording()
+            self.link.close()
+            self.link.unlink()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        return code
+
+
+def serve(cfg: ServerConfig) -> int:
+    return Supervisor(cfg, out=lambda line: print(line, flush=True)).run()
