@@ -78,6 +78,8 @@ class ServerConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     record: str | None = None                   # MCAP path to record to from start-up, absolute once loaded
+    device: str = "simulated"                   # "simulated": the scenario's scripted stylus moves the grasps;
+                                                # "remote": only poses on the stylus socket (or a driver) do
 
 
 def load_server_config(path: str | os.PathLike | None = None, overrides: dict | None = None) -> ServerConfig:
@@ -294,7 +296,8 @@ def _build(data: dict, file: str, from_cli: set[str]) -> ServerConfig:
     fault = _fault(top.section("fault", {}))
     record = _record(top, from_cli)
     scenario = _scenario(top, from_cli)
+    device = top.get("device", str, "simulated", choices=("simulated", "remote"))
     top.finish()
     load_scenario(scenario)  # last, and an error inside it propagates with the scenario's own file and key
     return ServerConfig(file=file, scenario=scenario, endpoints=endpoints, loop=loop, security=security,
-                        fault=fault, record=record)
+                        fault=fault, record=record, device=device)

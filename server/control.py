@@ -3,11 +3,14 @@
 A request is a msgpack map {"cmd": ..., ...}; the reply is {"ok": true, ...} or {"ok": false, "error": ...}.
 Anything wrong with a request — not msgpack, not a map, an unknown command, a wrong type, a value a scenario
 file would reject — is an error reply; nothing a client sends can stop the loop. At most one request is
-handled per tick, after the tick's physics and publishing.
+handled per tick, after the tick's physics and publishing. `load` and `set` build and validate a whole scene
+(milliseconds), so a worker thread does that while the loop keeps ticking; the loop installs the result and
+replies at a tick boundary, and takes no other request meanwhile (REP answers one request at a time anyway).
 """
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 import msgpack
@@ -16,7 +19,8 @@ import zmq
 
 from ..solver.config import ConfigError
 from ..solver.model import MAX_GRASPS
-from ..solver.scenario import GraspSpec, build_scenario, load_scenario
+from ..solver.scenario import (MAX_GRASP_DAMPING, MAX_GRASP_FORCE, MAX_GRASP_STIFFNESS, GraspSpec,
+                               build_scenario, load_scenario)
 from ..solver.integrator import STAT_SUBSTEPS
 
 
@@ -61,31 +65,76 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
+def _ordinary_thread() -> None:
+    """The worker thread inherits the loop's SCHED_FIFO and CPU pinning; at equal FIFO priority on one CPU it
+    would never be preempted and the loop could not run. Give it normal scheduling and every CPU."""
+    import os
+
+    try:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))  # 0 = this thread on Linux
+    except (OSError, AttributeError):
+        pass
+    try:
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    except (OSError, AttributeError, ValueError):
+        pass
+
+
 class ControlHandler:
     """Answers requests for one PhysicsLoop."""
 
     def __init__(self, loop):
         self.loop = loop
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="suturesim-control",
+                                         initializer=_ordinary_thread)
+        self.pending: tuple[Callable[[Any], dict], Future] | None = None   # (apply, scene being built)
         self.commands: dict[str, Callable[[dict], dict]] = {
             "status": self.status, "reset": self.reset, "pause": self.pause, "resume": self.resume,
             "load": self.load, "set": self.set, "grasp": self.grasp, "release": self.release,
             "record_start": self.record_start, "record_stop": self.record_stop, "shutdown": self.shutdown,
         }
 
+    def busy(self) -> bool:
+        """True while a `load` or `set` is being prepared (no new request is taken)."""
+        return self.pending is not None
+
     def handle_one(self) -> None:
-        """Receive one request (one is waiting) and send its reply."""
+        """Receive one request (one is waiting) and send its reply, or start preparing a `load`/`set`."""
         sock = self.loop.ctl
         try:
             raw = sock.recv(zmq.NOBLOCK)
         except zmq.Again:
             return
         reply = self.reply(raw)
+        if reply is not None:
+            self._send(reply)
+
+    def finish_pending(self) -> None:
+        """Called every tick: install a prepared `load`/`set` and reply, once the worker is done."""
+        if self.pending is None or not self.pending[1].done():
+            return
+        apply, future = self.pending
+        self.pending = None
         try:
-            sock.send(msgpack.packb(reply, use_bin_type=True), zmq.NOBLOCK)
+            reply = {"ok": True, **apply(future.result())}
+        except (RequestError, ConfigError) as exc:
+            self.loop.stats.control_errors += 1
+            reply = {"ok": False, "error": str(exc)}
+        except Exception as exc:  # noqa: BLE001
+            self.loop.stats.control_errors += 1
+            reply = {"ok": False, "error": f"internal error: {exc.__class__.__name__}: {exc}"}
+        self._send(reply)
+
+    def close(self) -> None:
+        self.worker.shutdown(wait=False, cancel_futures=True)
+
+    def _send(self, reply: dict) -> None:
+        try:
+            self.loop.ctl.send(msgpack.packb(reply, use_bin_type=True), zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
 
-    def reply(self, raw: bytes) -> dict:
+    def reply(self, raw: bytes) -> dict | None:
         try:
             if len(raw) > self.loop.cfg.security.max_message_bytes:
                 raise RequestError("request too large")
@@ -102,6 +151,8 @@ class ControlHandler:
             if handler is None:
                 raise RequestError(f"unknown command {cmd!r} (known: {', '.join(sorted(self.commands))})")
             out = handler(req)
+            if out is None:
+                return None  # a `load`/`set` is being prepared: finish_pending replies
             return {"ok": True, **out}
         except (RequestError, ConfigError) as exc:
             self.loop.stats.control_errors += 1
@@ -118,7 +169,8 @@ class ControlHandler:
                 "substeps": int(st.stats[STAT_SUBSTEPS]), "n": lp.model.n_vertices,
                 "grasps": [{"id": g.id, "vertex": g.vertex, "device": g.device,
                             "force": st.grasp_force[g.slot].tolist()} for g in lp.grasps],
-                "devices": sorted(lp.device_live), "stats": lp.stats.summary_counters(),
+                "devices": sorted(lp.device_live),
+                "stats": {**lp.last_stats, **lp.stats.summary_counters()},
                 "realtime": lp.realtime, "cpu": lp.cpu}
 
     def reset(self, req: dict) -> dict:
@@ -137,15 +189,22 @@ class ControlHandler:
         self.loop.event("resume")
         return {}
 
-    def load(self, req: dict) -> dict:
+    def load(self, req: dict) -> None:
         lp = self.loop
         spec = _field(req, "scenario", (str, dict))
-        scenario = load_scenario(spec) if isinstance(spec, str) else build_scenario(spec, "<load request>")
-        lp.install(scenario)
-        lp.event("load", scenario=scenario.name)
-        return {"scenario": scenario.name}
 
-    def set(self, req: dict) -> dict:
+        def build():
+            return load_scenario(spec) if isinstance(spec, str) else build_scenario(spec, "<load request>")
+
+        def apply(scenario) -> dict:
+            lp.install(scenario)
+            lp.event("load", scenario=scenario.name)
+            return {"scenario": scenario.name}
+
+        self.pending = (apply, self.worker.submit(build))
+        return None
+
+    def set(self, req: dict) -> None:
         """Change a scenario parameter by dotted path; validated by rebuilding the scenario. The thread keeps
         its state when the vertex count is unchanged."""
         lp = self.loop
@@ -154,18 +213,22 @@ class ControlHandler:
             raise RequestError("missing field 'value'")
         value = req["value"]
         data = _merge(lp.scenario.source, _nested(path, value))
-        scenario = build_scenario(data, f"<set {path}>")
-        old = lp.state
-        if scenario.model.n_vertices == lp.model.n_vertices:
-            new = scenario.new_state()
-            for name in ("x", "x_prev", "h", "time", "tension", "twist", "grasp_target", "grasp_target_prev",
-                         "grasp_force"):
-                np.copyto(getattr(new, name), getattr(old, name))
-            lp.install(scenario, new)
-        else:
-            lp.install(scenario)
-        lp.event("set", path=path, value=value if isinstance(value, (int, float, str, bool)) else str(value))
-        return {}
+
+        def apply(scenario) -> dict:
+            old = lp.state
+            if scenario.model.n_vertices == lp.model.n_vertices:
+                new = scenario.new_state()
+                for name in ("x", "x_prev", "h", "time", "tension", "twist", "grasp_target",
+                             "grasp_target_prev", "grasp_force"):
+                    np.copyto(getattr(new, name), getattr(old, name))
+                lp.install(scenario, new)
+            else:
+                lp.install(scenario)
+            lp.event("set", path=path, value=value if isinstance(value, (int, float, str, bool)) else str(value))
+            return {}
+
+        self.pending = (apply, self.worker.submit(build_scenario, data, f"<set {path}>"))
+        return None
 
     def grasp(self, req: dict) -> dict:
         lp = self.loop
@@ -187,8 +250,11 @@ class ControlHandler:
                          stiffness=_number(req, "stiffness", 1000.0, positive=True),
                          damping=_number(req, "damping", 0.0),
                          max_force=_number(req, "max_force", 3.0, positive=True))
-        if spec.damping < 0:
-            raise RequestError("field 'damping' must be >= 0")
+        # the bounds a scenario file has too (solver/scenario.py): beyond them the coupling is not a stylus
+        if spec.stiffness > MAX_GRASP_STIFFNESS or not 0.0 <= spec.damping <= MAX_GRASP_DAMPING or \
+                spec.max_force > MAX_GRASP_FORCE:
+            raise RequestError(f"stiffness must be <= {MAX_GRASP_STIFFNESS:g} N/m, damping in [0, "
+                               f"{MAX_GRASP_DAMPING:g}] N s/m, max_force <= {MAX_GRASP_FORCE:g} N")
         st = lp.state
         st.grasp_vertex[spec.slot] = vertex
         st.grasp_k[spec.slot] = spec.stiffness

@@ -117,10 +117,9 @@ class PhysicsLoop:
                                        [cfg.endpoints.pub, cfg.endpoints.control, cfg.endpoints.stylus])
         self.pub = self._bind(zmq.PUB, cfg.endpoints.pub)
         self.pub.setsockopt(zmq.SNDHWM, cfg.loop.sndhwm)
-        self.ctl = self._bind(zmq.REP, cfg.endpoints.control)
         # a request over max_message_bytes must get an error reply (control.py), so ZeroMQ itself only drops
         # (and disconnects) what is far beyond it
-        self.ctl.setsockopt(zmq.MAXMSGSIZE, 16 * cfg.security.max_message_bytes)
+        self.ctl = self._bind(zmq.REP, cfg.endpoints.control, max_bytes=16 * cfg.security.max_message_bytes)
         self.stylus = self._bind(zmq.PULL, cfg.endpoints.stylus)
         self.stylus.setsockopt(zmq.RCVHWM, 64)
         self.link = DeviceLink.attach(link_name) if link_name else None
@@ -133,13 +132,17 @@ class PhysicsLoop:
         self._pose = np.zeros(3)
         self._quat = np.zeros(4)
         self._axial = np.zeros(3)
+        self._zero3 = np.zeros(3)
+        self.last_stats: dict = {}
         self.device_live: dict[str, float] = {}      # device -> last time (s, monotonic) a pose arrived
         self.install(load_scenario(cfg.scenario) if isinstance(cfg.scenario, str) else cfg.scenario)
 
-    def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
+    def _bind(self, kind: int, endpoint: str, max_bytes: int | None = None) -> zmq.Socket:
         sock = self.ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
         self.security.apply(sock, endpoint)
+        if max_bytes is not None:
+            sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
         sock.bind(endpoint)
         return sock
 
@@ -157,7 +160,9 @@ class PhysicsLoop:
         devices = list(dict.fromkeys(g.device for g in self.grasps))
         self.device_slot: dict[str, int] = {d: i for i, d in enumerate(devices[:n_slots])}
         self.device_live.clear()
-        gc.collect()
+        if self.cfg.device == "remote":  # no scripted stylus: every grasp waits for its device's poses
+            for g in self.grasps:
+                self.drive_with_device(g)
 
     def warm_up(self) -> None:
         """Run every kernel the loop uses once, on a copy, so that the first tick does not compile."""
@@ -212,7 +217,8 @@ class PhysicsLoop:
                 msg = msgpack.unpackb(raw, raw=False, strict_map_key=True)
                 device = msg["device"]
                 pos = msg["pos"]
-                if not isinstance(device, str) or not isinstance(pos, (list, tuple)) or len(pos) != 3:
+                if not isinstance(device, str) or not isinstance(pos, (list, tuple)) or len(pos) != 3 or \
+                        not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pos):
                     raise ValueError
                 x, y, z = (float(v) for v in pos)
                 if not (math.isfinite(x) and math.isfinite(y) and math.isfinite(z)) or \
@@ -246,7 +252,10 @@ class PhysicsLoop:
                 continue
             f = self.state.grasp_force[g.slot]
             axial = self.builder.axial(self.state, g.vertex)
-            self.link.write_force(slot, -f, axial, 0, self.seq, t_ns)
+            if math.isfinite(axial) and math.isfinite(f[0]) and math.isfinite(f[1]) and math.isfinite(f[2]):
+                self.link.write_force(slot, -f, axial, 0, self.seq, t_ns)
+            else:  # a NaN never reaches a motor: zero with the fault flag (the solver's own check resets)
+                self.link.write_force(slot, self._zero3, 0.0, protocol.FLAG_FAULT, self.seq, t_ns)
 
     # -- the loop ---------------------------------------------------------------------------------------
     def run(self, stop=None, on_ready=None) -> None:
@@ -273,6 +282,7 @@ class PhysicsLoop:
         k = 0
         last_start = t0
         poller_flags = zmq.POLLIN
+        pending_overruns, worst_late, last_overrun_event = 0, 0, 0
         while self.running and (stop is None or not stop.is_set()):
             deadline = t0 + k * tick_ns
             now = time.monotonic_ns()
@@ -283,10 +293,17 @@ class PhysicsLoop:
             start = time.monotonic_ns()
             late = start - deadline
             if late > tick_ns:
+                # an overrun: the tick still runs (none is dropped); an event reports it, at most every 100 ms
+                # with the count since the last one
                 self.stats.overruns += 1
+                pending_overruns += 1
+                worst_late = max(worst_late, late)
                 if late > CATCH_UP_TICKS * tick_ns:  # too far behind to catch up: re-anchor the schedule
-                    self.event("overrun", late_us=late / 1000.0, ticks=late // tick_ns)
                     t0 = start - k * tick_ns
+                    deadline = start
+            if pending_overruns and start - last_overrun_event > 100 * tick_ns:
+                self.event("overrun", late_us=worst_late / 1000.0, ticks=pending_overruns)
+                pending_overruns, worst_late, last_overrun_event = 0, 0, start
             self.seq += 1
             self.read_link_poses()
             self.drain_stylus()
@@ -304,13 +321,16 @@ class PhysicsLoop:
                 self.publish(protocol.TOPIC_FORCE, payload)
             if self.seq % self.state_every == 0:
                 self.publish(protocol.TOPIC_STATE, self.builder.state(self.seq, self.state))
-            if self.ctl.poll(0, poller_flags):
+            if control.busy():
+                control.finish_pending()
+            elif self.ctl.poll(0, poller_flags):
                 control.handle_one()
             self.stats.add(late / 1000.0, (start - last_start) / 1000.0, step_ns / 1000.0, substeps)
             last_start = start
             if self.stats.count >= stats_every:
                 self.publish_stats()
             k += 1
+        control.close()
         self.event("shutdown")
         self.zero_forces()
         time.sleep(0.05)  # let the last messages leave before the sockets close
@@ -319,6 +339,7 @@ class PhysicsLoop:
         s = self.stats.summary()
         s.update({"realtime": self.realtime, "cpu": self.cpu, "retries": self.stepper.retries,
                   "paused": self.paused})
+        self.last_stats = s
         self.publish(protocol.TOPIC_STATS, protocol.encode_stats(self.seq, float(self.state.time[0]), s))
 
     def fault_reset(self, reason: str) -> None:
@@ -346,8 +367,12 @@ def physics_main(cfg: ServerConfig, link_name: str | None, ready, stop, conn=Non
     """Entry point of the physics process (multiprocessing, spawn)."""
     import signal
 
+    import sys
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when to stop
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # the control worker thread (control.py) may hold the GIL at most this long before the loop gets it back
+    sys.setswitchinterval(5e-5)
     loop = PhysicsLoop(cfg, link_name, supervisor=conn)
     try:
         def announce():

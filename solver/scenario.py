@@ -18,6 +18,12 @@ from .presets import CONFIG_DIR, merged_thread_section, resolve_thread
 
 SCENARIOS_DIR = CONFIG_DIR / "scenarios"
 
+# Bounds of a grasp's virtual coupling: a haptic stylus renders ~1e3-1e4 N/m and a few newtons; beyond these
+# the coupling is not a stylus and its forces would only be numbers.
+MAX_GRASP_STIFFNESS = 1e6   # N/m
+MAX_GRASP_DAMPING = 1e3     # N*s/m
+MAX_GRASP_FORCE = 100.0     # N
+
 
 @dataclass(frozen=True)
 class GraspSpec:
@@ -198,9 +204,9 @@ def build_scenario(data: dict, file: str) -> Scenario:
             raise gs.error("vertex", f"vertex {v} is pinned or driven; a grasp needs a free vertex")
         grasps.append(GraspSpec(
             id=gid, slot=i, vertex=v, device=gs.get("device", str, gid),
-            stiffness=gs.get("stiffness", float, 1000.0, above=0.0),
-            damping=gs.get("damping", float, 0.0, minval=0.0),
-            max_force=gs.get("max_force", float, 10.0, above=0.0)))
+            stiffness=gs.get("stiffness", float, 1000.0, above=0.0, maxval=MAX_GRASP_STIFFNESS),
+            damping=gs.get("damping", float, 0.0, minval=0.0, maxval=MAX_GRASP_DAMPING),
+            max_force=gs.get("max_force", float, 10.0, above=0.0, maxval=MAX_GRASP_FORCE)))
         grasp_targets.append(gs.vector("target", 3, list(x0[v])))
         gs.finish()
     twist0 = bsec.get("initial_twist", float, 0.0)
