@@ -56,6 +56,7 @@ class SecurityConfig:
     server_secret_key: str | None = None    # zmq.auth secret key file (.key_secret) of the server
     client_keys_dir: str | None = None      # directory of the allowed clients' public .key files
     max_message_bytes: int = 65536          # ZMQ_MAXMSGSIZE on every socket, bytes
+    curve_on_loopback: bool = False         # with keys: CURVE on loopback endpoints too (shared machines)
 
     @property
     def has_curve_keys(self) -> bool:
@@ -219,6 +220,7 @@ def _security(sec: Section, from_cli: set[str]) -> SecurityConfig:
     clients = _path(sec, "client_keys_dir", from_cli)
     max_bytes = sec.get("max_message_bytes", int, SecurityConfig.max_message_bytes, minval=1024,
                         maxval=1 << 30)
+    curve_local = sec.get("curve_on_loopback", bool, False)
     sec.finish()
     if secret is not None:
         if not secret.is_file():
@@ -244,8 +246,11 @@ def _security(sec: Section, from_cli: set[str]) -> SecurityConfig:
         given, missing = ("server_secret_key", "client_keys_dir") if clients is None else \
             ("client_keys_dir", "server_secret_key")
         raise sec.error(missing, f"CURVE needs both server_secret_key and client_keys_dir; only {given} is given")
+    if curve_local and secret is None:
+        raise sec.error("curve_on_loopback", "needs server_secret_key and client_keys_dir")
     return SecurityConfig(insecure=insecure, server_secret_key=None if secret is None else str(secret),
-                          client_keys_dir=None if clients is None else str(clients), max_message_bytes=max_bytes)
+                          client_keys_dir=None if clients is None else str(clients), max_message_bytes=max_bytes,
+                          curve_on_loopback=curve_local)
 
 
 # -- fault -----------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ replies at a tick boundary, and takes no other request meanwhile (REP answers on
 from __future__ import annotations
 
 import math
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -68,8 +69,6 @@ def _merge(base: dict, over: dict) -> dict:
 def _ordinary_thread() -> None:
     """The worker thread inherits the loop's SCHED_FIFO and CPU pinning; at equal FIFO priority on one CPU it
     would never be preempted and the loop could not run. Give it normal scheduling and every CPU."""
-    import os
-
     try:
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))  # 0 = this thread on Linux
     except (OSError, AttributeError):
@@ -171,7 +170,8 @@ class ControlHandler:
                             "force": st.grasp_force[g.slot].tolist()} for g in lp.grasps],
                 "devices": sorted(lp.device_live),
                 "stats": {**lp.last_stats, **lp.stats.summary_counters()},
-                "realtime": lp.realtime, "cpu": lp.cpu}
+                "realtime": lp.realtime, "cpu": lp.cpu, "pid": os.getpid(),
+                "link": lp.link.name if lp.link is not None else None}
 
     def reset(self, req: dict) -> dict:
         lp = self.loop

@@ -114,7 +114,8 @@ class PhysicsLoop:
         self.tick_ns = int(round(cfg.loop.tick_s * 1e9))
         self.ctx = zmq.Context()
         self.security = SocketSecurity(self.ctx, cfg.security,
-                                       [cfg.endpoints.pub, cfg.endpoints.control, cfg.endpoints.stylus])
+                                       [cfg.endpoints.pub, cfg.endpoints.control, cfg.endpoints.stylus],
+                                       require_curve=cfg.security.curve_on_loopback)
         self.pub = self._bind(zmq.PUB, cfg.endpoints.pub)
         self.pub.setsockopt(zmq.SNDHWM, cfg.loop.sndhwm)
         # a request over max_message_bytes must get an error reply (control.py), so ZeroMQ itself only drops
