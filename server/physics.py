@@ -197,13 +197,17 @@ class PhysicsLoop:
         return hit
 
     # -- inputs -----------------------------------------------------------------------------------------
-    def read_link_poses(self) -> None:
+    def linked_grasps(self):
+        """(grasp, link slot) for every grasp whose device has a slot in the shared-memory link."""
         if self.link is None:
             return
         for g in self.grasps:
             slot = self.device_slot.get(g.device)
-            if slot is None:
-                continue
+            if slot is not None:
+                yield g, slot
+
+    def read_link_poses(self) -> None:
+        for g, slot in self.linked_grasps():
             got = self.link.read_pose(slot, self._pose, self._quat)
             if got is not None:
                 self.set_device_pose(g.device, self._pose)
@@ -245,12 +249,7 @@ class PhysicsLoop:
                                                                  **details))
 
     def write_forces(self, t_ns: int) -> None:
-        if self.link is None:
-            return
-        for g in self.grasps:
-            slot = self.device_slot.get(g.device)
-            if slot is None:
-                continue
+        for g, slot in self.linked_grasps():
             f = self.state.grasp_force[g.slot]
             axial = self.builder.axial(self.state, g.vertex)
             if math.isfinite(axial) and math.isfinite(f[0]) and math.isfinite(f[1]) and math.isfinite(f[2]):
