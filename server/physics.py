@@ -20,7 +20,7 @@ import numpy as np
 import zmq
 
 from ..haptics.link import DeviceLink
-from ..solver.integrator import SolverDivergence, Stepper
+from ..solver.integrator import SolverDivergence, Stepper, warm_up
 from ..solver.motion import MOTION_GRASP
 from ..solver.scenario import GraspSpec, Scenario, load_scenario
 from . import protocol
@@ -166,9 +166,9 @@ class PhysicsLoop:
                 self.drive_with_device(g)
 
     def warm_up(self) -> None:
-        """Run every kernel the loop uses once, on a copy, so that the first tick does not compile."""
+        """Run every kernel the loop can reach once, on copies, so that no tick loads or compiles one."""
+        warm_up(self.model, self.state)
         backup = self.state.copy()
-        Stepper(self.model, backup).tick()
         self.builder.state(0, backup)
         self.builder.forces(0, backup)
 

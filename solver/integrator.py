@@ -369,3 +369,19 @@ def tick(model: ThreadModel, state: ThreadState) -> int:
     n, _ = choose_substeps(model, state)
     step(model, state, n, model.solver.tick / n)
     return n
+
+
+def warm_up(model: ThreadModel, state: ThreadState) -> None:
+    """Run every kernel a tick can reach once, on a copy of ``state``: the plain and the mass-scaled step, a
+    change of substep (rescale_history), the stability bounds and the energies. numba loads compiled code from
+    its cache at a function's first call (milliseconds each), so a loop that has not called them all would pay
+    that in the first tick that needs one (the first taut tick, say)."""
+    from .diagnostics import energies
+
+    s = state.copy()
+    h = model.solver.tick
+    step(model, s, 1, h)
+    step(model, s, 2, h / 2, scale=True, tension_floor=0.0)
+    omega_bound(s.x, model.inv_mass, model.bend_gersh, model.rest_length, s.tension, 1.0)
+    energies(model, s)
+    Stepper(model, state.copy()).tick()

@@ -75,6 +75,6 @@ def test_validate_full_table(capsys):
 
 def test_bench_quick_runs_and_prints_tables(capsys):
     """The benchmark command works end to end (its figures are measured by `suturesim bench`, not here)."""
-    assert main(["bench", "all", "--quick", "--no-elastica"]) == 0
+    assert main(["bench", "all", "--quick", "--no-elastica", "--no-loop"]) == 0
     out = capsys.readouterr().out
     assert "bench-suture" in out and "newton" in out and "contraction" in out

@@ -10,6 +10,9 @@ Three measurements (docs/BENCHMARKS.md shows a full run and explains the method)
    bench-suture scenario and the thread of Wang 2017 Fig. 17(a) -- and, unless ``--no-elastica``,
 3. PyElastica (tools/bench_elastica.py) on the same physical suture as bench-suture, at its own stable
    time step, and the ratio of the two real-time factors.
+4. ``loop``: the 1 kHz loop of ``suturesim serve`` run as a subprocess (tools/bench_loop.py): tick lateness
+   from the server's own ``stats`` with 0, 1 and 8 subscribers and with the other CPU busy, and the time to the
+   first tick with a cold and a warm numba cache.
 
 Every timing is repeated; tables give the best (min) and the median of the repeats. The garbage collector
 is off inside timed regions (as in ``timeit``). Entry point: ``main(argv) -> int``.
@@ -606,12 +609,15 @@ NOTES = [
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="suturesim bench",
-        description="Time the solver against segment count, scenarios' real-time factors and PyElastica.")
-    parser.add_argument("what", nargs="?", choices=("solver", "suture", "all"), default="all",
-                        help="solver: step time against N; suture: scenarios and PyElastica; all: both")
+        description="Time the solver against segment count, scenarios' real-time factors, PyElastica and the "
+                    "1 kHz loop of `suturesim serve`.")
+    parser.add_argument("what", nargs="?", choices=("solver", "suture", "loop", "all"), default="all",
+                        help="solver: step time against N; suture: scenarios and PyElastica; loop: the 1 kHz "
+                             "loop of `suturesim serve` (lateness, subscribers, start-up); all: every one")
     parser.add_argument("--quick", action="store_true", help="short measurements (a smoke test)")
     parser.add_argument("--out", metavar="FILE", help="(re)write this markdown file, e.g. docs/BENCHMARKS.md")
     parser.add_argument("--no-elastica", action="store_true", help="skip the PyElastica comparison")
+    parser.add_argument("--no-loop", action="store_true", help="with `all`: skip the server loop measurement")
     args = parser.parse_args(argv)
     budget = QUICK if args.quick else FULL
 
@@ -647,13 +653,28 @@ def main(argv: list[str] | None = None) -> int:
             if el.skipped:
                 log(f"PyElastica skipped: {el.skipped}")
             emit(render_elastica(el, scen[0]))
+    loop_lines = None
+    if args.what == "loop" or (args.what == "all" and not args.no_loop):
+        from .bench_loop import measure_loop, render_loop
+
+        log("server loop ...")
+        loop_lines = render_loop(measure_loop(args.quick, log))
+        emit(loop_lines)
+    elif args.what == "all":
+        log("server loop skipped (--no-loop)")
     emit(NOTES)
     log(f"done in {time.perf_counter() - t_start:.0f} s")
 
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("\n".join(doc).rstrip() + "\n")
+        text = "\n".join(doc)
+        if args.what == "loop" and out.exists():
+            # `bench loop --out` updates section 4 of an existing document and keeps sections 1-3
+            from .bench_loop import splice_loop_section
+
+            text = splice_loop_section(out.read_text(), loop_lines, f"{command.strip()}", info["date"])
+        out.write_text(text.rstrip() + "\n")
         log(f"wrote {out}")
     return 0
 
