@@ -82,6 +82,16 @@ class LoopStats:
         return out
 
 
+def wait_until(deadline_ns: int, spin_ns: int) -> None:
+    """Return at ``deadline_ns`` (time.monotonic_ns): sleep until ``spin_ns`` before it (the OS wakes us late
+    by tens of µs), then spin the rest."""
+    now = time.monotonic_ns()
+    if deadline_ns - now > spin_ns:
+        time.sleep((deadline_ns - now - spin_ns) * 1e-9)
+    while time.monotonic_ns() < deadline_ns:
+        pass
+
+
 def set_realtime(priority: int, cpu: int) -> tuple[bool, int, list[str]]:
     """Ask for SCHED_FIFO at ``priority`` and pin to ``cpu`` (-1: the last CPU this process may use, if it may
     use more than one). Returns (realtime granted, cpu pinned or -1, messages saying what was not granted)."""
@@ -285,11 +295,7 @@ class PhysicsLoop:
         pending_overruns, worst_late, last_overrun_event = 0, 0, 0
         while self.running and (stop is None or not stop.is_set()):
             deadline = t0 + k * tick_ns
-            now = time.monotonic_ns()
-            if deadline - now > spin_ns:
-                time.sleep((deadline - now - spin_ns) * 1e-9)
-            while time.monotonic_ns() < deadline:
-                pass
+            wait_until(deadline, spin_ns)
             start = time.monotonic_ns()
             late = start - deadline
             if late > tick_ns:

@@ -147,7 +147,7 @@ def _baseline_main(seconds: int, tick_ns: int, spin_ns: int, priority: int, cpu:
     else in the loop, same scheduling and CPU. One summary a second, shaped like the server's `stats`."""
     import gc
 
-    from ..server.physics import set_realtime
+    from ..server.physics import set_realtime, wait_until
 
     realtime, pinned, _ = set_realtime(priority, cpu) if priority > 0 else (False, -1, [])
     gc.disable()
@@ -159,11 +159,7 @@ def _baseline_main(seconds: int, tick_ns: int, spin_ns: int, priority: int, cpu:
     for _ in range(seconds):
         for i in range(per_s):
             deadline = t0 + k * tick_ns
-            now = time.monotonic_ns()
-            if deadline - now > spin_ns:
-                time.sleep((deadline - now - spin_ns) * 1e-9)
-            while time.monotonic_ns() < deadline:
-                pass
+            wait_until(deadline, spin_ns)
             lateness = time.monotonic_ns() - deadline
             if lateness > tick_ns:
                 overruns += 1
