@@ -311,10 +311,7 @@ def measure_scenario(label: str, scenario: Scenario, sim_s: float, repeats: int)
     timing every tick. A run stops at the first tick whose multipliers diverge (see ``diverged``)."""
     model = scenario.model
     ticks = max(1, round(sim_s / model.solver.tick))
-    warm = scenario.new_state()
-    warm_stepper = integrator.Stepper(model, warm)
-    for _ in range(3):
-        warm_stepper.tick()  # compile / load the kernels from numba's cache
+    integrator.warm_up(model, scenario.new_state())  # load every kernel a tick can reach, as the server does
     runs_sim, runs_wall, tick_us, subs, iters = [], [], [], [], []
     diverged_at = None
     for r in range(repeats):
