@@ -379,7 +379,12 @@ def physics_main(cfg: ServerConfig, link_name: str | None, ready, stop, conn=Non
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     # the control worker thread (control.py) may hold the GIL at most this long before the loop gets it back
     sys.setswitchinterval(5e-5)
-    loop = PhysicsLoop(cfg, link_name, supervisor=conn)
+    try:
+        loop = PhysicsLoop(cfg, link_name, supervisor=conn)
+    except (zmq.ZMQError, OSError, ValueError) as exc:  # a port in use, a bad address, a missing link
+        if conn is not None:
+            conn.send(("startup_error", f"{exc.__class__.__name__}: {exc}"))
+        sys.exit(3)
     try:
         def announce():
             if fault_note:

@@ -104,6 +104,16 @@ class Supervisor:
                 while not ready.wait(0.05):
                     if not proc.is_alive() or self.stop.is_set() or time.monotonic() - t_start > READY_TIMEOUT_S:
                         break
+                if not ready.is_set() and not proc.is_alive() and not self.stop.is_set():
+                    # it never served: a start-up error (a port in use, say) is not worth restarting for
+                    why = f"exit code {proc.exitcode}"
+                    if conn.poll(0.5):
+                        what, arg = conn.recv()
+                        if what == "startup_error":
+                            why = arg
+                    print(f"suturesim: the physics process could not start: {why}", file=sys.stderr, flush=True)
+                    code = 1
+                    break
                 if ready.is_set():
                     self.out(f"suturesim: serving {scenario.name!r}: state/force/stats/event on {cfg.endpoints.pub}, "
                              f"control on {cfg.endpoints.control}, stylus on {cfg.endpoints.stylus} "

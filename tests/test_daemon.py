@@ -937,3 +937,23 @@ def test_non_loopback_bind_without_keys_is_refused():
     for port in (pub, control, stylus):   # and nothing is left bound
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", port))
+
+
+def test_port_in_use_fails_fast_with_one_clear_line():
+    """A start-up error (here the PUB port is taken) is reported once, not restarted."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    try:
+        ctl, sty = free_ports(2)
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "suturesim.server.cli", "serve",
+                            "--pub", f"tcp://127.0.0.1:{taken}", "--control", f"tcp://127.0.0.1:{ctl}",
+                            "--stylus", f"tcp://127.0.0.1:{sty}"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1
+        assert time.monotonic() - t0 < 30
+        assert "could not start" in r.stderr and "Address already in use" in r.stderr
+        assert "Traceback" not in r.stderr and r.stderr.count("could not start") == 1
+    finally:
+        holder.close()
