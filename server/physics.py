@@ -306,7 +306,6 @@ class PhysicsLoop:
                 worst_late = max(worst_late, late)
                 if late > CATCH_UP_TICKS * tick_ns:  # too far behind to catch up: re-anchor the schedule
                     t0 = start - k * tick_ns
-                    deadline = start
             if pending_overruns and start - last_overrun_event > 100 * tick_ns:
                 self.event("overrun", late_us=worst_late / 1000.0, ticks=pending_overruns)
                 pending_overruns, worst_late, last_overrun_event = 0, 0, start
