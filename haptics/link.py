@@ -59,7 +59,6 @@ still removed by its tracker.
 
 from __future__ import annotations
 
-import math
 import operator
 import os
 import platform

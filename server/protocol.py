@@ -34,6 +34,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import msgpack
 import numpy as np
 
+from ..haptics.safety import FLAG_CLAMPED, FLAG_FAULT, FLAG_SLEWED, FLAG_WATCHDOG  # noqa: F401 (re-exported)
+
 __all__ = [
     "SCHEMA_VERSION", "MAX_MESSAGE_BYTES",
     "TOPIC_STATE", "TOPIC_FORCE", "TOPIC_STATS", "TOPIC_EVENT", "TOPICS",
@@ -53,10 +55,6 @@ TOPIC_STATS = b"stats"
 TOPIC_EVENT = b"event"
 TOPICS = (TOPIC_STATE, TOPIC_FORCE, TOPIC_STATS, TOPIC_EVENT)
 
-FLAG_CLAMPED = 1   # force magnitude was clamped to the device limit
-FLAG_SLEWED = 2    # force change was rate-limited
-FLAG_WATCHDOG = 4  # watchdog fired (stale solver output); force ramped to zero
-FLAG_FAULT = 8     # device fault; output disabled
 
 _ENVELOPE_KEYS = ("v", "seq", "t")
 _ENERGY_KEYS = ("kinetic", "elastic", "gravity")
