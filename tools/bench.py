@@ -363,18 +363,21 @@ def measure_scenarios(budget: Budget, log: Callable[[str], None]) -> list[Scenar
 
 
 # -- 3. PyElastica side by side --------------------------------------------------------------------------
-def elastica_suture(scenario: Scenario) -> dict:
-    """bench-suture's physical thread as run_pyelastica keyword arguments (SI)."""
+def elastica_suture(scenario: Scenario):
+    """bench-suture's physical thread as a tools.bench_elastica.Rod (SI), with our PyElastica damping."""
+    from .bench_elastica import Rod
+
     t = scenario.source["thread"]
-    return dict(length_m=float(t["length"]), segments=int(t["segments"]), diameter_m=float(t["diameter"]),
-                density_kg_m3=float(t["density"]), youngs_modulus_pa=float(t["youngs_modulus"]),
-                poisson_ratio=float(t["poisson_ratio"]), gravity_m_s2=float(-scenario.model.gravity[2]))
+    return Rod(length_m=float(t["length"]), segments=int(t["segments"]), diameter_m=float(t["diameter"]),
+               density_kg_m3=float(t["density"]), youngs_modulus_pa=float(t["youngs_modulus"]),
+               poisson_ratio=float(t["poisson_ratio"]), gravity_m_s2=float(-scenario.model.gravity[2]),
+               damping=ELASTICA_DAMPING)
 
 
 @dataclass
 class ElasticaResult:
     runs: list[dict]              # run_pyelastica results
-    suture: dict
+    suture: object                # tools.bench_elastica.Rod
     skipped: str | None = None
 
     @property
@@ -397,7 +400,7 @@ def measure_elastica(budget: Budget, log: Callable[[str], None]) -> ElasticaResu
 
     runs = []
     for _ in range(budget.elastica_repeats):
-        r = run_pyelastica(**suture, sim_time_s=budget.elastica_sim_s, damping=ELASTICA_DAMPING)
+        r = run_pyelastica(suture, sim_time_s=budget.elastica_sim_s)
         log(f"  pyelastica {r['steps']} steps of {r['dt_s']:.3g} s in {r['wall_s']:.2f} s: rtf {r['rtf']:.3g}"
             + ("" if r["finite"] else "  (UNSTABLE)"))
         runs.append(r)
@@ -527,9 +530,9 @@ def render_scenarios(results: list[ScenarioResult], budget: Budget) -> list[str]
 def render_elastica(el: ElasticaResult, suture: ScenarioResult | None) -> list[str]:
     out = ["## 3. PyElastica side by side", ""]
     s = el.suture
-    out.append(f"Same physical suture as bench-suture: L = {s['length_m']} m, {s['segments']} segments, "
-               f"d = {s['diameter_m'] * 1e3:g} mm, ρ = {s['density_kg_m3']:g} kg/m³, "
-               f"E = {s['youngs_modulus_pa'] / 1e9:g} GPa, ν = {s['poisson_ratio']}, g = {s['gravity_m_s2']} m/s², "
+    out.append(f"Same physical suture as bench-suture: L = {s.length_m} m, {s.segments} segments, "
+               f"d = {s.diameter_m * 1e3:g} mm, ρ = {s.density_kg_m3:g} kg/m³, "
+               f"E = {s.youngs_modulus_pa / 1e9:g} GPa, ν = {s.poisson_ratio}, g = {s.gravity_m_s2} m/s², "
                "pinned at one end, released horizontal.")
     out.append("")
     if el.skipped:

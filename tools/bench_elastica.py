@@ -26,6 +26,8 @@ Run ``python -m suturesim.tools.bench_elastica`` (or this file) to print the ben
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import contextlib
 import io
 import logging
@@ -34,6 +36,7 @@ import time
 
 __all__ = [
     "BENCH_SUTURE",
+    "Rod",
     "run_pyelastica",
     "stable_dt",
     "dt_limit_estimate",
@@ -42,16 +45,28 @@ __all__ = [
 
 _MISSING = "PyElastica is not installed: pip install 'suturesim[bench]'"
 
+@dataclass(frozen=True)
+class Rod:
+    """The physical rod PyElastica simulates: straight along +x from the origin, pinned at node 0 (position
+    only), released under gravity -z. SI units."""
+    length_m: float
+    segments: int
+    diameter_m: float
+    density_kg_m3: float
+    youngs_modulus_pa: float
+    poisson_ratio: float = 0.5
+    gravity_m_s2: float = 9.81
+    damping: float = 0.1          # AnalyticalLinearDamper constant, 1/s (0 = none)
+
+    @property
+    def shear_modulus_pa(self) -> float:
+        return self.youngs_modulus_pa / (2.0 * (1.0 + self.poisson_ratio))
+
+
 # The benchmark suture: 0.45 m, 100 segments, 0.22 mm diameter, 1340 kg/m^3, E = 8 GPa
 # (EI ~ 9.2e-7 N m^2, rho A ~ 5.1e-5 kg/m).
-BENCH_SUTURE = dict(
-    length_m=0.45,
-    segments=100,
-    diameter_m=0.22e-3,
-    density_kg_m3=1340.0,
-    youngs_modulus_pa=8.0e9,
-    poisson_ratio=0.5,
-)
+BENCH_SUTURE = Rod(length_m=0.45, segments=100, diameter_m=0.22e-3, density_kg_m3=1340.0,
+                   youngs_modulus_pa=8.0e9, poisson_ratio=0.5)
 
 # Timoshenko shear coefficient PyElastica hard-codes in its rod factory (Kaneko 1975, nu = 0.5).
 _ALPHA_C = 27.0 / 28.0
@@ -94,14 +109,7 @@ def _quiet():
         logging.disable(previous)
 
 
-def dt_limit_estimate(
-    length_m: float,
-    segments: int,
-    diameter_m: float,
-    density_kg_m3: float,
-    youngs_modulus_pa: float,
-    poisson_ratio: float = 0.5,
-) -> float:
+def dt_limit_estimate(rod: Rod) -> float:
     """Analytical PositionVerlet stability limit (dt_crit = 2 / omega_max) for a PyElastica rod.
 
     Two candidate stiffest modes of the discretised Cosserat rod:
@@ -116,23 +124,14 @@ def dt_limit_estimate(
     suture (r = 0.11 mm, l = 4.5 mm): shear-rotation 7.94e-8 s, axial 1.84e-6 s.  The measured
     limit (see stable_dt) agrees with the shear-rotation value to 0.2 %.
     """
-    r = 0.5 * diameter_m
-    dl = length_m / segments
-    shear_modulus = youngs_modulus_pa / (2.0 * (1.0 + poisson_ratio))
-    dt_shear_rotation = r * math.sqrt(density_kg_m3 / (_ALPHA_C * shear_modulus))
-    dt_axial = dl * math.sqrt(density_kg_m3 / youngs_modulus_pa)
+    r = 0.5 * rod.diameter_m
+    dl = rod.length_m / rod.segments
+    dt_shear_rotation = r * math.sqrt(rod.density_kg_m3 / (_ALPHA_C * rod.shear_modulus_pa))
+    dt_axial = dl * math.sqrt(rod.density_kg_m3 / rod.youngs_modulus_pa)
     return min(dt_shear_rotation, dt_axial)
 
 
-def stable_dt(
-    length_m: float,
-    segments: int,
-    diameter_m: float,
-    density_kg_m3: float,
-    youngs_modulus_pa: float,
-    poisson_ratio: float = 0.5,
-    safety: float = _SAFETY,
-) -> float:
+def stable_dt(rod: Rod, safety: float = _SAFETY) -> float:
     """PyElastica's stable time step for this rod with its PositionVerlet integrator.
 
     Returns ``safety * dt_limit_estimate(...)`` with ``safety = 0.7``.
@@ -157,25 +156,11 @@ def stable_dt(
     """
     if not 0.0 < safety <= 1.0:
         raise ValueError("safety must be in (0, 1]")
-    return safety * dt_limit_estimate(
-        length_m, segments, diameter_m, density_kg_m3, youngs_modulus_pa, poisson_ratio
-    )
+    return safety * dt_limit_estimate(rod)
 
 
-def _build(
-    ea,
-    dt: float,
-    length_m: float,
-    segments: int,
-    diameter_m: float,
-    density_kg_m3: float,
-    youngs_modulus_pa: float,
-    poisson_ratio: float,
-    gravity_m_s2: float,
-    damping: float,
-    _damper_key: str = "uniform_damping_constant",
-):
-    """Build and finalise the pinned rod; returns (simulator, rod)."""
+def _build(ea, dt: float, rod: Rod, _damper_key: str = "uniform_damping_constant"):
+    """Build and finalise the pinned rod; returns (simulator, PyElastica CosseratRod)."""
     import numpy as np
 
     class _Simulator(ea.BaseSystemCollection, ea.Constraints, ea.Forcing, ea.Damping):
@@ -183,30 +168,31 @@ def _build(
 
     with _quiet():
         sim = _Simulator()
-        rod = ea.CosseratRod.straight_rod(
-            int(segments),
+        damping = rod.damping
+        cosserat = ea.CosseratRod.straight_rod(
+            int(rod.segments),
             np.zeros(3),
             np.array([1.0, 0.0, 0.0]),  # along +x
             np.array([0.0, 0.0, 1.0]),  # d1 along +z (round section: irrelevant)
-            float(length_m),
-            0.5 * float(diameter_m),
-            float(density_kg_m3),
-            youngs_modulus=float(youngs_modulus_pa),
-            shear_modulus=float(youngs_modulus_pa) / (2.0 * (1.0 + float(poisson_ratio))),
+            float(rod.length_m),
+            0.5 * float(rod.diameter_m),
+            float(rod.density_kg_m3),
+            youngs_modulus=float(rod.youngs_modulus_pa),
+            shear_modulus=float(rod.shear_modulus_pa),
         )
-        sim.append(rod)
+        sim.append(cosserat)
         # Pin: node 0 position fixed in x, y, z; no director constrained -> free to rotate.
-        sim.constrain(rod).using(
+        sim.constrain(cosserat).using(
             ea.GeneralConstraint,
             constrained_position_idx=(0,),
             translational_constraint_selector=np.array([True, True, True]),
             rotational_constraint_selector=np.array([False, False, False]),
         )
-        sim.add_forcing_to(rod).using(
-            ea.GravityForces, acc_gravity=np.array([0.0, 0.0, -float(gravity_m_s2)])
+        sim.add_forcing_to(cosserat).using(
+            ea.GravityForces, acc_gravity=np.array([0.0, 0.0, -float(rod.gravity_m_s2)])
         )
         if damping > 0.0:
-            sim.dampen(rod).using(
+            sim.dampen(cosserat).using(
                 ea.AnalyticalLinearDamper, time_step=float(dt), **{_damper_key: float(damping)}
             )
         try:
@@ -214,11 +200,9 @@ def _build(
         except (TypeError, ValueError):
             if damping > 0.0 and _damper_key == "uniform_damping_constant":
                 # older pyelastica only knows damping_constant (same exp(-c dt) on velocities).
-                return _build(ea, dt, length_m, segments, diameter_m, density_kg_m3,
-                              youngs_modulus_pa, poisson_ratio, gravity_m_s2, damping,
-                              _damper_key="damping_constant")
+                return _build(ea, dt, rod, _damper_key="damping_constant")
             raise
-    return sim, rod
+    return sim, cosserat
 
 
 def _state_check(rod, x0, length_m: float) -> tuple[bool, float, float]:
@@ -237,23 +221,12 @@ def _state_check(rod, x0, length_m: float) -> tuple[bool, float, float]:
     return sane, strain, speed
 
 
-def run_pyelastica(
-    length_m: float,
-    segments: int,
-    diameter_m: float,
-    density_kg_m3: float,
-    youngs_modulus_pa: float,
-    poisson_ratio: float = 0.5,
-    gravity_m_s2: float = 9.81,
-    sim_time_s: float = 0.01,
-    dt_s: float | None = None,
-    damping: float = 0.1,
-) -> dict:
+def run_pyelastica(rod: Rod, sim_time_s: float = 0.01, dt_s: float | None = None) -> dict:
     """Run PyElastica on a straight rod pinned at one end, released horizontal under gravity.
 
     The rod lies along +x from the origin; node 0 is pinned (GeneralConstraint on its position
     only, free to rotate); gravity is -z; AnalyticalLinearDamper with
-    ``uniform_damping_constant=damping`` (1/s).  ``dt_s`` defaults to :func:`stable_dt`.
+    ``uniform_damping_constant=rod.damping`` (1/s).  ``dt_s`` defaults to :func:`stable_dt`.
     The integrator is PositionVerlet via ``elastica.integrate`` with
     ``steps = ceil(sim_time_s / dt_s)``, so the effective dt (reported) is <= the requested one.
 
@@ -271,33 +244,31 @@ def run_pyelastica(
     """
     ea = _import_elastica()
 
-    if segments < 2:
+    if rod.segments < 2:
         raise ValueError("segments must be >= 2")
     if sim_time_s <= 0.0:
         raise ValueError("sim_time_s must be > 0")
     if dt_s is None:
-        dt_s = stable_dt(length_m, segments, diameter_m, density_kg_m3, youngs_modulus_pa, poisson_ratio)
+        dt_s = stable_dt(rod)
     steps = max(1, math.ceil(sim_time_s / dt_s - 1e-9))
     dt_eff = sim_time_s / steps
-    geom = (length_m, segments, diameter_m, density_kg_m3, youngs_modulus_pa, poisson_ratio,
-            gravity_m_s2, damping)
 
     # Warm-up on a throw-away copy: compiles (or loads from numba's cache) every kernel used.
     stepper = ea.PositionVerlet()
-    warm, _ = _build(ea, dt_eff, *geom)
+    warm, _ = _build(ea, dt_eff, rod)
     with _quiet():
         ea.integrate(stepper, warm, 20 * dt_eff, n_steps=20, progress_bar=False)
     del warm
 
-    sim, rod = _build(ea, dt_eff, *geom)
-    x0 = rod.position_collection.copy()
+    sim, model = _build(ea, dt_eff, rod)
+    x0 = model.position_collection.copy()
     stepper = ea.PositionVerlet()
     with _quiet():
         t0 = time.perf_counter()
         ea.integrate(stepper, sim, sim_time_s, n_steps=steps, progress_bar=False)
         wall = time.perf_counter() - t0
 
-    sane, strain, speed = _state_check(rod, x0, length_m)
+    sane, strain, speed = _state_check(model, x0, rod.length_m)
     return {
         "dt_s": dt_eff,
         "steps": steps,
@@ -308,52 +279,39 @@ def run_pyelastica(
         "finite": sane,
         "max_axial_strain": strain,
         "max_speed_m_s": speed,
-        "tip_z_m": float(rod.position_collection[2, -1]),
+        "tip_z_m": float(model.position_collection[2, -1]),
         "pyelastica_version": _version(ea),
     }
 
 
-def _stays_stable(ea, dt, probe_time_s, geom, check_every=100) -> bool:
-    sim, rod = _build(ea, dt, *geom)
-    x0 = rod.position_collection.copy()
+def _stays_stable(ea, dt: float, probe_time_s: float, rod: Rod, check_every: int = 100) -> bool:
+    sim, model = _build(ea, dt, rod)
+    x0 = model.position_collection.copy()
     stepper = ea.PositionVerlet()
     steps = max(1, math.ceil(probe_time_s / dt))
     t = 0.0
     for i in range(steps):
         t = stepper.step(sim, t, dt)
         if i % check_every == 0 or i == steps - 1:
-            if not _state_check(rod, x0, geom[0])[0]:
+            if not _state_check(model, x0, rod.length_m)[0]:
                 return False
     return True
 
 
-def find_dt_limit(
-    length_m: float,
-    segments: int,
-    diameter_m: float,
-    density_kg_m3: float,
-    youngs_modulus_pa: float,
-    poisson_ratio: float = 0.5,
-    gravity_m_s2: float = 9.81,
-    damping: float = 0.1,
-    probe_time_s: float = 0.005,
-    rel_tol: float = 0.01,
-) -> tuple[float, float]:
+def find_dt_limit(rod: Rod, probe_time_s: float = 0.005, rel_tol: float = 0.01) -> tuple[float, float]:
     """Empirical PositionVerlet stability limit by bisection: returns (last stable dt, first
     unstable dt).  Each probe integrates ``probe_time_s`` (aborting early once the state is
     non-finite or unbounded).  Bracket starts at [0.5, 2] x dt_limit_estimate.  Slow: ~20-60 s."""
     ea = _import_elastica()
-    geom = (length_m, segments, diameter_m, density_kg_m3, youngs_modulus_pa, poisson_ratio,
-            gravity_m_s2, damping)
-    est = dt_limit_estimate(length_m, segments, diameter_m, density_kg_m3, youngs_modulus_pa, poisson_ratio)
+    est = dt_limit_estimate(rod)
     lo, hi = 0.5 * est, 2.0 * est
-    while not _stays_stable(ea, lo, probe_time_s, geom):
+    while not _stays_stable(ea, lo, probe_time_s, rod):
         lo, hi = 0.5 * lo, lo
-    while _stays_stable(ea, hi, probe_time_s, geom):
+    while _stays_stable(ea, hi, probe_time_s, rod):
         lo, hi = hi, 2.0 * hi
     while hi / lo > 1.0 + rel_tol:
         mid = math.sqrt(lo * hi)
-        if _stays_stable(ea, mid, probe_time_s, geom):
+        if _stays_stable(ea, mid, probe_time_s, rod):
             lo = mid
         else:
             hi = mid
@@ -364,20 +322,20 @@ if __name__ == "__main__":
     import sys
 
     s = BENCH_SUTURE
-    dl = s["length_m"] / s["segments"]
-    print(f"benchmark suture: L={s['length_m']} m, {s['segments']} segments (l={dl * 1e3:.2f} mm), "
-          f"d={s['diameter_m'] * 1e3:.2f} mm, rho={s['density_kg_m3']:.0f} kg/m^3, "
-          f"E={s['youngs_modulus_pa'] / 1e9:.1f} GPa, nu={s['poisson_ratio']}")
-    est = dt_limit_estimate(**s)
-    dt = stable_dt(**s)
+    dl = s.length_m / s.segments
+    print(f"benchmark suture: L={s.length_m} m, {s.segments} segments (l={dl * 1e3:.2f} mm), "
+          f"d={s.diameter_m * 1e3:.2f} mm, rho={s.density_kg_m3:.0f} kg/m^3, "
+          f"E={s.youngs_modulus_pa / 1e9:.1f} GPa, nu={s.poisson_ratio}")
+    est = dt_limit_estimate(s)
+    dt = stable_dt(s)
     print(f"dt limit estimate (shear-rotation mode): {est:.4g} s; stable_dt = {dt:.4g} s")
     if "--find-limit" in sys.argv:
-        lo, hi = find_dt_limit(**s)
+        lo, hi = find_dt_limit(s)
         print(f"empirical dt limit: stable at {lo:.4g} s, unstable at {hi:.4g} s")
     repeats = 3
     best = None
     for k in range(repeats):
-        res = run_pyelastica(**s)
+        res = run_pyelastica(s)
         print(f"  run {k + 1}: {res['steps']} steps in {res['wall_s']:.2f} s -> "
               f"{res['steps_per_s']:.0f} steps/s, rtf {res['rtf']:.2e}, tip z {res['tip_z_m'] * 1e3:.4f} mm, "
               f"finite={res['finite']} max strain {res['max_axial_strain']:.2e}")
