@@ -4,11 +4,28 @@ it reports `seq` gaps of the `force` topic (one message per device per tick) whe
 from __future__ import annotations
 
 import time
+from typing import Iterator
 
 import msgpack
 import zmq
 
 from .recording import McapRecorder
+
+
+def receive_until(sub: zmq.Socket, stop, poll_ms: int = 100) -> Iterator[tuple[bytes, bytes]]:
+    """(topic, payload) of every two-frame message on ``sub`` until ``stop`` (an Event) is set, draining the
+    queue between checks; messages of any other shape are skipped."""
+    while not stop.is_set():
+        if not sub.poll(poll_ms):
+            continue
+        while True:
+            try:
+                topic, payload = sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            except ValueError:  # not two frames: not ours
+                continue
+            yield topic, payload
 
 
 def record(endpoint: str, path: str, stop, ready=None, metadata: dict | None = None) -> dict:
@@ -27,32 +44,23 @@ def record(endpoint: str, path: str, stop, ready=None, metadata: dict | None = N
     if ready is not None:
         ready.set()
     try:
-        while not stop.is_set():
-            if not sub.poll(100):
-                continue
-            while True:
-                try:
-                    topic, payload = sub.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                except ValueError:  # not two frames: not ours
-                    continue
-                now = time.time_ns()
-                publish_ns = now
-                try:
-                    msg = msgpack.unpackb(payload, raw=False)
-                    publish_ns = int(float(msg["t"]) * 1e9)
-                    if topic == b"force":
-                        dev = str(msg.get("device"))
-                        seq = int(msg["seq"])
-                        prev = last_seq.get(dev)
-                        if prev is not None and seq > prev + 1:
-                            gaps += seq - prev - 1
-                        last_seq[dev] = seq
-                except Exception:  # noqa: BLE001 - record it anyway, exactly as published
-                    pass
-                rec.write(topic, payload, now, publish_ns)
-                count += 1
+        for topic, payload in receive_until(sub, stop):
+            now = time.time_ns()
+            publish_ns = now
+            try:
+                msg = msgpack.unpackb(payload, raw=False)
+                publish_ns = int(float(msg["t"]) * 1e9)
+                if topic == b"force":
+                    dev = str(msg.get("device"))
+                    seq = int(msg["seq"])
+                    prev = last_seq.get(dev)
+                    if prev is not None and seq > prev + 1:
+                        gaps += seq - prev - 1
+                    last_seq[dev] = seq
+            except Exception:  # noqa: BLE001 - record it anyway, exactly as published
+                pass
+            rec.write(topic, payload, now, publish_ns)
+            count += 1
     finally:
         rec.close()
         sub.close(0)

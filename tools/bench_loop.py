@@ -44,6 +44,7 @@ import numpy as np
 import zmq
 
 from ..server import protocol
+from ..server.recorder import receive_until
 from .bench import _g, table
 
 # -- what is measured ------------------------------------------------------------------------------------
@@ -105,26 +106,19 @@ def _subscriber_main(endpoint: str, index: int, stop, ready, results) -> None:
     missed = 0
     t_first = t_last = None
     try:
-        while not stop.is_set():
-            if not sub.poll(100):
-                continue
-            while True:
-                try:
-                    topic, payload = sub.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                name = topic.decode("ascii", "replace")
-                counts[name] = counts.get(name, 0) + 1
-                now = time.monotonic()
-                t_first = now if t_first is None else t_first
-                t_last = now
-                if topic == protocol.TOPIC_FORCE:
-                    seq = msgpack.unpackb(payload, raw=False)["seq"]
-                    if first_seq is None:
-                        first_seq = seq
-                    elif seq > last_seq + 1:
-                        missed += seq - last_seq - 1
-                    last_seq = seq
+        for topic, payload in receive_until(sub, stop):
+            name = topic.decode("ascii", "replace")
+            counts[name] = counts.get(name, 0) + 1
+            now = time.monotonic()
+            t_first = now if t_first is None else t_first
+            t_last = now
+            if topic == protocol.TOPIC_FORCE:
+                seq = msgpack.unpackb(payload, raw=False)["seq"]
+                if first_seq is None:
+                    first_seq = seq
+                elif seq > last_seq + 1:
+                    missed += seq - last_seq - 1
+                last_seq = seq
     finally:
         sub.close(0)
         ctx.term()
