@@ -181,15 +181,20 @@ class Daemon:
             pass
 
 
-@pytest.fixture
-def daemon():
-    """A fresh daemon for a test that changes state."""
+def serving_daemon():
+    """Start a daemon, wait until it serves, yield it, and always stop it."""
     d = Daemon()
     try:
         d.wait_serving()
         yield d
     finally:
         d.close()
+
+
+@pytest.fixture
+def daemon():
+    """A fresh daemon for a test that changes state."""
+    yield from serving_daemon()
 
 
 class Sub:
@@ -379,12 +384,7 @@ def check_raw_types(topic: bytes, raw: dict) -> None:
 def shared():
     """A daemon for read-only tests; torn down when the class is done, so that its SCHED_FIFO physics
     process (pinned to the last CPU) does not compete with the other tests' daemons."""
-    d = Daemon()
-    try:
-        d.wait_serving()
-        yield d
-    finally:
-        d.close()
+    yield from serving_daemon()
 
 
 BAD_REQUESTS = {
