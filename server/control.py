@@ -285,7 +285,8 @@ class ControlHandler:
         path = _field(req, "path", str)
         if self.loop.supervisor is None:
             raise RequestError("recording is run by the supervisor (suturesim serve)")
-        self.loop.supervisor.send(("record_start", path))
+        sc = self.loop.scenario  # the scene running now, which a `load` or `set` may have changed
+        self.loop.supervisor.send(("record_start", (path, sc.name, sc.file, sc.source)))
         self.loop.event("record_start", path=path)
         return {"path": path}
 

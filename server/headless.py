@@ -49,8 +49,9 @@ class RunSummary:
         ]
 
 
-def recording_metadata(scenario: Scenario) -> dict[str, dict[str, str]]:
-    """Config, versions and machine, as MCAP metadata (string maps)."""
+def recording_metadata(name: str, file: str, source: dict) -> dict[str, dict[str, str]]:
+    """The scenario (its name, file and content as read), versions and machine, as MCAP metadata (string
+    maps)."""
     import numba
 
     try:
@@ -59,7 +60,7 @@ def recording_metadata(scenario: Scenario) -> dict[str, dict[str, str]]:
     except Exception:  # pragma: no cover - running from a source tree without metadata
         ours = "unknown"
     return {
-        "scenario": {"name": scenario.name, "file": scenario.file, "yaml": yaml.safe_dump(scenario.source)},
+        "scenario": {"name": name, "file": file, "yaml": yaml.safe_dump(source)},
         "versions": {"suturesim": ours, "python": platform.python_version(), "numpy": np.__version__,
                      "numba": numba.__version__, "schema": str(protocol.SCHEMA_VERSION)},
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
@@ -79,13 +80,15 @@ def run_scenario(scenario: Scenario, duration: float | None = None, record: str 
     recorder = None
     if record:
         from .recording import McapRecorder
-        recorder = McapRecorder(record, metadata=recording_metadata(scenario))
+        recorder = McapRecorder(record, metadata=recording_metadata(scenario.name, scenario.file,
+                                                                     scenario.source))
     messages = 0
     sub_min, sub_max, max_res, max_t = 1 << 30, 0, 0.0, 0.0
     finite = True
     t_wall = time.perf_counter()
     last_report = t_wall
     stepper = Stepper(model, state)
+    ran = 0
     try:
         for k in range(1, ticks + 1):
             try:
@@ -94,6 +97,7 @@ def run_scenario(scenario: Scenario, duration: float | None = None, record: str 
                 print(f"suturesim: {exc}", file=sys.stderr)
                 finite = False
                 break
+            ran = k
             sub_min = min(sub_min, n)
             sub_max = max(sub_max, n)
             max_res = max(max_res, float(state.stats[STAT_MAX_RESIDUAL]))
@@ -121,7 +125,7 @@ def run_scenario(scenario: Scenario, duration: float | None = None, record: str 
     wall = time.perf_counter() - t_wall
     finite = finite and bool(np.all(np.isfinite(state.x)))
     max_t = float(np.max(np.abs(state.tension))) if state.tension.size else 0.0
-    return RunSummary(scenario=scenario.name, sim_time_s=float(state.time[0]), wall_s=wall, ticks=ticks,
+    return RunSummary(scenario=scenario.name, sim_time_s=float(state.time[0]), wall_s=wall, ticks=ran,
                       substeps_min=sub_min if ticks else 0, substeps_max=sub_max, max_residual=max_res,
                       max_tension_n=max_t, final_energy_j=diagnostics.energies(model, state), finite=finite,
                       messages=messages, ticks_redone=stepper.retries)

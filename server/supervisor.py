@@ -39,10 +39,11 @@ class Supervisor:
         self.recorder_stop = None
 
     # -- recorder ---------------------------------------------------------------------------------------
-    def start_recording(self, path: str) -> None:
+    def start_recording(self, path: str, name: str, file: str, source: dict) -> None:
+        """Record the published messages to ``path``, with the running scenario (``name``, ``file``,
+        ``source``) as metadata."""
         self.stop_recording()
-        scenario = load_scenario(self.cfg.scenario)
-        meta = recording_metadata(scenario)
+        meta = recording_metadata(name, file, source)
         meta["server"] = {"config": self.cfg.file, "pub": self.cfg.endpoints.pub}
         self.recorder_stop = self.mp.Event()
         ready = self.mp.Event()
@@ -93,7 +94,7 @@ class Supervisor:
         code = 0
         try:
             if cfg.record:
-                self.start_recording(cfg.record)
+                self.start_recording(cfg.record, scenario.name, scenario.file, scenario.source)
             while True:
                 ready = self.mp.Event()
                 conn, child_conn = self.mp.Pipe()
@@ -125,7 +126,7 @@ class Supervisor:
                         except (EOFError, OSError):
                             continue
                         if what == "record_start":
-                            self.start_recording(arg)
+                            self.start_recording(*arg)
                         elif what == "record_stop":
                             self.stop_recording()
                 if self.stop.is_set() or proc.exitcode == 0:

@@ -22,11 +22,12 @@ import time
 import msgpack
 import numpy as np
 import pytest
+import yaml
 import zmq
 
 from suturesim.haptics.link import DeviceLink
 from suturesim.server import protocol
-from suturesim.server.recording import read_messages
+from suturesim.server.recording import read_messages, read_metadata
 from suturesim.solver.scenario import load_scenario
 
 START_TIMEOUT_S = 60.0      # a cold numba cache compiles every kernel on the first start
@@ -767,6 +768,22 @@ def test_record_start_and_stop(daemon, subscribe, tmp_path):
     assert {f["device"] for f in forces} == {DEVICE}
     assert np.all(np.diff([f["seq"] for f in forces]) == 1)
     assert daemon.status()["ok"] is True
+
+
+def test_recording_metadata_names_the_running_scenario(daemon, subscribe, tmp_path):
+    """A recording started after `load` carries the scenario that is running, not the one served at start."""
+    out = tmp_path / "loaded.mcap"
+    sub = subscribe(daemon, (protocol.TOPIC_EVENT,))
+    daemon.ok({"cmd": "load", "scenario": "wang2017-hanging"})
+    sub.event("load")
+    daemon.ok({"cmd": "record_start", "path": str(out)})
+    daemon.wait_line(r"^suturesim: recording to ", 15.0)
+    time.sleep(0.3)
+    daemon.ok({"cmd": "record_stop"})
+    daemon.wait_line(r"^suturesim record: \d+ messages to ", 15.0)
+    meta = read_metadata(out)
+    assert meta["scenario"]["name"] == "wang2017-hanging"
+    assert yaml.safe_load(meta["scenario"]["yaml"])["name"] == "wang2017-hanging"
 
 
 def test_shutdown_command(daemon, subscribe):
