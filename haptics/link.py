@@ -12,8 +12,14 @@ of lines pulled in together by the adjacent-line prefetcher)::
     header  (128 B)  magic u64 | version u32 | n_devices u32 | slot_stride u32 | header_size u32 |
                      owner_pid i64 | created_ns i64
     slot i  (256 B)  pose record  at header + 256 i          force record at header + 256 i + 128
-      pose   seq u64 | t_ns i64 | pos[3] f64 (m) | quat[4] f64 (w, x, y, z) | buttons u32 | active u32
-      force  seq u64 | t_ns i64 | force[3] f64 (N) | axial f64 (N) | flags u32 | (pad u32) | tick i64
+      pose   seq u64 | t_ns i64 | pos[3] f64 (m) | quat[4] f64 (w, x, y, z) | buttons u32 | active u32 |
+             driver_flags u32
+      force  seq u64 | t_ns i64 | force[3] f64 (N) | axial f64 (N) | flags u32 | (pad u32) | tick i64 |
+             pose_t_ns i64
+
+``driver_flags`` are the safety flags of the driver's last servo tick (its own watchdog and backstop, which
+physics ORs into the published ``flags``); ``pose_t_ns`` is the ``t_ns`` of the pose the force was computed
+from, so the driver measures pose-to-force latency without a clock of its own.
 
 Sequence lock protocol (one writer per record):
 
@@ -76,16 +82,16 @@ __all__ = ["DeviceLink", "MAX_DEVICES", "MAGIC", "VERSION", "ORDERING_SAFE"]
 
 MAX_DEVICES = 8
 MAGIC = int.from_bytes(b"SSIMLNK1", "little")
-VERSION = 1
+VERSION = 2
 
 HEADER_SIZE = 128
 RECORD_SIZE = 128
 SLOT_STRIDE = 2 * RECORD_SIZE
 
 # Byte offsets inside a pose record.
-_P_SEQ, _P_T, _P_POS, _P_QUAT, _P_BUTTONS, _P_ACTIVE = 0, 8, 16, 40, 72, 76
+_P_SEQ, _P_T, _P_POS, _P_QUAT, _P_BUTTONS, _P_ACTIVE, _P_DFLAGS = 0, 8, 16, 40, 72, 76, 80
 # Byte offsets inside a force record.
-_F_SEQ, _F_T, _F_FORCE, _F_AXIAL, _F_FLAGS, _F_TICK = 0, 8, 16, 40, 48, 56
+_F_SEQ, _F_T, _F_FORCE, _F_AXIAL, _F_FLAGS, _F_TICK, _F_POSE_T = 0, 8, 16, 40, 48, 56, 64
 
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 _U32_MAX = (1 << 32) - 1
@@ -289,7 +295,7 @@ class DeviceLink:
         return s
 
     # ----------------------------------------------------------------------------------------- poses
-    def write_pose(self, slot: int, pos, quat, buttons: int, t_ns: int) -> None:
+    def write_pose(self, slot: int, pos, quat, buttons: int, t_ns: int, driver_flags: int = 0) -> None:
         """Publish the stylus pose of device ``slot`` (driver side; single writer per slot).
 
         Args:
@@ -298,6 +304,7 @@ class DeviceLink:
             quat: 4 floats, orientation quaternion (w, x, y, z), scene frame.
             buttons: button bitmask, 0..2**32-1.
             t_ns: ``time.monotonic_ns()`` of the sample (ns).
+            driver_flags: the driver's safety flags of its last servo tick (haptics/safety.py FLAG_*).
 
         Raises ``ValueError`` for a bad slot, wrong vector lengths, or any non-finite component; the record
         is untouched in that case.
@@ -319,8 +326,9 @@ class DeviceLink:
             raise ValueError(f"refusing non-finite pose: pos={pos!r}, quat={quat!r}")
         buttons = operator.index(buttons)
         t_ns = operator.index(t_ns)
-        if not 0 <= buttons <= _U32_MAX:
-            raise ValueError(f"buttons must fit in uint32, got {buttons}")
+        driver_flags = operator.index(driver_flags)
+        if not (0 <= buttons <= _U32_MAX and 0 <= driver_flags <= _U32_MAX):
+            raise ValueError(f"buttons and driver_flags must fit in uint32, got {buttons}, {driver_flags}")
         if not _I64_MIN <= t_ns <= _I64_MAX:
             raise ValueError(f"t_ns must fit in int64, got {t_ns}")
 
@@ -341,6 +349,7 @@ class DeviceLink:
         u32 = self._u32
         u32[(k + _P_BUTTONS) >> 2] = buttons
         u32[(k + _P_ACTIVE) >> 2] = 1
+        u32[(k + _P_DFLAGS) >> 2] = driver_flags
         u64[iseq] = s + 1
 
     def clear_pose(self, slot: int, t_ns: int) -> None:
@@ -404,8 +413,14 @@ class DeviceLink:
                 return s1, t, b
         return None
 
+    def driver_flags(self, slot: int) -> int:
+        """The safety flags the driver of ``slot`` reported with its last pose (one aligned 4-byte load: atomic
+        on its own, so no sequence check is needed for this single field)."""
+        return self._u32[(HEADER_SIZE + SLOT_STRIDE * self._slot(slot) + _P_DFLAGS) >> 2]
+
     # ---------------------------------------------------------------------------------------- forces
-    def write_force(self, slot: int, force, axial: float, flags: int, tick: int, t_ns: int) -> None:
+    def write_force(self, slot: int, force, axial: float, flags: int, tick: int, t_ns: int,
+                    pose_t_ns: int = 0) -> None:
         """Publish the force for device ``slot`` (physics side; single writer per slot).
 
         Args:
@@ -416,6 +431,7 @@ class DeviceLink:
             flags: status bitmask, 0..2**32-1.
             tick: physics tick number the force belongs to.
             t_ns: ``time.monotonic_ns()`` when the force was computed (ns); the driver's watchdog ages it.
+            pose_t_ns: ``t_ns`` of the device pose this force was computed from (0: none), for latency.
 
         Raises ``ValueError`` for a bad slot, a wrong force length, or a non-finite force/axial — a NaN must
         never reach a motor. The record is untouched in that case.
@@ -434,14 +450,15 @@ class DeviceLink:
         flags = operator.index(flags)
         tick = operator.index(tick)
         t_ns = operator.index(t_ns)
+        pose_t_ns = operator.index(pose_t_ns)
         if not 0 <= flags <= _U32_MAX:
             raise ValueError(f"flags must fit in uint32, got {flags}")
-        if not (_I64_MIN <= tick <= _I64_MAX and _I64_MIN <= t_ns <= _I64_MAX):
-            raise ValueError(f"tick and t_ns must fit in int64, got {tick}, {t_ns}")
-        self._write_force(k + RECORD_SIZE, fx, fy, fz, axial, flags, tick, t_ns)
+        if not (_I64_MIN <= tick <= _I64_MAX and _I64_MIN <= t_ns <= _I64_MAX and _I64_MIN <= pose_t_ns <= _I64_MAX):
+            raise ValueError(f"tick, t_ns and pose_t_ns must fit in int64, got {tick}, {t_ns}, {pose_t_ns}")
+        self._write_force(k + RECORD_SIZE, fx, fy, fz, axial, flags, tick, t_ns, pose_t_ns)
 
     def _write_force(self, k: int, fx: float, fy: float, fz: float, axial: float, flags: int, tick: int,
-                     t_ns: int) -> None:
+                     t_ns: int, pose_t_ns: int = 0) -> None:
         # k: byte offset of the force record; every argument already validated.
         u64, f64, i64 = self._u64, self._f64, self._i64
         iseq = k >> 3
@@ -455,14 +472,17 @@ class DeviceLink:
         f64[j + 3] = axial
         self._u32[(k + _F_FLAGS) >> 2] = flags
         i64[(k + _F_TICK) >> 3] = tick
+        i64[(k + _F_POSE_T) >> 3] = pose_t_ns
         u64[iseq] = s + 1
 
-    def read_force(self, slot: int, force_out: np.ndarray) -> tuple[int, int, float, int, int] | None:
+    def read_force(self, slot: int, force_out: np.ndarray, pose_t_out: list | None = None
+                   ) -> tuple[int, int, float, int, int] | None:
         """Read the newest force for device ``slot`` (driver side) into ``force_out`` (3, N, pre-safety).
 
         Returns ``(seq, t_ns, axial, flags, tick)`` — axial in N, t_ns the ``time.monotonic_ns()`` at which
         physics computed it — or ``None`` if the slot was never written or no consistent copy was obtained
-        within ``max_retries`` attempts. ``force_out`` is written only on success. Never raises on a torn
+        within ``max_retries`` attempts. ``force_out`` is written only on success, and so is
+        ``pose_t_out[0]`` (if a list is given): the ``t_ns`` of the pose the force was computed from. Never raises on a torn
         read; raises ``ValueError`` for a bad slot.
         """
         k = HEADER_SIZE + SLOT_STRIDE * self._slot(slot) + RECORD_SIZE
@@ -485,10 +505,13 @@ class DeviceLink:
             ax = f64[jf + 3]
             fl = self._u32[ifl]
             tk = i64[itk]
+            pt = i64[itk + 1]
             if u64[iseq] == s1:
                 force_out[0] = fx
                 force_out[1] = fy
                 force_out[2] = fz
+                if pose_t_out is not None:
+                    pose_t_out[0] = pt
                 return s1, t, ax, fl, tk
         return None
 

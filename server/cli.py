@@ -29,7 +29,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from .security import SecurityError
     from .supervisor import serve
 
-    overrides = {"scenario": args.scenario, "record": args.record, "device": args.device,
+    overrides = {"scenario": args.scenario, "record": args.record, "device": args.device, "replay": args.replay,
                  "endpoints": {"pub": args.pub, "control": args.control, "stylus": args.stylus},
                  "security": {"insecure": True} if args.insecure else {}}
     cfg = load_server_config(args.config, overrides)
@@ -84,10 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    "SIGINT/SIGTERM zero the forces and stop cleanly.")
     p.add_argument("--config", metavar="F", help="server config YAML (default: the shipped configs/server.yaml)")
     p.add_argument("--scenario", metavar="S", help="scenario name or file (default: the config's, 'default')")
-    p.add_argument("--device", choices=["simulated", "remote"],
-                   help="simulated (default): the scenario's scripted stylus moves the grasps; remote: only poses "
-                        "arriving on --stylus do, and the grasps hold still until then (with either, a pose for a "
-                        "grasp's device takes that grasp over)")
+    p.add_argument("--device", choices=["simulated", "openhaptics", "remote", "replay"],
+                   help="the backend of every stylus not configured otherwise (config `devices`): simulated "
+                        "(default): the scenario's scripted stylus motions; openhaptics: Phantom/Touch devices "
+                        "through OpenHaptics (libHD.so), forces through the safety pipeline; remote: poses "
+                        "arriving on --stylus (docs/PROTOCOL.md), the grasps hold still until then; replay: the "
+                        "stylus poses of a recording (--replay F.mcap). With any backend, a pose for a grasp's "
+                        "device takes that grasp over")
+    p.add_argument("--replay", metavar="F.mcap", help="the recording whose stylus poses --device replay plays")
     p.add_argument("--pub", metavar="EP", help="PUB endpoint (default tcp://127.0.0.1:5555)")
     p.add_argument("--control", metavar="EP", help="REP control endpoint (default tcp://127.0.0.1:5556)")
     p.add_argument("--stylus", metavar="EP", help="PULL remote stylus endpoint (default tcp://127.0.0.1:5557)")

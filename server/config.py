@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..haptics.safety import SafetyConfig
+from ..haptics.transform import DeviceTransform
 from ..solver.config import ConfigError, Section, load_yaml
 from ..solver.presets import CONFIG_DIR
 from ..solver.scenario import SCENARIOS_DIR, load_scenario, scenario_names
@@ -70,6 +72,27 @@ class FaultConfig:
     max_restarts: int = 3       # restarts before giving up (policy "restart")
 
 
+DEVICE_BACKENDS = ("simulated", "openhaptics", "remote", "replay")
+# OpenHaptics reports millimetres with y up and z toward the user; the scene is SI with z up. Turned by +90 deg
+# about x (device y -> scene z, device z -> scene -y), scaled to metres, with the device's origin over the
+# middle of the default scene's thread.
+OPENHAPTICS_TRANSFORM = DeviceTransform(rotation_deg=(90.0, 0.0, 0.0), scale=0.001, offset=(0.3, 0.0, 0.05))
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """One stylus, by the device name the scenario's grasps use (stylus0, stylus1, ...)."""
+    name: str
+    backend: str | None = None            # None: the server's `device`
+    hd_name: str = "Default Device"       # OpenHaptics' device name (Touch_Setup)
+    transform: DeviceTransform = OPENHAPTICS_TRANSFORM   # device -> scene (openhaptics only; others send m)
+    grasp_button: int = 1                 # button bitmask: press grasps the nearest vertex, release lets go
+    grasp_radius: float = 0.01            # m: the nearest vertex must be this close to the stylus
+    stiffness: float = 1000.0             # N/m: the virtual coupling of a button grasp
+    damping: float = 0.5                  # N s/m
+    max_force: float = 3.0                # N
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     file: str                                   # the config file read
@@ -79,8 +102,25 @@ class ServerConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     record: str | None = None                   # MCAP path to record to from start-up, absolute once loaded
-    device: str = "simulated"                   # "simulated": the scenario's scripted stylus moves the grasps;
-                                                # "remote": only poses on the stylus socket (or a driver) do
+    device: str = "simulated"                   # the backend of every device not configured otherwise:
+                                                # simulated | openhaptics | remote | replay
+    devices: tuple[DeviceConfig, ...] = ()      # per-device settings (a device not listed gets the defaults)
+    device_fallback: str | None = None          # "simulated": a device missing at start falls back to it
+    replay: str | None = None                   # MCAP recording whose stylus poses the replay backend plays
+    safety: SafetyConfig = field(default_factory=SafetyConfig)
+    device_limits: tuple[tuple[str, float], ...] = ()   # (device, nominal max continuous force N), from drivers
+    link_devices: tuple[str, ...] = ()          # the device of each shared-memory link slot (set by serve)
+
+    def device_config(self, name: str) -> DeviceConfig:
+        """The settings of device ``name`` (the defaults if it is not listed)."""
+        for d in self.devices:
+            if d.name == name:
+                return d
+        return DeviceConfig(name=name)
+
+    def backend_of(self, name: str) -> str:
+        """The backend driving device ``name``."""
+        return self.device_config(name).backend or self.device
 
 
 def load_server_config(path: str | os.PathLike | None = None, overrides: dict | None = None) -> ServerConfig:
@@ -301,8 +341,64 @@ def _build(data: dict, file: str, from_cli: set[str]) -> ServerConfig:
     fault = _fault(top.section("fault", {}))
     record = _record(top, from_cli)
     scenario = _scenario(top, from_cli)
-    device = top.get("device", str, "simulated", choices=("simulated", "remote"))
+    device = top.get("device", str, "simulated", choices=DEVICE_BACKENDS)
+    devices = _devices(top.section("devices", {}))
+    fallback = top.get("device_fallback", str, "none", choices=("none", "simulated"))
+    replay = _path(top, "replay", from_cli)
+    safety = _safety(top.section("safety", {}))
     top.finish()
+    uses_replay = device == "replay" or any(d.backend == "replay" for d in devices)
+    if uses_replay and replay is None:
+        raise top.error("replay", "the replay backend needs a recording: give `replay: F.mcap` (--replay F.mcap)")
+    if replay is not None and not replay.is_file():
+        raise top.error("replay", f"no such recording: {replay}")
     load_scenario(scenario)  # last, and an error inside it propagates with the scenario's own file and key
     return ServerConfig(file=file, scenario=scenario, endpoints=endpoints, loop=loop, security=security,
-                        fault=fault, record=record, device=device)
+                        fault=fault, record=record, device=device, devices=devices,
+                        device_fallback=None if fallback == "none" else fallback,
+                        replay=None if replay is None else str(replay), safety=safety)
+
+
+# -- devices and safety ----------------------------------------------------------------------------------
+def _devices(sec: Section) -> tuple[DeviceConfig, ...]:
+    out = []
+    for name in sec.keys():
+        d = sec.section(name)
+        t = d.section("transform", {})
+        try:
+            transform = DeviceTransform(
+                rotation_deg=tuple(t.vector("rotation_deg", 3, list(OPENHAPTICS_TRANSFORM.rotation_deg))),
+                scale=t.get("scale", float, OPENHAPTICS_TRANSFORM.scale, above=0.0),
+                offset=tuple(t.vector("offset", 3, list(OPENHAPTICS_TRANSFORM.offset))))
+        except ValueError as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise d.error("transform", str(exc)) from None
+        t.finish()
+        cfg = DeviceConfig(
+            name=str(name),
+            backend=d.get("backend", str, None, choices=DEVICE_BACKENDS) if d.has("backend") else None,
+            hd_name=d.get("hd_name", str, DeviceConfig.hd_name),
+            transform=transform,
+            grasp_button=d.get("grasp_button", int, DeviceConfig.grasp_button, minval=0, maxval=0xFFFFFFFF),
+            grasp_radius=d.get("grasp_radius", float, DeviceConfig.grasp_radius, above=0.0, maxval=1.0),
+            stiffness=d.get("stiffness", float, DeviceConfig.stiffness, above=0.0, maxval=1e6),
+            damping=d.get("damping", float, DeviceConfig.damping, minval=0.0, maxval=1e3),
+            max_force=d.get("max_force", float, DeviceConfig.max_force, above=0.0, maxval=100.0))
+        d.finish()
+        out.append(cfg)
+    sec.finish()
+    return tuple(out)
+
+
+def _safety(sec: Section) -> SafetyConfig:
+    d = SafetyConfig()
+    cfg = SafetyConfig(
+        scale=sec.get("scale", float, d.scale, minval=0.0, maxval=100.0),
+        max_force_n=sec.get("max_force_n", float, d.max_force_n, above=0.0, maxval=100.0),
+        max_slew_n_per_s=sec.get("max_slew_n_per_s", float, d.max_slew_n_per_s, above=0.0, maxval=1e6),
+        lowpass_hz=sec.get("lowpass_hz", float, d.lowpass_hz, minval=0.0, maxval=1e5),
+        watchdog_s=sec.get("watchdog_s", float, d.watchdog_s, above=0.0, maxval=1.0),
+        ramp_down_s=sec.get("ramp_down_s", float, d.ramp_down_s, minval=0.0, maxval=1.0))
+    sec.finish()
+    return cfg

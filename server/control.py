@@ -19,9 +19,7 @@ import numpy as np
 import zmq
 
 from ..solver.config import ConfigError
-from ..solver.model import MAX_GRASPS
-from ..solver.scenario import (MAX_GRASP_DAMPING, MAX_GRASP_FORCE, MAX_GRASP_STIFFNESS, GraspSpec,
-                               build_scenario, load_scenario)
+from ..solver.scenario import build_scenario, load_scenario
 from ..solver.integrator import STAT_SUBSTEPS
 
 
@@ -231,55 +229,21 @@ class ControlHandler:
         return None
 
     def grasp(self, req: dict) -> dict:
-        lp = self.loop
-        n = lp.model.n_vertices
         vertex = _field(req, "vertex", int)
-        if not -n <= vertex < n:
-            raise RequestError(f"vertex must be in [{-n}, {n - 1}]")
-        vertex %= n
-        if lp.model.kinematic[vertex]:
-            raise RequestError(f"vertex {vertex} is pinned or driven")
-        used = {g.slot for g in lp.grasps}
-        free = [s for s in range(MAX_GRASPS) if s not in used]
-        if not free:
-            raise RequestError(f"at most {MAX_GRASPS} grasps")
-        gid = _field(req, "id", str, f"grasp{free[0]}")
-        if any(g.id == gid for g in lp.grasps):
-            raise RequestError(f"a grasp {gid!r} exists already")
-        spec = GraspSpec(id=gid, slot=free[0], vertex=vertex, device=_field(req, "device", str, gid),
-                         stiffness=_number(req, "stiffness", 1000.0, positive=True),
-                         damping=_number(req, "damping", 0.0),
-                         max_force=_number(req, "max_force", 3.0, positive=True))
-        # the bounds a scenario file has too (solver/scenario.py): beyond them the coupling is not a stylus
-        if spec.stiffness > MAX_GRASP_STIFFNESS or not 0.0 <= spec.damping <= MAX_GRASP_DAMPING or \
-                spec.max_force > MAX_GRASP_FORCE:
-            raise RequestError(f"stiffness must be <= {MAX_GRASP_STIFFNESS:g} N/m, damping in [0, "
-                               f"{MAX_GRASP_DAMPING:g}] N s/m, max_force <= {MAX_GRASP_FORCE:g} N")
-        st = lp.state
-        st.grasp_vertex[spec.slot] = vertex
-        st.grasp_k[spec.slot] = spec.stiffness
-        st.grasp_c[spec.slot] = spec.damping
-        st.grasp_fmax[spec.slot] = spec.max_force
-        st.grasp_target[spec.slot] = st.x[vertex]
-        st.grasp_target_prev[spec.slot] = st.x[vertex]
-        st.grasp_force[spec.slot] = 0.0
-        lp.grasps.append(spec)
-        lp.event("grasp", id=spec.id, vertex=vertex, device=spec.device)
+        gid = _field(req, "id", str, None)
+        device = _field(req, "device", str, gid if gid is not None else "")
+        try:
+            spec = self.loop.add_grasp(vertex, device or None, gid, _number(req, "stiffness", 1000.0),
+                                       _number(req, "damping", 0.0), _number(req, "max_force", 3.0))
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
         return {"id": spec.id, "slot": spec.slot}
 
     def release(self, req: dict) -> dict:
-        lp = self.loop
         gid = _field(req, "id", str)
-        for g in lp.grasps:
-            if g.id == gid:
-                st = lp.state
-                st.grasp_vertex[g.slot] = -1
-                st.grasp_force[g.slot] = 0.0
-                st.grasp_vel[g.slot] = 0.0
-                lp.grasps.remove(g)
-                lp.event("release", id=gid)
-                return {}
-        raise RequestError(f"no grasp {gid!r}")
+        if not self.loop.remove_grasp(gid):
+            raise RequestError(f"no grasp {gid!r}")
+        return {}
 
     def record_start(self, req: dict) -> dict:
         path = _field(req, "path", str)

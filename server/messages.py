@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..haptics.safety import ForceSafety, SafetyConfig
 from ..solver import diagnostics
 from ..solver.forces import constraint_force_at
 from ..solver.integrator import STAT_MAX_ITERS, STAT_MAX_RESIDUAL, STAT_SUBSTEPS
@@ -13,13 +14,55 @@ from . import protocol
 
 
 class MessageBuilder:
-    """Encodes `state` and `force` payloads for one scenario; holds its small scratch buffers. ``grasps`` is
-    the live list of grasps (the daemon adds and removes grasps at run time); default: the scenario's."""
+    """Encodes `state` and `force` payloads for one scenario; holds its small scratch buffers and one
+    force-safety pipeline per device (haptics/safety.py), so that `force` carries what a device is sent.
 
-    def __init__(self, scenario: Scenario, grasps: list | None = None):
+    :param grasps: the live list of grasps (the daemon adds and removes grasps at run time); default: the
+        scenario's.
+    :param safety: the safety settings (default: SafetyConfig()).
+    :param limits: device name -> nominal max continuous force (N) reported by its driver.
+    :param devices: the devices that get a `force` message every tick, in order (default: the grasps'
+        devices); a device holding no grasp is sent zero force at its last stylus pose.
+    """
+
+    def __init__(self, scenario: Scenario, grasps: list | None = None, safety: SafetyConfig | None = None,
+                 limits: dict[str, float] | None = None, devices: list[str] | None = None):
         self.scenario = scenario
         self.grasps = scenario.grasps if grasps is None else grasps
+        self.safety = SafetyConfig() if safety is None else safety
+        self.limits = dict(limits or {})
+        self.devices = list(dict.fromkeys(devices if devices is not None else [g.device for g in self.grasps]))
+        self.tick = float(scenario.model.solver.tick)
         self._axial = np.zeros(3)
+        self._raw = np.zeros(3)
+        self.pipes: dict[str, ForceSafety] = {}
+        #: per device, after the last forces() call: the force sent (N, scene frame), axial (N), flags
+        self.force: dict[str, np.ndarray] = {}
+        self.axial_of: dict[str, float] = {}
+        self.flags: dict[str, int] = {}
+        #: per device: the stylus position (m) when it holds no grasp (set by the daemon from its poses)
+        self.pose: dict[str, np.ndarray] = {}
+        for d in self.devices:
+            self.add_device(d)
+
+    def add_device(self, device: str) -> None:
+        """Give ``device`` a `force` stream and a safety pipeline (starting from zero force)."""
+        if device in self.pipes:
+            return
+        if device not in self.devices:
+            self.devices.append(device)
+        self.pipes[device] = ForceSafety(self.safety, self.limits.get(device))
+        self.force[device] = np.zeros(3)
+        self.axial_of[device] = 0.0
+        self.flags[device] = 0
+        self.pose.setdefault(device, np.zeros(3))
+
+    def remove_device(self, device: str) -> None:
+        """Stop ``device``'s `force` stream (a scripted stylus that let go: there is no motor to ramp down)."""
+        if device in self.pipes:
+            self.devices.remove(device)
+            for d in (self.pipes, self.force, self.axial_of, self.flags, self.pose):
+                d.pop(device, None)
 
     def axial(self, state: ThreadState, vertex: int) -> float:
         """Magnitude (N) of the thread's net axial constraint force at ``vertex``."""
@@ -35,16 +78,33 @@ class MessageBuilder:
         return protocol.encode_state(seq, float(state.time[0]), state.x, state.tension, float(state.twist[0]),
                                      grasps, contacts, diagnostics.energies(self.scenario.model, state), solver)
 
-    def forces(self, seq: int, state: ThreadState) -> list[bytes]:
-        """One `force` payload per grasp (device = the grasp's device; force = the reaction the stylus feels,
-        minus the coupling force on the thread) and per externally loaded vertex (device "vertex<i>", force =
-        the applied load). `axial` is the magnitude of the thread's net constraint force at that vertex (N)."""
+    def forces(self, seq: int, state: ThreadState, extra_flags: dict[str, int] | None = None) -> list[bytes]:
+        """One `force` payload per device and per externally loaded vertex.
+
+        A device's force is the reaction of the virtual couplings it holds (minus the coupling force on the
+        thread), through its safety pipeline at this tick; its pose is its grasp's target (or its last stylus
+        pose when it holds nothing); `axial` is the magnitude of the thread's net constraint force at the
+        grasped vertex (N); `flags` are the pipeline's, OR the driver's (``extra_flags``). An externally
+        loaded vertex ("vertex<i>") reports the applied load, unshaped.
+        """
         out = []
         t = float(state.time[0])
-        for g in self.grasps:
-            axial = self.axial(state, g.vertex)
-            out.append(protocol.encode_force(seq, t, g.device, state.grasp_target[g.slot],
-                                             -state.grasp_force[g.slot], axial, 0))
+        raw = self._raw
+        for d in self.devices:
+            raw[0] = raw[1] = raw[2] = 0.0
+            axial = 0.0
+            pose = self.pose[d]
+            for g in self.grasps:
+                if g.device == d:
+                    raw -= state.grasp_force[g.slot]
+                    axial = max(axial, self.axial(state, g.vertex))
+                    pose = state.grasp_target[g.slot]
+            flags = self.pipes[d].step(raw, t, t, self.tick, self.force[d])
+            if extra_flags:
+                flags |= extra_flags.get(d, 0)
+            self.axial_of[d] = axial
+            self.flags[d] = flags
+            out.append(protocol.encode_force(seq, t, d, pose, self.force[d], axial, flags))
         for v in self.scenario.force_vertices:
             axial = self.axial(state, v)
             out.append(protocol.encode_force(seq, t, f"vertex{v}", state.x[v], state.ext_force[v], axial, 0))

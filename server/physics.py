@@ -22,7 +22,9 @@ import zmq
 from ..haptics.link import DeviceLink
 from ..solver.integrator import SolverDivergence, Stepper, warm_up
 from ..solver.motion import MOTION_GRASP
-from ..solver.scenario import GraspSpec, Scenario, load_scenario
+from ..solver.model import MAX_GRASPS
+from ..solver.scenario import (MAX_GRASP_DAMPING, MAX_GRASP_FORCE, MAX_GRASP_STIFFNESS, GraspSpec, Scenario,
+                               load_scenario)
 from . import protocol
 from .config import ServerConfig
 from .messages import MessageBuilder
@@ -142,10 +144,20 @@ class PhysicsLoop:
         self.stats = LoopStats(capacity=max(1, int(round(1.0 / cfg.loop.stats_hz / cfg.loop.tick_s))))
         self._pose = np.zeros(3)
         self._quat = np.zeros(4)
-        self._axial = np.zeros(3)
         self._zero3 = np.zeros(3)
         self.last_stats: dict = {}
         self.device_live: dict[str, float] = {}      # device -> last time (s, monotonic) a pose arrived
+        self.link_devices = list(cfg.link_devices)   # link slot i carries device link_devices[i], for the run
+        self.device_slot: dict[str, int] = {d: i for i, d in enumerate(self.link_devices)}
+        self.pose_t: dict[str, int] = {}             # device -> t_ns of the last link pose (for latency)
+        self.link_live: dict[str, bool] = {}         # device -> its driver is publishing poses
+        self.buttons: dict[str, int] = {}            # device -> the last button bitmask
+        self.driver_flags: dict[str, int] = {}       # device -> safety flags its driver reported
+        self.driver_error: dict[str, int] = {}       # device -> the last device error code reported
+        self.replay = None                           # device -> haptics.replay.PoseTrack (backend replay)
+        if cfg.replay:
+            from .replay_poses import load_pose_tracks
+            self.replay = load_pose_tracks(cfg.replay)
         self.install(load_scenario(cfg.scenario) if isinstance(cfg.scenario, str) else cfg.scenario)
 
     def _bind(self, kind: int, endpoint: str, max_bytes: int | None = None) -> zmq.Socket:
@@ -165,15 +177,21 @@ class PhysicsLoop:
         self.state = scenario.new_state() if state is None else state
         self.stepper = Stepper(self.model, self.state)
         self.grasps: list[GraspSpec] = list(scenario.grasps)
-        self.builder = MessageBuilder(scenario, self.grasps)
+        devices = self.all_devices([g.device for g in self.grasps])
+        self.builder = MessageBuilder(scenario, self.grasps, safety=self.cfg.safety,
+                                      limits=dict(self.cfg.device_limits), devices=devices)
         self.state_every = max(1, int(round(1.0 / (self.cfg.loop.state_hz * self.model.solver.tick))))
-        n_slots = self.link.n_devices if self.link is not None else 0
-        devices = list(dict.fromkeys(g.device for g in self.grasps))
-        self.device_slot: dict[str, int] = {d: i for i, d in enumerate(devices[:n_slots])}
         self.device_live.clear()
-        if self.cfg.device == "remote":  # no scripted stylus: every grasp waits for its device's poses
-            for g in self.grasps:
+        for g in self.grasps:
+            if self.cfg.backend_of(g.device) != "simulated":  # no scripted stylus: the grasp waits for poses
                 self.drive_with_device(g)
+
+    def all_devices(self, grasp_devices: list[str]) -> list[str]:
+        """Every device with a `force` stream, in order: the grasps' and every stylus that exists without a
+        grasp (a device on a backend other than simulated: it gets zero force while it holds nothing)."""
+        others = [d for d in (*self.link_devices, *(d.name for d in self.cfg.devices))
+                  if self.cfg.backend_of(d) != "simulated"]
+        return list(dict.fromkeys([*grasp_devices, *others]))
 
     def warm_up(self) -> None:
         """Run every kernel the loop can reach once, on copies, so that no tick loads or compiles one."""
@@ -195,6 +213,9 @@ class PhysicsLoop:
 
     def set_device_pose(self, device: str, pos: np.ndarray) -> bool:
         """Move the targets of the grasps held by ``device`` to ``pos`` (m) over the next tick."""
+        p = self.builder.pose.get(device)
+        if p is not None:
+            p[:] = pos
         hit = False
         for g in self.grasps:
             if g.device == device:
@@ -207,20 +228,124 @@ class PhysicsLoop:
         return hit
 
     # -- inputs -----------------------------------------------------------------------------------------
-    def linked_grasps(self):
-        """(grasp, link slot) for every grasp whose device has a slot in the shared-memory link."""
+    def read_link_poses(self) -> None:
+        """Take every driver's newest pose: move its grasps, act on its buttons, note its safety flags."""
         if self.link is None:
             return
-        for g in self.grasps:
-            slot = self.device_slot.get(g.device)
-            if slot is not None:
-                yield g, slot
-
-    def read_link_poses(self) -> None:
-        for g, slot in self.linked_grasps():
+        for device, slot in self.device_slot.items():
             got = self.link.read_pose(slot, self._pose, self._quat)
-            if got is not None:
-                self.set_device_pose(g.device, self._pose)
+            if got is None:
+                if self.link_live.get(device):
+                    self.link_live[device] = False
+                    self.event("device_lost", device=device)   # its grasps hold still where they are
+                continue
+            _seq, t_ns, buttons = got
+            if not self.link_live.get(device):
+                self.link_live[device] = True
+                self.event("device", device=device, state="live")
+            self.pose_t[device] = t_ns
+            self.set_device_pose(device, self._pose)
+            self.on_buttons(device, buttons, self._pose)
+            dflags = self.link.driver_flags(slot)
+            self.driver_flags[device] = dflags & 0xFFFF
+            code = dflags >> 16
+            if code != self.driver_error.get(device, 0):
+                self.driver_error[device] = code
+                if code:
+                    self.event("device_error", device=device, code=code)
+
+    def read_replay_poses(self) -> None:
+        """The replay backend: each replayed device's recorded pose at the end of this tick."""
+        t_end = float(self.state.time[0]) + self.cfg.loop.tick_s
+        for device, track in self.replay.items():
+            if self.cfg.backend_of(device) == "replay" and track.pose_at(t_end, self._pose):
+                self.set_device_pose(device, self._pose)
+
+    def on_buttons(self, device: str, buttons: int, pos: np.ndarray) -> None:
+        """The grasp button: pressed, grasp the nearest free vertex within reach; released, let go."""
+        prev = self.buttons.get(device, 0)
+        if buttons == prev:
+            return
+        self.buttons[device] = buttons
+        dc = self.cfg.device_config(device)
+        mask = dc.grasp_button
+        if buttons & mask and not prev & mask:
+            if not any(g.device == device for g in self.grasps):
+                vertex = self.nearest_free_vertex(pos, dc.grasp_radius)
+                if vertex < 0:
+                    self.event("grasp_missed", device=device, radius=dc.grasp_radius)
+                else:
+                    try:
+                        self.add_grasp(vertex, device, None, dc.stiffness, dc.damping, dc.max_force)
+                    except ValueError as exc:
+                        self.event("grasp_missed", device=device, reason=str(exc))
+        elif prev & mask and not buttons & mask:
+            for g in [g for g in self.grasps if g.device == device]:
+                self.remove_grasp(g.id)
+
+    def nearest_free_vertex(self, pos: np.ndarray, radius: float) -> int:
+        """The vertex nearest ``pos`` (m) within ``radius`` (m) that is neither pinned, driven nor held; -1 if
+        none. (Allocates: it runs on a button press, not every tick.)"""
+        d2 = ((self.state.x - pos) ** 2).sum(axis=1)
+        d2[self.model.kinematic.astype(bool)] = np.inf
+        for g in self.grasps:
+            d2[g.vertex] = np.inf
+        i = int(np.argmin(d2))
+        return i if d2[i] <= radius * radius else -1
+
+    # -- grasps -----------------------------------------------------------------------------------------
+    def add_grasp(self, vertex: int, device: str | None, gid: str | None, stiffness: float, damping: float,
+                  max_force: float) -> GraspSpec:
+        """Couple ``device`` to ``vertex`` (a virtual coupling: N/m, N s/m, N); publishes a `grasp` event.
+        Raises ValueError saying why not."""
+        n = self.model.n_vertices
+        if not -n <= vertex < n:
+            raise ValueError(f"vertex must be in [{-n}, {n - 1}]")
+        vertex %= n
+        if self.model.kinematic[vertex]:
+            raise ValueError(f"vertex {vertex} is pinned or driven")
+        used = {g.slot for g in self.grasps}
+        free = [s for s in range(MAX_GRASPS) if s not in used]
+        if not free:
+            raise ValueError(f"at most {MAX_GRASPS} grasps")
+        gid = gid if gid is not None else f"grasp{free[0]}"
+        device = device if device else gid
+        if any(g.id == gid for g in self.grasps):
+            raise ValueError(f"a grasp {gid!r} exists already")
+        # the bounds a scenario file has too (solver/scenario.py): beyond them the coupling is not a stylus
+        if not 0.0 < stiffness <= MAX_GRASP_STIFFNESS or not 0.0 <= damping <= MAX_GRASP_DAMPING or \
+                not 0.0 < max_force <= MAX_GRASP_FORCE:
+            raise ValueError(f"stiffness must be in (0, {MAX_GRASP_STIFFNESS:g}] N/m, damping in [0, "
+                             f"{MAX_GRASP_DAMPING:g}] N s/m, max_force in (0, {MAX_GRASP_FORCE:g}] N")
+        spec = GraspSpec(id=gid, slot=free[0], vertex=vertex, device=device, stiffness=stiffness,
+                         damping=damping, max_force=max_force)
+        st = self.state
+        st.grasp_vertex[spec.slot] = vertex
+        st.grasp_k[spec.slot] = spec.stiffness
+        st.grasp_c[spec.slot] = spec.damping
+        st.grasp_fmax[spec.slot] = spec.max_force
+        st.grasp_target[spec.slot] = st.x[vertex]
+        st.grasp_target_prev[spec.slot] = st.x[vertex]
+        st.grasp_force[spec.slot] = 0.0
+        self.grasps.append(spec)
+        self.builder.add_device(device)
+        self.event("grasp", id=spec.id, vertex=vertex, device=spec.device)
+        return spec
+
+    def remove_grasp(self, gid: str) -> bool:
+        """Let go of grasp ``gid``; publishes a `release` event. False if there is no such grasp."""
+        for g in self.grasps:
+            if g.id == gid:
+                st = self.state
+                st.grasp_vertex[g.slot] = -1
+                st.grasp_force[g.slot] = 0.0
+                st.grasp_vel[g.slot] = 0.0
+                self.grasps.remove(g)
+                if g.device not in self.all_devices([h.device for h in self.grasps]):
+                    self.builder.remove_device(g.device)
+                self.event("release", id=gid, device=g.device)
+                return True
+        return False
 
     def drain_stylus(self) -> None:
         for _ in range(STYLUS_DRAIN_PER_TICK):
@@ -259,13 +384,18 @@ class PhysicsLoop:
                                                                  **details))
 
     def write_forces(self, t_ns: int) -> None:
-        for g, slot in self.linked_grasps():
-            f = self.state.grasp_force[g.slot]
-            axial = self.builder.axial(self.state, g.vertex)
-            if math.isfinite(axial) and math.isfinite(f[0]) and math.isfinite(f[1]) and math.isfinite(f[2]):
-                self.link.write_force(slot, -f, axial, 0, self.seq, t_ns)
-            else:  # a NaN never reaches a motor: zero with the fault flag (the solver's own check resets)
-                self.link.write_force(slot, self._zero3, 0.0, protocol.FLAG_FAULT, self.seq, t_ns)
+        """Each linked device's force as published (after its safety pipeline) to the link."""
+        if self.link is None:
+            return
+        b = self.builder
+        for device, slot in self.device_slot.items():
+            f = b.force.get(device)
+            if f is None:
+                continue
+            axial = b.axial_of[device]
+            if not math.isfinite(axial):  # the force itself is finite (the pipeline's NaN guard)
+                axial = 0.0
+            self.link.write_force(slot, f, axial, b.flags[device], self.seq, t_ns, self.pose_t.get(device, 0))
 
     # -- the loop ---------------------------------------------------------------------------------------
     def run(self, stop=None, on_ready=None) -> None:
@@ -311,6 +441,8 @@ class PhysicsLoop:
                 pending_overruns, worst_late, last_overrun_event = 0, 0, start
             self.seq += 1
             self.read_link_poses()
+            if self.replay is not None:
+                self.read_replay_poses()
             self.drain_stylus()
             t_step = time.monotonic_ns()
             substeps = 0
@@ -321,8 +453,9 @@ class PhysicsLoop:
                     self.fault_reset(str(exc))
             step_ns = time.monotonic_ns() - t_step
             self.state.grasp_vel.fill(0.0)  # a pose moves its grasp over one tick; no pose, no motion
+            payloads = self.builder.forces(self.seq, self.state, self.driver_flags)
             self.write_forces(start)
-            for payload in self.builder.forces(self.seq, self.state):
+            for payload in payloads:
                 self.publish(protocol.TOPIC_FORCE, payload)
             if self.seq % self.state_every == 0:
                 self.publish(protocol.TOPIC_STATE, self.builder.state(self.seq, self.state))
@@ -374,6 +507,9 @@ def physics_main(cfg: ServerConfig, link_name: str | None, ready, stop, conn=Non
 
     import sys
 
+    from ..haptics.driver import die_with_parent
+
+    die_with_parent()  # a killed supervisor stops the loop too (SIGTERM: the handler below)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when to stop
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     # the control worker thread (control.py) may hold the GIL at most this long before the loop gets it back

@@ -8,13 +8,17 @@ reason, after publishing the `fault` event itself.
 """
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
+import os
 import signal
 import sys
 import time
+from dataclasses import replace
 
 import zmq
 
+from ..haptics.driver import DriverDevice, driver_main
 from ..haptics.link import DeviceLink
 from ..solver.scenario import load_scenario
 from . import protocol
@@ -26,6 +30,12 @@ from .security import check_bind_policy
 
 STOP_TIMEOUT_S = 1.5     # the physics process gets this long to stop by itself before it is killed
 READY_TIMEOUT_S = 120.0  # first start on a cold numba cache compiles every kernel
+DRIVER_READY_TIMEOUT_S = 20.0   # the device driver's start: load libHD, initialise and calibrate the devices
+DEVICE_STATS_ENV = "SUTURESIM_DEVICE_STATS"   # if set: the driver's timing summary is written there as JSON
+
+
+class DeviceStartError(RuntimeError):
+    """A device backend could not start (the message says why and what to do)."""
 
 
 class Supervisor:
@@ -37,6 +47,96 @@ class Supervisor:
         self.link: DeviceLink | None = None
         self.recorder = None
         self.recorder_stop = None
+        self.driver = None
+        self.driver_conn = None
+        self.driver_stop = None
+        self.device_summary: dict = {}
+
+    # -- device driver ----------------------------------------------------------------------------------
+    def start_driver(self, devices: list[str]) -> dict[str, float]:
+        """Start the driver process for the devices on the openhaptics backend (link slot = index in
+        ``devices``). Returns device -> nominal max continuous force (N). Raises DeviceStartError."""
+        cfg = self.cfg
+        specs = []
+        for slot, name in enumerate(devices):
+            if cfg.backend_of(name) == "openhaptics":
+                dc = cfg.device_config(name)
+                specs.append(DriverDevice(name=name, slot=slot, hd_name=dc.hd_name, transform=dc.transform,
+                                          safety=cfg.safety))
+        if not specs:
+            return {}
+        self.driver_stop = self.mp.Event()
+        self.driver_conn, child = self.mp.Pipe()
+        self.driver = self.mp.Process(target=driver_main, name="suturesim-device",
+                                      args=(specs, self.link.name, child, self.driver_stop))
+        self.driver.start()
+        if not self.driver_conn.poll(DRIVER_READY_TIMEOUT_S):
+            self.stop_driver()
+            raise DeviceStartError(f"the device driver did not start within {DRIVER_READY_TIMEOUT_S:g} s")
+        try:
+            what, arg = self.driver_conn.recv()
+        except (EOFError, OSError):
+            what, arg = "error", f"the device driver died at start (exit code {self.driver.exitcode})"
+        if what != "ready":
+            self.stop_driver()
+            raise DeviceStartError(arg)
+        limits = {}
+        for info in arg:
+            self.out(f"suturesim: {info['device']}: {info['vendor']} {info['model']} ({info['hd_name']}), nominal "
+                     f"max continuous force {info['max_continuous_force_n']:g} N, force clamp {info['clamp_n']:g} N, "
+                     f"calibration {info['calibration']}")
+            if info["max_continuous_force_n"] > 0:
+                limits[info["device"]] = float(info["max_continuous_force_n"])
+        return limits
+
+    def poll_driver(self) -> None:
+        """Report a driver that stopped by itself (a device fault or a stalled servo)."""
+        if self.driver is None or not self.driver_conn.poll(0):
+            return
+        try:
+            msg = self.driver_conn.recv()
+        except (EOFError, OSError):
+            msg = ("stopped", f"the device driver died (exit code {self.driver.exitcode})", {})
+        if msg[0] == "stopped":
+            _, reason, summary = msg
+            self.device_summary = summary
+            print(f"suturesim: device driver stopped: {reason}; its devices get no force, and their grasps hold "
+                  "still", file=sys.stderr, flush=True)
+            self.driver.join(2.0)
+            self.driver = None
+
+    def stop_driver(self) -> None:
+        """Stop the driver (every output ramps to zero, the devices are disabled) and keep its summary."""
+        if self.driver is None:
+            return
+        self.driver_stop.set()
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and (self.driver.is_alive() or self.driver_conn.poll(0)):
+            if self.driver_conn.poll(0.05):
+                try:
+                    msg = self.driver_conn.recv()
+                except (EOFError, OSError):
+                    break
+                if msg[0] == "stopped":
+                    self.device_summary = msg[2]
+                    break
+        self.driver.join(2.0)
+        if self.driver.is_alive():
+            self.driver.kill()
+        self.driver = None
+        self.report_device_summary()
+
+    def report_device_summary(self) -> None:
+        for name, s in self.device_summary.items():
+            lat, cb = s.get("latency_us", {}), s.get("callback_us", {})
+            if lat.get("count"):
+                self.out(f"suturesim: {name}: pose-to-force latency p50 {lat['p50']:.0f} µs, p99 {lat['p99']:.0f} "
+                         f"µs, max {lat['max']:.0f} µs over {lat['count']} forces; servo callback p99 "
+                         f"{cb.get('p99', 0):.0f} µs, max {cb.get('max', 0):.0f} µs; HD errors {s['errors'] or 'none'}")
+        path = os.environ.get(DEVICE_STATS_ENV)
+        if path and self.device_summary:
+            with open(path, "w") as f:
+                json.dump(self.device_summary, f, indent=1)
 
     # -- recorder ---------------------------------------------------------------------------------------
     def start_recording(self, path: str, name: str, file: str, source: dict) -> None:
@@ -85,9 +185,25 @@ class Supervisor:
         for line in check_bind_policy(cfg.endpoints.all(), cfg.security):
             print(line, file=sys.stderr, flush=True)
         scenario = load_scenario(cfg.scenario)
-        devices = list(dict.fromkeys(g.device for g in scenario.grasps))
+        devices = list(dict.fromkeys([*(g.device for g in scenario.grasps), *(d.name for d in cfg.devices)]))
         self.link = DeviceLink.create(max(1, len(devices)))
         self.link.zero_forces(0, time.monotonic_ns())   # zero force on start
+        try:
+            limits = self.start_driver(devices)
+        except DeviceStartError as exc:
+            if cfg.device_fallback != "simulated":
+                print(f"suturesim: {exc}", file=sys.stderr, flush=True)
+                self.link.close()
+                self.link.unlink()
+                return 2
+            print(f"suturesim: {exc}; falling back to the simulated stylus (device_fallback: simulated)",
+                  file=sys.stderr, flush=True)
+            cfg = replace(cfg, device="simulated" if cfg.device == "openhaptics" else cfg.device,
+                          devices=tuple(replace(d, backend=None if d.backend == "openhaptics" else d.backend)
+                                        for d in cfg.devices))
+            limits = {}
+        cfg = replace(cfg, link_devices=tuple(devices), device_limits=tuple(limits.items()))
+        self.cfg = cfg
         previous = {s: signal.signal(s, lambda *_: self.stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
         restarts = 0
         fault_note = None
@@ -120,6 +236,7 @@ class Supervisor:
                              f"control on {cfg.endpoints.control}, stylus on {cfg.endpoints.stylus} "
                              f"(first tick {time.monotonic() - t_start:.2f} s after start)")
                 while proc.is_alive() and not self.stop.is_set():
+                    self.poll_driver()
                     if conn.poll(0.05):
                         try:
                             what, arg = conn.recv()
@@ -149,6 +266,7 @@ class Supervisor:
                 break
         finally:
             self.link.zero_forces(protocol.FLAG_FAULT if code else 0, time.monotonic_ns())  # zero on stop
+            self.stop_driver()
             self.stop_recording()
             self.link.close()
             self.link.unlink()
