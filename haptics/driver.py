@@ -14,6 +14,7 @@ killed server never leaves a motor pushing.
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import sys
 import time
@@ -26,6 +27,7 @@ from .servo import Servo
 from .transform import DeviceTransform
 
 POLL_S = 0.005
+SERVO_PRIORITY = 60     # above the physics loop's default 50: the servo tick is short and must never wait
 PR_SET_PDEATHSIG = 1
 
 
@@ -49,12 +51,32 @@ def die_with_parent() -> None:
         pass
 
 
+def realtime_servo(priority: int = SERVO_PRIORITY) -> None:
+    """SCHED_FIFO for this thread and the threads it creates afterwards (the HD scheduler's servo thread
+    inherits it), as OpenHaptics runs its servo loop, on the CPUs the physics loop does not pin; quietly
+    normal priority where it is not permitted."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    except (PermissionError, OSError, AttributeError):
+        pass
+    try:  # off the CPU the physics loop pins itself to (the last one), when there is another
+        allowed = sorted(os.sched_getaffinity(0))
+        if len(allowed) > 1:
+            os.sched_setaffinity(0, allowed[:-1])
+    except (OSError, AttributeError):
+        pass
+
+
 def driver_main(devices: list[DriverDevice], link_name: str, conn, stop) -> None:
     """Entry point of the driver process (multiprocessing, spawn). ``conn``: a Pipe end to the supervisor;
     ``stop``: a multiprocessing Event."""
     die_with_parent()
+    realtime_servo()
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # the supervisor decides when to stop
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # a plain flag: a multiprocessing Event set from a signal handler can deadlock on its own lock, which the
+    # interrupted main thread may hold inside stop.wait()
+    terminated = []
+    signal.signal(signal.SIGTERM, lambda *_: terminated.append(True))
     link = DeviceLink.attach(link_name)
 
     def factory(dev: DriverDevice):
@@ -74,7 +96,7 @@ def driver_main(devices: list[DriverDevice], link_name: str, conn, stop) -> None
         sys.exit(2)
     conn.send(("ready", infos))
     reason = None
-    while not stop.wait(POLL_S):
+    while not terminated and not stop.wait(POLL_S):
         reason = driver.poll()
         if reason is not None:
             break

@@ -306,8 +306,9 @@ class OpenHapticsDriver:
                     dev.stop_reason = f"{dev.spec.name}: the servo callback kept failing ({dev.last_exception})"
             t1 = monotonic_ns()
             dev.last_ns = t1
-            dev.callback_ns[dev.n_callbacks & (CALLBACK_CAPACITY - 1)] = t1 - t0
-            dev.n_callbacks += 1
+            if servo.stats_from_ns and t0 >= servo.stats_from_ns:   # the servo's steady state, as latency
+                dev.callback_ns[dev.n_callbacks & (CALLBACK_CAPACITY - 1)] = t1 - t0
+                dev.n_callbacks += 1
             # a fatal device error: the zero force above went out in this frame; now stop calling us
             return HD_CALLBACK_DONE if dev.stop_reason is not None else HD_CALLBACK_CONTINUE
 
@@ -359,6 +360,8 @@ class OpenHapticsDriver:
             cb = dev.callback_ns[:n] / 1000.0
             out[dev.spec.name] = {
                 "latency_us": _percentiles(lat), "callback_us": _percentiles(cb), "callbacks": dev.n_callbacks,
+                # forces by latency, in 1 ms bins: [0, 1), [1, 2), ..., [9, 10), >= 10 ms
+                "latency_hist_ms": np.bincount(np.minimum(lat // 1000.0, 10).astype(int), minlength=11).tolist(),
                 "errors": {error_name(c): k for c, k in dev.errors.items()}, "exceptions": dev.exceptions,
                 "last_exception": dev.last_exception}
         return out

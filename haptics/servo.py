@@ -25,6 +25,8 @@ from .transform import DeviceTransform
 
 BACKSTOP_SLEW_FACTOR = 3.0
 LATENCY_CAPACITY = 1 << 16     # samples kept for the pose-to-force latency and callback-time statistics
+STATS_AFTER_S = 1.0            # timings are kept from this long after the first fresh force: the start-up of
+                               # the physics process (loading every kernel) is not the servo's steady state
 
 
 def backstop_config(cfg: SafetyConfig) -> SafetyConfig:
@@ -65,6 +67,7 @@ class Servo:
         # force computed from it
         self.latency_ns = np.zeros(LATENCY_CAPACITY, dtype=np.int64)
         self.n_latency = 0
+        self.stats_from_ns = 0          # 0 until the first fresh force; then when statistics start
 
     def reset(self) -> None:
         """Zero the output state (start, or after the device itself cut the force)."""
@@ -86,7 +89,9 @@ class Servo:
             if seq != self._last_seq:
                 self._last_seq = seq
                 pose_t = self._pose_t[0]
-                if pose_t > 0:
+                if not self.stats_from_ns and pose_t > 0:
+                    self.stats_from_ns = now_ns + int(STATS_AFTER_S * 1e9)
+                if pose_t > 0 and now_ns >= self.stats_from_ns:
                     self.latency_ns[self.n_latency & (LATENCY_CAPACITY - 1)] = now_ns - pose_t
                     self.n_latency += 1
         dt = (now_ns - self._last_ns) * 1e-9 if self._last_ns else 1e-3
@@ -106,7 +111,8 @@ class Servo:
         self.flags = FLAG_FAULT
 
     def latencies_us(self) -> np.ndarray:
-        """The recorded pose-to-force latencies (µs), oldest first (at most LATENCY_CAPACITY)."""
+        """The recorded pose-to-force latencies (µs), oldest first (at most LATENCY_CAPACITY), from
+        ``STATS_AFTER_S`` after the first force computed from one of this device's poses."""
         n = min(self.n_latency, LATENCY_CAPACITY)
         if self.n_latency <= LATENCY_CAPACITY:
             return self.latency_ns[:n] / 1000.0

@@ -91,6 +91,7 @@ class DeviceConfig:
     stiffness: float = 1000.0             # N/m: the virtual coupling of a button grasp
     damping: float = 0.5                  # N s/m
     max_force: float = 3.0                # N
+    max_speed: float = 1.0                # m/s: a grasp follows its stylus at most this fast (no teleports)
 
 
 @dataclass(frozen=True)
@@ -384,7 +385,8 @@ def _devices(sec: Section) -> tuple[DeviceConfig, ...]:
             grasp_radius=d.get("grasp_radius", float, DeviceConfig.grasp_radius, above=0.0, maxval=1.0),
             stiffness=d.get("stiffness", float, DeviceConfig.stiffness, above=0.0, maxval=1e6),
             damping=d.get("damping", float, DeviceConfig.damping, minval=0.0, maxval=1e3),
-            max_force=d.get("max_force", float, DeviceConfig.max_force, above=0.0, maxval=100.0))
+            max_force=d.get("max_force", float, DeviceConfig.max_force, above=0.0, maxval=100.0),
+            max_speed=d.get("max_speed", float, DeviceConfig.max_speed, above=0.0, maxval=100.0))
         d.finish()
         out.append(cfg)
     sec.finish()

@@ -33,6 +33,11 @@ from .security import SocketSecurity
 STYLUS_MAX_POS_M = 10.0        # a remote pose farther than this from the origin is rejected
 STYLUS_DRAIN_PER_TICK = 32     # remote stylus messages read per tick at most
 CATCH_UP_TICKS = 50            # further behind than this, the schedule is re-anchored (and an event says so)
+# Phase lock to a device's servo clock: start each tick this long after the device's newest pose, so the force
+# is ready for the servo's next callback (pose-to-force = one servo period) instead of, at an unlucky phase,
+# the one after it. The schedule moves by at most PHASE_STEP_NS per tick (0.5 % of a 1 ms tick).
+PHASE_TARGET_NS = 100_000
+PHASE_STEP_NS = 5_000
 
 
 @dataclass
@@ -154,6 +159,9 @@ class PhysicsLoop:
         self.buttons: dict[str, int] = {}            # device -> the last button bitmask
         self.driver_flags: dict[str, int] = {}       # device -> safety flags its driver reported
         self.driver_error: dict[str, int] = {}       # device -> the last device error code reported
+        self.phase_device: str | None = None         # the live linked device whose servo clock the loop follows
+        self.max_step: dict[str, float] = {}         # device -> the most its grasp target moves per tick (m)
+        self.goal: dict[str, np.ndarray] = {}        # device -> where its stylus is (m): its grasps follow
         self.replay = None                           # device -> haptics.replay.PoseTrack (backend replay)
         if cfg.replay:
             from .replay_poses import load_pose_tracks
@@ -212,20 +220,43 @@ class PhysicsLoop:
         self.stepper = Stepper(self.model, self.state)
 
     def set_device_pose(self, device: str, pos: np.ndarray) -> bool:
-        """Move the targets of the grasps held by ``device`` to ``pos`` (m) over the next tick."""
+        """The stylus of ``device`` is at ``pos`` (m): its grasps follow (:meth:`follow_styluses`). False if the
+        device holds no grasp."""
         p = self.builder.pose.get(device)
         if p is not None:
             p[:] = pos
+        goal = self.goal.get(device)
+        if goal is None:
+            goal = self.goal[device] = np.zeros(3)
+            self.max_step[device] = self.cfg.device_config(device).max_speed * self.cfg.loop.tick_s
+        goal[:] = pos
         hit = False
         for g in self.grasps:
             if g.device == device:
                 if device not in self.device_live:
                     self.drive_with_device(g)
-                self.state.grasp_vel[g.slot] = (pos - self.state.grasp_target[g.slot]) / self.cfg.loop.tick_s
                 hit = True
         if hit:
             self.device_live[device] = time.monotonic()
         return hit
+
+    def follow_styluses(self) -> None:
+        """Move every device-driven grasp target toward its stylus over this tick, at most at the device's
+        ``max_speed``: a stylus that jumps (a device coming live far from its grasp, a grasp taken at a vertex
+        away from the stylus, a reset) drags its grasp there at that speed instead of teleporting it, which
+        would whip the thread."""
+        tick = self.cfg.loop.tick_s
+        for g in self.grasps:
+            goal = self.goal.get(g.device)
+            if goal is None:
+                continue
+            step_max = self.max_step[g.device]
+            vel = self.state.grasp_vel[g.slot]
+            target = self.state.grasp_target[g.slot]
+            dx, dy, dz = goal[0] - target[0], goal[1] - target[1], goal[2] - target[2]
+            d = math.sqrt(dx * dx + dy * dy + dz * dz)
+            s = 1.0 / tick if d <= step_max else step_max / (d * tick)
+            vel[0], vel[1], vel[2] = dx * s, dy * s, dz * s
 
     # -- inputs -----------------------------------------------------------------------------------------
     def read_link_poses(self) -> None:
@@ -237,11 +268,15 @@ class PhysicsLoop:
             if got is None:
                 if self.link_live.get(device):
                     self.link_live[device] = False
+                    if self.phase_device == device:
+                        self.phase_device = None
                     self.event("device_lost", device=device)   # its grasps hold still where they are
                 continue
             _seq, t_ns, buttons = got
             if not self.link_live.get(device):
                 self.link_live[device] = True
+                if self.phase_device is None:
+                    self.phase_device = device
                 self.event("device", device=device, state="live")
             self.pose_t[device] = t_ns
             self.set_device_pose(device, self._pose)
@@ -441,9 +476,16 @@ class PhysicsLoop:
                 pending_overruns, worst_late, last_overrun_event = 0, 0, start
             self.seq += 1
             self.read_link_poses()
+            if self.phase_device is not None:
+                lag = start - self.pose_t[self.phase_device]
+                if 0 <= lag < 4 * tick_ns:   # a fresh pose; a stale one says nothing about the servo's phase
+                    # positive: this tick started too long after the pose (wrapped into half a tick either way)
+                    err = (lag - PHASE_TARGET_NS + tick_ns // 2) % tick_ns - tick_ns // 2
+                    t0 -= max(-PHASE_STEP_NS, min(PHASE_STEP_NS, err // 4))
             if self.replay is not None:
                 self.read_replay_poses()
             self.drain_stylus()
+            self.follow_styluses()
             t_step = time.monotonic_ns()
             substeps = 0
             if not self.paused:
@@ -452,7 +494,7 @@ class PhysicsLoop:
                 except SolverDivergence as exc:
                     self.fault_reset(str(exc))
             step_ns = time.monotonic_ns() - t_step
-            self.state.grasp_vel.fill(0.0)  # a pose moves its grasp over one tick; no pose, no motion
+            self.state.grasp_vel.fill(0.0)  # follow_styluses sets the grasps' motion for each tick afresh
             payloads = self.builder.forces(self.seq, self.state, self.driver_flags)
             self.write_forces(start)
             for payload in payloads:

@@ -248,8 +248,11 @@ def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, scale: bo
 
 def grasp_tension_floor(state: ThreadState) -> float:
     """The tension (N) the grasps can put into the thread during the next tick: each coupling's force if its
-    vertex stayed where it is, min(max_force, k |p - x|). A stylus far from its vertex is about to pull."""
+    vertex stayed where it is, min(max_force, k |p - x|). A stylus far from its vertex is about to pull. At an
+    end of the thread, a coupling pushing the end back along the thread compresses it rather than pulls, and
+    counts 0 (stability.py: compression sets no step limit)."""
     floor = 0.0
+    last = state.x.shape[0] - 1
     for g in range(state.grasp_vertex.shape[0]):
         v = state.grasp_vertex[g]
         if v < 0:
@@ -257,6 +260,12 @@ def grasp_tension_floor(state: ThreadState) -> float:
         dx = state.grasp_target[g, 0] - state.x[v, 0]
         dy = state.grasp_target[g, 1] - state.x[v, 1]
         dz = state.grasp_target[g, 2] - state.x[v, 2]
+        if v == 0 or v == last:
+            w = 1 if v == 0 else last - 1       # the end's neighbour: the coupling pulls if it points away
+            outward = (dx * (state.x[v, 0] - state.x[w, 0]) + dy * (state.x[v, 1] - state.x[w, 1])
+                       + dz * (state.x[v, 2] - state.x[w, 2]))
+            if outward < 0.0:
+                continue
         f = min(state.grasp_fmax[g], state.grasp_k[g] * math.sqrt(dx * dx + dy * dy + dz * dz))
         floor = max(floor, f)
     return floor

@@ -251,6 +251,54 @@ def build_scenario(data: dict, file: str) -> Scenario:
                     source=data)
 
 
+PATH_POINTS_PER_TURN = 48   # a circle as a 48-gon: the chord sits 0.2 % of the radius inside the arc
+
+
+def _unit(es: Section, key: str, default: list) -> np.ndarray:
+    v = np.array(es.vector(key, 3, default, nonzero=True))
+    return v / np.linalg.norm(v)
+
+
+def _scripted_path(es: Section, here: np.ndarray, a: float, b: float) -> np.ndarray:
+    """The named stylus motions (docs/SCENARIOS.md, `path`), from position ``here`` (m) over [a, b] (s), as
+    waypoints [[t, x, y, z], ...]: a scripted stylus runs them as a piecewise-linear path."""
+    name = es.get("path", str, choices=("circle", "lift_and_pull", "wrap"))
+    if name == "lift_and_pull":
+        lift = es.get("lift", float, minval=0.0, maxval=10.0)
+        pull = np.array(es.vector("pull", 3))
+        up = here + np.array([0.0, 0.0, lift])
+        return np.array([[a, *here], [a + (b - a) / 3.0, *up], [b, *(up + pull)]])
+    turns = es.get("turns", float, 1.0, above=0.0, maxval=100.0)
+    m = max(2, int(np.ceil(PATH_POINTS_PER_TURN * turns)))
+    phase = np.linspace(0.0, 2.0 * np.pi * turns, m + 1)
+    if name == "circle":
+        radius = es.get("radius", float, above=0.0, maxval=10.0)
+        normal = _unit(es, "normal", [0.0, 0.0, 1.0])
+        # u: the direction from the centre to the start, any unit vector normal to `normal`
+        e = np.eye(3)[int(np.argmin(np.abs(normal)))]
+        u = np.cross(normal, e)
+        u /= np.linalg.norm(u)
+        w = np.cross(normal, u)
+        centre = here - radius * u
+        pts = centre + radius * (np.cos(phase)[:, None] * u + np.sin(phase)[:, None] * w)
+    else:  # wrap: helical turns round the line through `around` along `axis`, from where the stylus is
+        axis = _unit(es, "axis", [1.0, 0.0, 0.0])
+        around = np.array(es.vector("around", 3))
+        advance = es.get("advance", float, 0.0)
+        r_vec = here - around - np.dot(here - around, axis) * axis
+        radius = np.linalg.norm(r_vec)
+        if radius < 1e-6:
+            raise es.error("around", "the stylus is on the axis: a wrap needs it off the axis")
+        u = r_vec / radius
+        w = np.cross(axis, u)
+        base = here - r_vec
+        pts = (base + radius * (np.cos(phase)[:, None] * u + np.sin(phase)[:, None] * w)
+               + (phase / phase[-1] * advance)[:, None] * axis)
+    pts[0] = here
+    times = np.linspace(a, b, m + 1)
+    return np.column_stack([times, pts])
+
+
 def _timeline(entries: list[Section], n: int, x0: np.ndarray, kinematic: list[int],
               grasps: dict[str, GraspSpec], grasp_targets: list) -> dict:
     kind, index, t0, t1, vel = [], [], [], [], []
@@ -296,9 +344,21 @@ def _timeline(entries: list[Section], n: int, x0: np.ndarray, kinematic: list[in
                 raise es.error("grasp", f"no grasp {gid!r} in boundary.grasps")
             i = grasps[gid].slot
             k, start = MOTION_GRASP, np.asarray(grasp_targets[i])
-        modes = [m for m in ("velocity", "move_to", "waypoints") if es.has(m)]
+        modes = [m for m in ("velocity", "move_to", "waypoints", "path") if es.has(m)]
         if len(modes) != 1:
-            raise es.error("velocity", "give exactly one of: velocity, move_to, waypoints")
+            raise es.error("velocity", "give exactly one of: velocity, move_to, waypoints, path")
+        if modes[0] == "path":
+            a = es.get("from", float, 0.0, minval=0.0)
+            b = es.get("to", float, above=a)
+            arr = _scripted_path(es, position_at(k, i, a, start), a, b)
+            for p, q in zip(arr[:-1], arr[1:]):
+                kind.append(k)
+                index.append(i)
+                t0.append(p[0])
+                t1.append(q[0])
+                vel.append(list((q[1:] - p[1:]) / (q[0] - p[0])))
+            es.finish()
+            continue
         if modes[0] == "waypoints":
             wps = es.raw("waypoints")
             try:

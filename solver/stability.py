@@ -8,7 +8,11 @@ count:
   (model.bend_gersh) and scaled by the current hinge's stiffening factor (E'' + |E'|)/E''(0) of
   E(phi) = tan^2(phi/2), which grows as a hinge folds;
 - the geometric stiffness of tension: a segment under tension T acts transversally as a spring T / l, so a
-  vertex gets 2 (|T_{j-1}| / l_{j-1} + |T_j| / l_j) (the string mode of a taut thread).
+  vertex gets 2 (T_{j-1} / l_{j-1} + T_j / l_j) (the string mode of a taut thread). Only tension counts: a
+  compressed segment (T < 0) has a negative geometric stiffness, which makes the thread buckle (a growing mode
+  that explicit Verlet follows at its physical rate, r + 1/r = 2 + h^2 |lambda|) and sets no step limit. Counting
+  it would slow a compressed thread's buckling by mass scaling, so a thread pushed back along itself, as by a
+  stylus easing off a taut pull, would stay straight and keep pushing for seconds.
 Grasp couplings are integrated implicitly and the stretch of extensible threads is a compliant constraint, so
 neither limits the step. Light, stiff sutures need many substeps (bench-suture: docs/BENCHMARKS.md).
 """
@@ -43,13 +47,13 @@ def fold_factor(x: np.ndarray) -> float:
 def vertex_stiffness(i: int, bend_gersh: np.ndarray, fac: float, rest: np.ndarray, tension: np.ndarray,
                      tension_margin: float) -> float:
     """Gershgorin row sum (N/m) of vertex i: bending scaled by the fold factor, plus the geometric stiffness
-    2 (|T_{i-1}|/l_{i-1} + |T_i|/l_i) of the tensions (times tension_margin)."""
+    2 (T_{i-1}/l_{i-1} + T_i/l_i) of the tensions (times tension_margin; compression counts 0)."""
     n = bend_gersh.shape[0]
     k = bend_gersh[i] * fac
     if i > 0:
-        k += 2.0 * abs(tension[i - 1]) * tension_margin / rest[i - 1]
+        k += 2.0 * max(tension[i - 1], 0.0) * tension_margin / rest[i - 1]
     if i < n - 1:
-        k += 2.0 * abs(tension[i]) * tension_margin / rest[i]
+        k += 2.0 * max(tension[i], 0.0) * tension_margin / rest[i]
     return k
 
 
@@ -105,9 +109,9 @@ def scale_masses(mass: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray,
         else:
             k = bend_gersh[i] * fold
             if i > 0:
-                k += 2.0 * max(abs(tension[i - 1]) / max(f_left, f_here), tension_floor) * tension_margin / rest[i - 1]
+                k += 2.0 * max(tension[i - 1] / max(f_left, f_here), tension_floor) * tension_margin / rest[i - 1]
             if i < n - 1:
-                k += 2.0 * max(abs(tension[i]) / max(f_here, f_right), tension_floor) * tension_margin / rest[i]
+                k += 2.0 * max(tension[i] / max(f_here, f_right), tension_floor) * tension_margin / rest[i]
             if k * inv_mass[i] > lim:
                 m_new = k / lim
                 out[i] = 1.0 / m_new

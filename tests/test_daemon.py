@@ -55,12 +55,12 @@ def free_ports(k: int) -> list[int]:
 class Daemon:
     """`suturesim serve` in a subprocess (its own session, so the finalizer can reap every child)."""
 
-    def __init__(self, *extra: str):
+    def __init__(self, *extra: str, env: dict | None = None):
         self.ports = free_ports(3)
         self.pub, self.control, self.stylus = (f"tcp://127.0.0.1:{p}" for p in self.ports)
         cmd = [sys.executable, "-m", "suturesim.server.cli", "serve", "--pub", self.pub, "--control", self.control,
                "--stylus", self.stylus, *extra]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                      start_new_session=True)
         self.stdout: list[str] = []
