@@ -399,8 +399,12 @@ class PhysicsLoop:
                 if not (math.isfinite(x) and math.isfinite(y) and math.isfinite(z)) or \
                         x * x + y * y + z * z > STYLUS_MAX_POS_M ** 2:
                     raise ValueError
+                buttons = msg.get("buttons", 0)
+                if isinstance(buttons, bool) or not isinstance(buttons, int) or not 0 <= buttons <= 0xFFFFFFFF:
+                    raise ValueError
                 self._pose[0], self._pose[1], self._pose[2] = x, y, z
-                if self.set_device_pose(device, self._pose):
+                self.on_buttons(device, buttons, self._pose)
+                if self.set_device_pose(device, self._pose) or buttons:
                     self.stats.stylus_accepted += 1
                 else:
                     self.stats.stylus_rejected += 1

@@ -20,6 +20,7 @@ import pytest
 
 from suturesim.haptics import emulator as emu
 from suturesim.server import protocol
+from suturesim.server.recording import read_messages
 from test_daemon import Daemon, Sub, wait_for
 
 CLAMP_N = 0.88          # the emulator's HD_NOMINAL_MAX_CONTINUOUS_FORCE: the clamp (config allows 3 N)
@@ -276,3 +277,39 @@ def test_stuck_servo_callback_stops_the_device_and_the_server_runs_on(rig):
     assert emu.LOG_STUCK in kinds and emu.LOG_MOTORS_OFF in kinds
     assert r.d.status()["t"] > 0.0        # physics runs on without the device
     assert r.stop() == 0
+
+
+# --------------------------------------------------------------------------------------------------- replay
+def test_replay_backend_plays_recorded_stylus_poses(tmp_path):
+    """`--device replay`: the stylus follows the recording's poses tick by tick (scene time to scene time)."""
+    rec = tmp_path / "scripted.mcap"
+    done = subprocess.run([sys.executable, "-m", "suturesim.server.cli", "run", "default", "--duration", "4",
+                           "--record", str(rec)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    recorded = {}
+    for topic, payload, _, _ in read_messages(rec):
+        if topic == "force":
+            m = protocol.decode_force(payload)
+            recorded[round(m["t"], 6)] = m["pose"]
+    d = Daemon("--device", "replay", "--replay", str(rec))
+    try:
+        d.wait_serving()
+        sub = Sub(d.pub, (protocol.TOPIC_FORCE,))
+        sub.wait_live()
+        got = [protocol.decode(p, t) for _, t, p in sub.collect(1.5)]
+        sub.close()
+    finally:
+        d.close()
+    pairs = [(m["pose"], recorded[round(m["t"], 6)]) for m in got
+             if m["device"] == "stylus0" and round(m["t"], 6) in recorded]
+    assert len(pairs) > 1000
+    err = max(float(np.abs(np.subtract(a, b)).max()) for a, b in pairs)
+    assert err < 1e-9, err          # the default path moves slower than max_speed: no lag
+    moved = max(float(np.linalg.norm(np.subtract(a, pairs[0][0]))) for a, _ in pairs)
+    assert moved > 0.01             # and it did move
+
+
+def test_replay_without_a_recording_is_a_config_error(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "suturesim.server.cli", "serve", "--device", "replay"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "replay" in done.stderr and "recording" in done.stderr, done.stderr

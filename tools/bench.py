@@ -13,6 +13,8 @@ Three measurements (docs/BENCHMARKS.md shows a full run and explains the method)
 4. ``loop``: the 1 kHz loop of ``suturesim serve`` run as a subprocess (tools/bench_loop.py): tick lateness
    from the server's own ``stats`` with 0, 1 and 8 subscribers and with the other CPU busy, and the time to the
    first tick with a cold and a warm numba cache.
+5. ``haptics``: ``suturesim serve --device openhaptics`` through the libHD emulator (tools/bench_haptics.py):
+   pose-to-force latency, the servo callback's time, and what the motors were given.
 
 Every timing is repeated; tables give the best (min) and the median of the repeats. The garbage collector
 is off inside timed regions (as in ``timeit``). Entry point: ``main(argv) -> int``.
@@ -611,13 +613,15 @@ def main(argv: list[str] | None = None) -> int:
         prog="suturesim bench",
         description="Time the solver against segment count, scenarios' real-time factors, PyElastica and the "
                     "1 kHz loop of `suturesim serve`.")
-    parser.add_argument("what", nargs="?", choices=("solver", "suture", "loop", "all"), default="all",
+    parser.add_argument("what", nargs="?", choices=("solver", "suture", "loop", "haptics", "all"), default="all",
                         help="solver: step time against N; suture: scenarios and PyElastica; loop: the 1 kHz "
-                             "loop of `suturesim serve` (lateness, subscribers, start-up); all: every one")
+                             "loop of `suturesim serve` (lateness, subscribers, start-up); haptics: pose-to-force "
+                             "latency and servo callback time through the OpenHaptics emulator; all: every one")
     parser.add_argument("--quick", action="store_true", help="short measurements (a smoke test)")
     parser.add_argument("--out", metavar="FILE", help="(re)write this markdown file, e.g. docs/BENCHMARKS.md")
     parser.add_argument("--no-elastica", action="store_true", help="skip the PyElastica comparison")
-    parser.add_argument("--no-loop", action="store_true", help="with `all`: skip the server loop measurement")
+    parser.add_argument("--no-loop", action="store_true",
+                        help="with `all`: skip the server loop and haptics measurements")
     args = parser.parse_args(argv)
     budget = QUICK if args.quick else FULL
 
@@ -662,6 +666,13 @@ def main(argv: list[str] | None = None) -> int:
         emit(loop_lines)
     elif args.what == "all":
         log("server loop skipped (--no-loop)")
+    haptics_lines = None
+    if args.what == "haptics" or (args.what == "all" and not args.no_loop):
+        from .bench_haptics import measure_haptics, render_haptics
+
+        log("haptics ...")
+        haptics_lines = render_haptics(measure_haptics(args.quick, log))
+        emit(haptics_lines)
     emit(NOTES)
     log(f"done in {time.perf_counter() - t_start:.0f} s")
 
@@ -669,11 +680,12 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         text = "\n".join(doc)
-        if args.what == "loop" and out.exists():
-            # `bench loop --out` updates section 4 of an existing document and keeps sections 1-3
-            from .bench_loop import splice_loop_section
+        if args.what in ("loop", "haptics") and out.exists():
+            # `bench loop|haptics --out` updates its own section of an existing document and keeps the others
+            from .bench_loop import splice_section
 
-            text = splice_loop_section(out.read_text(), loop_lines, f"{command.strip()}", info["date"])
+            text = splice_section(out.read_text(), loop_lines if args.what == "loop" else haptics_lines,
+                                  f"{command.strip()}", info["date"])
         out.write_text(text.rstrip() + "\n")
         log(f"wrote {out}")
     return 0

@@ -643,13 +643,15 @@ def render_loop(res: LoopResult) -> list[str]:
     return out
 
 
-def splice_loop_section(existing: str, section: list[str], command: str, date: str) -> str:
-    """``existing`` (a document written by `suturesim bench`) with its section 4 replaced by ``section`` --
-    or, if it has none, ``section`` inserted before "## Notes on method" (or at the end) -- and a line saying
-    which command produced it. Sections 1-3 and the notes stay as they were."""
+def splice_section(existing: str, section: list[str], command: str, date: str) -> str:
+    """``existing`` (a document written by `suturesim bench`) with the numbered section that ``section``
+    starts with ("## 4. ...") replaced by ``section`` -- or, if it has none, ``section`` inserted before
+    "## Notes on method" (or at the end) -- and a line saying which command produced it. The other sections
+    stay as they were."""
     lines = existing.rstrip("\n").split("\n")
+    number = section[0].split()[1]            # "4."
     section = [section[0], "", f"*This section: `{command}`, {date}.*", *section[1:]]
-    start = next((i for i, line in enumerate(lines) if line.startswith("## 4.")), None)
+    start = next((i for i, line in enumerate(lines) if line.startswith(f"## {number}")), None)
     if start is not None:
         end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
     else:
