@@ -313,3 +313,40 @@ def test_replay_without_a_recording_is_a_config_error(tmp_path):
     done = subprocess.run([sys.executable, "-m", "suturesim.server.cli", "serve", "--device", "replay"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "replay" in done.stderr and "recording" in done.stderr, done.stderr
+
+
+def test_two_openhaptics_devices_each_get_their_own_force(rig):
+    """Two Touch devices (one HD scheduler) hold the two ends of the two-hand scene; the same scripted hand path,
+    mirrored by the second device's transform, pulls them apart: each device's motors get its own stream."""
+    config = """\
+scenario: two-hand-knot
+device: openhaptics
+devices:
+  stylus0:
+    hd_name: Right Touch
+    transform: {rotation_deg: [0, 0, 0], scale: 0.001, offset: [0.45, 0.0, 0.0]}
+  stylus1:
+    hd_name: Left Touch
+    transform: {rotation_deg: [0, 0, 180], scale: 0.001, offset: [0.0, 0.0, 0.0]}
+"""
+    script = [(0.0, 0.0, 0, 0, 0), (4.0, 0.0, 0, 0, 0), (5.0, 10.0, 0, 0, 0), (60.0, 10.0, 0, 0, 0)]
+    r = rig(script=script, config=config).serve()
+    wait_for(lambda: any(m["pose"][0] > 0.459 for m in r.forces("stylus0")), 20.0, what="the hands apart")
+    time.sleep(0.5)
+    assert r.stop() == 0, r.d.output()
+    log = r.emulator()
+    f = log[log["kind"] == emu.LOG_FORCE]
+    t_first = r.msgs[0][0] * 1e9 + 5e6
+    for handle, device, sign in ((0, "stylus0", -1.0), (1, "stylus1", -1.0)):
+        mine = f[(f["d"] == handle) & (f["t_ns"] > t_first)]
+        vec = np.column_stack([mine["a"], mine["b"], mine["c"]])
+        published = {tuple(m["force"]) for m in r.forces(device)}
+        # each device's motors got its own published stream; the second device's frame is turned by 180°
+        # about z, so its device-frame force is the published one with x and y negated
+        # (R^T f for R = Rz(180°) is exact only to rounding: compare to 1e-12 N)
+        turned = {tuple(np.round((-x, -y, z) if handle == 1 else (x, y, z), 12)) for x, y, z in published}
+        live = vec[np.linalg.norm(vec, axis=1) > 0][-300:]
+        hits = np.mean([tuple(np.round(v, 12)) in turned for v in live])
+        assert len(live) == 300 and hits > 0.95, (device, hits)
+        # pulled apart: each hand is pulled back toward the other (device frame: -x for both)
+        assert sign * vec[-400:-300, 0].mean() > 0.5, (device, vec[-400:-300].mean(axis=0))
