@@ -225,7 +225,9 @@ class ForceSafety:
                 ny = y / m
                 nz = z / m
                 hn = _hypot(nx, ny, nz)          # in [1, sqrt(3)]
-                mag = m * hn * self._scale       # may be inf for huge inputs: fine for the comparison
+                # scale first: m * hn alone can overflow to inf when a tiny scale would bring it in range; the
+                # product may still be inf for huge inputs, which is fine for the comparison
+                mag = m * (hn * self._scale)
                 if mag > lim:
                     f = lim / hn
                     tx = nx * f

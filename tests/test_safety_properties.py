@@ -50,15 +50,15 @@ DT = 1e-3
 REL = 1e-12  # relative tolerance for rounding
 MAX_STEPS = 200
 
-SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# derandomize: CI runs the same examples every time (a failure reproduces); no example database in the tree
+SETTINGS = dict(deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 # ------------------------------------------------------------------------------------------- strategies
 
-# Tiny but valid scales (below ~1e-306) combined with inputs near the float64 maximum trigger a wrong clamp
-# (see test_tiny_scale_with_huge_input_is_not_clamped_BUG); the general strategies keep scale out of that
-# band so that the other properties are exercised. Drop the band once the bug is fixed.
-scales = st.one_of(st.just(0.0), st.just(1.0), st.floats(1e-300, 10.0))
-scales_full = st.floats(0.0, 10.0)  # every valid scale, subnormals included
+# every valid scale, subnormals included (tiny scales with inputs near the float64 maximum once overflowed the
+# clamp test: test_tiny_scale_with_huge_input_is_not_clamped), with 0 and 1 drawn often
+scales = st.one_of(st.just(0.0), st.just(1.0), st.floats(0.0, 10.0))
 
 
 @st.composite
@@ -86,23 +86,27 @@ component = st.one_of(
     st.floats(-1e-300, 1e-300),                   # tiny and subnormal
     st.sampled_from(SPECIALS),
 )
-vectors = st.one_of(
-    st.tuples(ordinary, ordinary, ordinary),
-    st.tuples(component, component, component),
-    st.just(None),                                # repeat the previous vector
-)
+triples = st.tuples(ordinary, ordinary, ordinary)
+mixed_triples = st.tuples(component, component, component)
+# per-step choices are drawn with sampled_from (cheap) so that 200-step sequences generate quickly
+VEC_KINDS = ["ordinary"] * 4 + ["mixed"] * 2 + ["repeat"] * 2 + ["boundary"]
+TS_KINDS = ["fresh"] * 12 + ["hold"] * 4 + ["old", "future", "nan", "inf", "-inf", "now_nan"]  # force_t_s vs now
+FRESH_AGE = [0.0, 0.1, 0.5, 0.9]            # x watchdog_s
+OLD_AGE = [1.1, 1.5, 10.0, 1e3, 1e9]         # x watchdog_s
+FUTURE = [1e-9, 1e-3, 1.0]
+DT_EVENTS = ["ok"] * 38 + ["bad", "bad", "extreme"]
 BAD_DTS = [0.0, -0.0, -DT, -5e-324, math.nan, math.inf, -math.inf]
-# timestamp kinds: how force_t_s relates to now_s
-TS_KINDS = ["fresh"] * 12 + ["hold"] * 4 + ["old", "future", "nan", "inf", "-inf", "now_nan"]
+EXTREME_DTS = [1e-9, 5e-324, 0.05, 0.5]      # rare but valid
+JITTER = [j / 20.0 for j in range(-10, 11)]  # relative dt jitter in [-0.5, 0.5]
 
 
 @st.composite
-def scenarios(draw, scale=scales, lowpass=None, max_steps=MAX_STEPS, constant_dt=None, bad_dt=True,
-              stale=True, non_finite=True):
-    """(cfg, device, steps) with steps = [(force_in, force_t_s, now_s, dt_s), ...] and a constant-dt flag."""
+def scenarios(draw, scale=scales, lowpass=None, max_steps=MAX_STEPS):
+    """(cfg, device, steps, constant_dt) with steps = [(force_in, force_t_s, now_s, dt_s), ...]."""
     cfg, device = draw(configs(scale=scale, lowpass=lowpass))
     wd = cfg.watchdog_s
-    const = draw(st.booleans()) if constant_dt is None else constant_dt
+    lim = cfg.max_force_n if device is None else min(cfg.max_force_n, device)
+    const = draw(st.booleans())
     dt0 = draw(st.one_of(st.just(DT), st.floats(0.5e-3, 2e-3)))
     t0 = draw(st.sampled_from([0.0, 12.345, 1e6]))
     as_array = draw(st.booleans())
@@ -112,19 +116,28 @@ def scenarios(draw, scale=scales, lowpass=None, max_steps=MAX_STEPS, constant_dt
     t_force = t0
     for i in range(n):
         now = t0 + (i + 1) * DT
-        v = draw(vectors if non_finite else st.one_of(st.tuples(ordinary, ordinary, ordinary), st.just(None)))
-        if v is not None:
-            vec = v
-        kind = draw(st.sampled_from(TS_KINDS if stale else ["fresh"]))
+        vkind = draw(st.sampled_from(VEC_KINDS))
+        if vkind == "ordinary":
+            vec = draw(triples)
+        elif vkind == "mixed":
+            vec = draw(mixed_triples)
+        elif vkind == "boundary" and cfg.scale > 0.0:
+            # just inside / outside the clamp: |scale * v| = lim * (1 + e), |e| <= 1e-3
+            d = draw(triples)
+            h = math.hypot(*d)
+            if h < 1e-3:
+                d, h = (1.0, 0.0, 0.0), 1.0
+            g = lim / cfg.scale * (1.0 + draw(st.floats(-1e-3, 1e-3))) / h
+            vec = tuple(c * g for c in d)
+        # "repeat" keeps the previous vector
+        kind = draw(st.sampled_from(TS_KINDS))
         now_s = now
         if kind == "fresh":
-            t_force = now - draw(st.floats(0.0, 0.9)) * wd
-        elif kind == "hold":
-            pass                                   # force timestamp held: ages until stale
+            t_force = now - draw(st.sampled_from(FRESH_AGE)) * wd
         elif kind == "old":
-            t_force = now - wd * (1.1 + draw(st.floats(0.0, 100.0)))
+            t_force = now - draw(st.sampled_from(OLD_AGE)) * wd
         elif kind == "future":
-            t_force = now + draw(st.floats(0.0, 1.0))
+            t_force = now + draw(st.sampled_from(FUTURE))
         elif kind == "nan":
             t_force = math.nan
         elif kind == "inf":
@@ -133,16 +146,13 @@ def scenarios(draw, scale=scales, lowpass=None, max_steps=MAX_STEPS, constant_dt
             t_force = -math.inf
         elif kind == "now_nan":
             now_s = math.nan
-        if not non_finite and not math.isfinite(t_force):
-            t_force = now
-        if const:
-            dt = dt0
-        else:
-            dt = dt0 * (1.0 + draw(st.floats(-0.5, 0.5)))
-            if draw(st.integers(0, 49)) == 0:
-                dt = draw(st.sampled_from([1e-9, 5e-324, 0.05, 0.5]))   # rare extreme but valid dt
-        if bad_dt and draw(st.integers(0, 19)) == 0:
+        # "hold": the force timestamp stops advancing and ages until stale
+        dt = dt0 if const else dt0 * (1.0 + draw(st.sampled_from(JITTER)))
+        event = draw(st.sampled_from(DT_EVENTS))
+        if event == "bad":
             dt = draw(st.sampled_from(BAD_DTS))
+        elif event == "extreme" and not const:
+            dt = draw(st.sampled_from(EXTREME_DTS))
         f = np.array(vec, dtype=float) if as_array else vec
         steps.append((f, t_force, now_s, dt))
     return cfg, device, steps, const
@@ -181,11 +191,12 @@ def exact_scaled_sq(v, scale):
     return (x * x + y * y + z * z) * Fraction(scale) ** 2
 
 
-def clamped_target(v, scale, lim):
-    """Reference for scale -> clamp: the scaled input, or its direction at magnitude lim if it exceeds lim."""
+def clamped_target(v, scale, lim, clamp=None):
+    """Reference for scale -> clamp: the scaled input, or its direction at magnitude lim if it exceeds lim
+    (``clamp``: force that decision instead of computing it exactly)."""
     if not all(math.isfinite(c) for c in v):
         return (0.0, 0.0, 0.0), False
-    if exact_scaled_sq(v, scale) <= Fraction(lim) ** 2:
+    if (exact_scaled_sq(v, scale) <= Fraction(lim) ** 2) if clamp is None else not clamp:
         return (v[0] * scale, v[1] * scale, v[2] * scale), False
     m = max(abs(c) for c in v)
     n = [c / m for c in v]
@@ -205,6 +216,9 @@ def is_stale(t, now, wd):
 # ---------------------------------------------------------------------------------- 1-6: every step
 
 def check_invariants(cfg, device, steps, const_dt, strict_clamp_flag=True):
+    """Check properties 1-6 on every step. ``strict_clamp_flag=False`` tolerates the known tiny-scale clamp
+    bug: a set FLAG_CLAMPED is then not checked against the exact scaled magnitude, and the reference target
+    follows the implementation's clamp decision (everything downstream is still checked)."""
     fs = ForceSafety(cfg, device)
     lim = cfg.max_force_n if device is None else min(cfg.max_force_n, device)
     assert fs.max_force_n == lim
@@ -246,7 +260,7 @@ def check_invariants(cfg, device, steps, const_dt, strict_clamp_flag=True):
                 # 3. linear ramp from the last output (the implementation snaps k <= 1e-9 to zero)
                 expect = r * (1.0 - elapsed / ramp)
                 assert norm(out - expect) <= 1e-9 * rn + 1e-300, ctx
-                assert norm(out - prev) <= rn * (dt / ramp + 1e-9) * (1 + REL), ctx
+                assert norm(out - prev) <= rn * (dt / ramp + 1e-9) * (1 + REL) + 1e-300, ctx  # (subnormals round)
                 assert norm(out) <= norm(prev) * (1 + REL), ctx
             zero_in_run = zero_in_run or bool(np.all(out == 0.0))
         else:
@@ -265,8 +279,13 @@ def check_invariants(cfg, device, steps, const_dt, strict_clamp_flag=True):
                     assert sq <= Fraction(lim * (1 + REL)) ** 2, ctx
                 elif strict_clamp_flag:
                     assert sq >= Fraction(lim * (1 - REL)) ** 2, ctx
+            target, _ = clamped_target(v, s, lim, None if strict_clamp_flag else bool(fl & FLAG_CLAMPED))
+            if fc > 0.0 and not fl & FLAG_SLEWED:
+                # the slew stage passed the target through; first-order low-pass y += alpha (x - y) from the
+                # last output (the filter state equals the last output after fresh steps, ramps and resets)
+                expect = prev + lowpass_alpha(fc, dt) * (np.array(target) - prev)
+                assert norm(out - expect) <= REL * lim + 1e-300, ctx
             if fc == 0.0:
-                target, _ = clamped_target(v, s, lim)
                 dist = norm(np.array(target) - prev)
                 if fl & FLAG_SLEWED:
                     assert dist >= slew * dt - tol, ctx
@@ -277,7 +296,7 @@ def check_invariants(cfg, device, steps, const_dt, strict_clamp_flag=True):
         prev = out
 
 
-@settings(max_examples=250, **SETTINGS)
+@settings(max_examples=150, **SETTINGS)
 @given(scenarios())
 def test_invariants_on_any_sequence(sc):
     """Properties 1-6 on arbitrary configurations and input sequences."""
@@ -294,11 +313,11 @@ def test_invariants_without_lowpass(sc):
 
 
 @settings(max_examples=100, **SETTINGS)
-@given(scenarios(scale=scales_full, max_steps=40))
-def test_invariants_any_scale_except_clamp_flag(sc):
-    """Every valid scale, subnormals included; only the clamp-flag converse is left to the bug test below."""
+@given(scenarios(scale=st.floats(0.0, 1e-290), max_steps=40))
+def test_invariants_tiny_scales(sc):
+    """Scales down to the subnormals, where |F| * scale must not overflow before the clamp decision."""
     cfg, device, steps, const = sc
-    check_invariants(cfg, device, steps, const, strict_clamp_flag=False)
+    check_invariants(cfg, device, steps, const)
 
 
 # ----------------------------------------------------------------------------------------- 4. watchdog
@@ -348,9 +367,30 @@ def test_watchdog_held_timestamp_ramps_to_exact_zero(cd, n_fresh, rel_mag, jitte
     assert first_zero <= cfg.ramp_down_s + 2 * DT        # at most ramp_down_s (+ one step)
 
 
+@settings(max_examples=100, **SETTINGS)
+@given(st.integers(0, 100), st.floats(1e-9, 1.0), triples.filter(lambda u: math.hypot(*u) > 1e-3))
+def test_watchdog_ramp_is_linear_up_to_its_last_step(n, q, f):
+    """ramp_down_s = (n + q) dt: every stale output is last_output * (1 - elapsed / ramp_down_s), including the
+    last non-zero one (k = q / (n + q), possibly tiny), then exactly zero."""
+    cfg = SafetyConfig(scale=1.0, max_force_n=20.0, max_slew_n_per_s=1e5, lowpass_hz=0.0, watchdog_s=0.01,
+                       ramp_down_s=(n + q) * DT)
+    fs = ForceSafety(cfg)
+    out = np.zeros(3)
+    fs.step(f, 0.0, 0.0, DT, out)                          # one step reaches f (100 N per step >= 20 N clamp)
+    r = out.copy()
+    elapsed = 0.0
+    for _ in range(n + 3):
+        fs.step(f, 0.0, 1.0, DT, out)                      # stale
+        elapsed += DT
+        if elapsed >= cfg.ramp_down_s:
+            assert np.all(out == 0.0)
+        else:
+            assert norm(out - r * (1.0 - elapsed / cfg.ramp_down_s)) <= 1e-9 * norm(r), (elapsed, out)
+
+
 # ------------------------------------------------------------------------- 5. non-finite input = zero
 
-@settings(max_examples=100, **SETTINGS)
+@settings(max_examples=60, **SETTINGS)
 @given(scenarios(max_steps=120))
 def test_non_finite_input_acts_as_zero_input(sc):
     """Replacing every input vector that has a non-finite component by zeros changes nothing but FLAG_FAULT."""
@@ -376,7 +416,7 @@ def test_non_finite_input_acts_as_zero_input(sc):
 big = st.tuples(*[st.one_of(st.floats(-1e300, -1e2), st.floats(1e2, 1e300))] * 3)
 
 
-@settings(max_examples=150, **SETTINGS)
+@settings(max_examples=100, **SETTINGS)
 @given(scenarios(max_steps=30), big, st.floats(0.5e-3, 2e-3), st.floats(0.0, 0.9))
 def test_first_output_after_start_and_reset_is_slew_limited(sc, f, dt, age_rel):
     cfg, device, prefix, _ = sc
@@ -400,8 +440,8 @@ def test_first_output_after_start_and_reset_is_slew_limited(sc, f, dt, age_rel):
 
 # ---------------------------------------------------------------------------------- 8. determinism
 
-@settings(max_examples=60, **SETTINGS)
-@given(scenarios(max_steps=100), scenarios(max_steps=100))
+@settings(max_examples=40, **SETTINGS)
+@given(scenarios(max_steps=100), scenarios(max_steps=40))
 def test_deterministic_and_reset_is_a_fresh_start(sc, other):
     cfg, device, steps, _ = sc
     a = run(ForceSafety(cfg, device), steps)
@@ -417,9 +457,8 @@ def test_deterministic_and_reset_is_a_fresh_start(sc, other):
 
 # ------------------------------------------------------------------------ findings (reproducers)
 
-@pytest.mark.xfail(strict=True, reason="BUG haptics/safety.py: |F|*scale overflows to inf before the comparison "
-                   "with the clamp when scale < ~1e-306, so a small force is 'clamped' up to max_force_n")
-def test_tiny_scale_with_huge_input_is_not_clamped_BUG():
+def test_tiny_scale_with_huge_input_is_not_clamped():
+    # found by the properties above: |F| was computed before the scale and overflowed to inf
     # scaled input: hypot(1.7e308, 1.7e308) * 5e-308 = 12.02 N < 20 N: must pass unclamped.
     cfg = SafetyConfig(scale=5e-308, max_force_n=20.0, max_slew_n_per_s=1e5, lowpass_hz=0.0,
                        watchdog_s=0.01, ramp_down_s=0.0)
