@@ -122,13 +122,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=_cmd_bench)
 
+    p = sub.add_parser("record", help="record a running server to MCAP (lossless, with its scenario)",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_record)
+
+    p = sub.add_parser("replay", help="replay a recording: republish it, resimulate it, or play it on a device",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_replay)
+
     p = sub.add_parser("scenarios", help="list the shipped scenarios and thread presets")
     p.set_defaults(func=_cmd_scenarios)
     return parser
 
 
+def _cmd_record(args: argparse.Namespace) -> int:
+    from ..tools.record import main as record_main
+
+    return record_main(args.rest)
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from ..tools.replay import main as replay_main
+
+    return replay_main(args.rest)
+
+
 # commands that parse their own options (argparse's REMAINDER cannot take a leading --option)
-_PASSTHROUGH = {"validate": _cmd_validate, "bench": _cmd_bench, "keys": _cmd_keys}
+_PASSTHROUGH = {"validate": _cmd_validate, "bench": _cmd_bench, "keys": _cmd_keys, "record": _cmd_record,
+                "replay": _cmd_replay}
 
 
 def main(argv: list[str] | None = None) -> int:

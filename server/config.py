@@ -404,3 +404,43 @@ def _safety(sec: Section) -> SafetyConfig:
         ramp_down_s=sec.get("ramp_down_s", float, d.ramp_down_s, minval=0.0, maxval=1.0))
     sec.finish()
     return cfg
+
+
+# -- recording metadata ------------------------------------------------------------------------------------
+def server_metadata(cfg: ServerConfig) -> dict[str, str]:
+    """What a resimulation needs of the server's configuration, as an MCAP metadata string map: the file, the
+    PUB endpoint, and (as YAML) the loop rates, the safety settings and every device's backend and settings."""
+    import yaml
+
+    def device(d: DeviceConfig) -> dict:
+        out = {k: getattr(d, k) for k in ("name", "backend", "hd_name", "grasp_button", "grasp_radius",
+                                         "stiffness", "damping", "max_force", "max_speed")}
+        t = d.transform
+        out["transform"] = {"rotation_deg": list(t.rotation_deg), "scale": t.scale, "offset": list(t.offset)}
+        return out
+
+    data = {"tick_s": cfg.loop.tick_s, "state_hz": cfg.loop.state_hz, "stats_hz": cfg.loop.stats_hz,
+            "device": cfg.device, "devices": [device(d) for d in cfg.devices],
+            "device_limits": {k: v for k, v in cfg.device_limits}, "link_devices": list(cfg.link_devices),
+            "safety": {k: getattr(cfg.safety, k) for k in ("scale", "max_force_n", "max_slew_n_per_s",
+                                                          "lowpass_hz", "watchdog_s", "ramp_down_s")}}
+    return {"config": cfg.file, "pub": cfg.endpoints.pub, "yaml": yaml.safe_dump(data, sort_keys=False)}
+
+
+def server_config_from_metadata(server: dict[str, str] | None) -> ServerConfig:
+    """The ServerConfig a recording was made with, as far as the physics needs it (server_metadata); the
+    defaults for a recording without it (a headless `suturesim run`)."""
+    import yaml
+
+    if not server or "yaml" not in server:
+        return ServerConfig(file="<recording>")
+    data = yaml.safe_load(server["yaml"])
+    devices = tuple(DeviceConfig(**{**d, "transform": DeviceTransform(
+        rotation_deg=tuple(d["transform"]["rotation_deg"]), scale=d["transform"]["scale"],
+        offset=tuple(d["transform"]["offset"]))}) for d in data.get("devices", []))
+    return ServerConfig(file=server.get("config", "<recording>"),
+                        loop=LoopConfig(tick_s=data["tick_s"], state_hz=data["state_hz"], stats_hz=data["stats_hz"],
+                                        realtime=False),
+                        device=data["device"], devices=devices, safety=SafetyConfig(**data["safety"]),
+                        device_limits=tuple(data.get("device_limits", {}).items()),
+                        link_devices=tuple(data.get("link_devices", [])))

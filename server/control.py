@@ -89,6 +89,7 @@ class ControlHandler:
             "status": self.status, "reset": self.reset, "pause": self.pause, "resume": self.resume,
             "load": self.load, "set": self.set, "grasp": self.grasp, "release": self.release,
             "record_start": self.record_start, "record_stop": self.record_stop, "shutdown": self.shutdown,
+            "describe": self.describe,
         }
 
     def busy(self) -> bool:
@@ -170,6 +171,14 @@ class ControlHandler:
                 "stats": {**lp.last_stats, **lp.stats.summary_counters()},
                 "realtime": lp.realtime, "cpu": lp.cpu, "pid": os.getpid(),
                 "link": lp.link.name if lp.link is not None else None}
+
+    def describe(self, req: dict) -> dict:
+        """The running scenario (name, file, content) and the server settings a resimulation needs: what a
+        recorder stores as metadata."""
+        from .config import server_metadata
+
+        sc = self.loop.scenario
+        return {"scenario": sc.name, "file": sc.file, "source": sc.source, "server": server_metadata(self.loop.cfg)}
 
     def reset(self, req: dict) -> dict:
         lp = self.loop

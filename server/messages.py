@@ -42,6 +42,8 @@ class MessageBuilder:
         self.flags: dict[str, int] = {}
         #: per device: the stylus position (m) when it holds no grasp (set by the daemon from its poses)
         self.pose: dict[str, np.ndarray] = {}
+        #: per device: where its stylus is (m), for devices whose grasps follow a live stylus (the daemon's goals)
+        self.stylus: dict[str, np.ndarray] = {}
         for d in self.devices:
             self.add_device(d)
 
@@ -61,7 +63,7 @@ class MessageBuilder:
         """Stop ``device``'s `force` stream (a scripted stylus that let go: there is no motor to ramp down)."""
         if device in self.pipes:
             self.devices.remove(device)
-            for d in (self.pipes, self.force, self.axial_of, self.flags, self.pose):
+            for d in (self.pipes, self.force, self.axial_of, self.flags, self.pose, self.stylus):
                 d.pop(device, None)
 
     def axial(self, state: ThreadState, vertex: int) -> float:
@@ -104,7 +106,7 @@ class MessageBuilder:
                 flags |= extra_flags.get(d, 0)
             self.axial_of[d] = axial
             self.flags[d] = flags
-            out.append(protocol.encode_force(seq, t, d, pose, self.force[d], axial, flags))
+            out.append(protocol.encode_force(seq, t, d, pose, self.force[d], axial, flags, self.stylus.get(d)))
         for v in self.scenario.force_vertices:
             axial = self.axial(state, v)
             out.append(protocol.encode_force(seq, t, f"vertex{v}", state.x[v], state.ext_force[v], axial, 0))

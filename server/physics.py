@@ -125,21 +125,26 @@ def set_realtime(priority: int, cpu: int) -> tuple[bool, int, list[str]]:
 class PhysicsLoop:
     """The loop and everything it owns: scenario, stepper, sockets, link. Built in the physics process."""
 
-    def __init__(self, cfg: ServerConfig, link_name: str | None = None, supervisor=None):
+    def __init__(self, cfg: ServerConfig, link_name: str | None = None, supervisor=None, sink=None):
+        """``sink``: None to bind the configured sockets (the daemon); or a callable ``sink(topic, payload)``
+        that receives every published message instead, with no socket at all (a resimulation)."""
         self.cfg = cfg
         self.supervisor = supervisor      # a multiprocessing Connection to the supervisor (recording), or None
         self.tick_ns = int(round(cfg.loop.tick_s * 1e9))
-        self.ctx = zmq.Context()
-        self.security = SocketSecurity(self.ctx, cfg.security,
-                                       [cfg.endpoints.pub, cfg.endpoints.control, cfg.endpoints.stylus],
-                                       require_curve=cfg.security.curve_on_loopback)
-        self.pub = self._bind(zmq.PUB, cfg.endpoints.pub)
-        self.pub.setsockopt(zmq.SNDHWM, cfg.loop.sndhwm)
-        # a request over max_message_bytes must get an error reply (control.py), so ZeroMQ itself only drops
-        # (and disconnects) what is far beyond it
-        self.ctl = self._bind(zmq.REP, cfg.endpoints.control, max_bytes=16 * cfg.security.max_message_bytes)
-        self.stylus = self._bind(zmq.PULL, cfg.endpoints.stylus)
-        self.stylus.setsockopt(zmq.RCVHWM, 64)
+        self.sink = sink
+        self.ctx = self.security = self.pub = self.ctl = self.stylus = None
+        if sink is None:
+            self.ctx = zmq.Context()
+            self.security = SocketSecurity(self.ctx, cfg.security,
+                                           [cfg.endpoints.pub, cfg.endpoints.control, cfg.endpoints.stylus],
+                                           require_curve=cfg.security.curve_on_loopback)
+            self.pub = self._bind(zmq.PUB, cfg.endpoints.pub)
+            self.pub.setsockopt(zmq.SNDHWM, cfg.loop.sndhwm)
+            # a request over max_message_bytes must get an error reply (control.py), so ZeroMQ itself only drops
+            # (and disconnects) what is far beyond it
+            self.ctl = self._bind(zmq.REP, cfg.endpoints.control, max_bytes=16 * cfg.security.max_message_bytes)
+            self.stylus = self._bind(zmq.PULL, cfg.endpoints.stylus)
+            self.stylus.setsockopt(zmq.RCVHWM, 64)
         self.link = DeviceLink.attach(link_name) if link_name else None
         self.seq = 0
         self.paused = False
@@ -188,6 +193,7 @@ class PhysicsLoop:
         devices = self.all_devices([g.device for g in self.grasps])
         self.builder = MessageBuilder(scenario, self.grasps, safety=self.cfg.safety,
                                       limits=dict(self.cfg.device_limits), devices=devices)
+        self.builder.stylus.update({d: g for d, g in self.goal.items() if d in self.builder.pose})
         self.state_every = max(1, int(round(1.0 / (self.cfg.loop.state_hz * self.model.solver.tick))))
         self.device_live.clear()
         for g in self.grasps:
@@ -230,6 +236,8 @@ class PhysicsLoop:
             goal = self.goal[device] = np.zeros(3)
             self.max_step[device] = self.cfg.device_config(device).max_speed * self.cfg.loop.tick_s
         goal[:] = pos
+        if device in self.builder.pose:
+            self.builder.stylus[device] = goal
         hit = False
         for g in self.grasps:
             if g.device == device:
@@ -364,7 +372,10 @@ class PhysicsLoop:
         st.grasp_force[spec.slot] = 0.0
         self.grasps.append(spec)
         self.builder.add_device(device)
-        self.event("grasp", id=spec.id, vertex=vertex, device=spec.device)
+        if device in self.goal:
+            self.builder.stylus[device] = self.goal[device]
+        self.event("grasp", id=spec.id, vertex=vertex, device=spec.device, stiffness=stiffness, damping=damping,
+                   max_force=max_force)
         return spec
 
     def remove_grasp(self, gid: str) -> bool:
@@ -383,6 +394,8 @@ class PhysicsLoop:
         return False
 
     def drain_stylus(self) -> None:
+        if self.stylus is None:
+            return
         for _ in range(STYLUS_DRAIN_PER_TICK):
             try:
                 raw = self.stylus.recv(zmq.NOBLOCK)
@@ -413,6 +426,9 @@ class PhysicsLoop:
 
     # -- outputs ----------------------------------------------------------------------------------------
     def publish(self, topic: bytes, payload: bytes) -> None:
+        if self.sink is not None:
+            self.sink(topic, payload)
+            return
         try:
             self.pub.send_multipart((topic, payload), zmq.NOBLOCK)
         except zmq.Again:  # a slow subscriber at its high-water mark: the loop never waits for it
@@ -486,25 +502,7 @@ class PhysicsLoop:
                     # positive: this tick started too long after the pose (wrapped into half a tick either way)
                     err = (lag - PHASE_TARGET_NS + tick_ns // 2) % tick_ns - tick_ns // 2
                     t0 -= max(-PHASE_STEP_NS, min(PHASE_STEP_NS, err // 4))
-            if self.replay is not None:
-                self.read_replay_poses()
-            self.drain_stylus()
-            self.follow_styluses()
-            t_step = time.monotonic_ns()
-            substeps = 0
-            if not self.paused:
-                try:
-                    substeps = self.stepper.tick()
-                except SolverDivergence as exc:
-                    self.fault_reset(str(exc))
-            step_ns = time.monotonic_ns() - t_step
-            self.state.grasp_vel.fill(0.0)  # follow_styluses sets the grasps' motion for each tick afresh
-            payloads = self.builder.forces(self.seq, self.state, self.driver_flags)
-            self.write_forces(start)
-            for payload in payloads:
-                self.publish(protocol.TOPIC_FORCE, payload)
-            if self.seq % self.state_every == 0:
-                self.publish(protocol.TOPIC_STATE, self.builder.state(self.seq, self.state))
+            substeps, step_ns = self.tick_scene(start)
             if control.busy():
                 control.finish_pending()
             elif self.ctl.poll(0, poller_flags):
@@ -518,6 +516,32 @@ class PhysicsLoop:
         self.event("shutdown")
         self.zero_forces()
         time.sleep(0.05)  # let the last messages leave before the sockets close
+
+    def tick_scene(self, start_ns: int) -> tuple[int, int]:
+        """The scene's part of one tick, after the link's poses are read and ``seq`` counted: replayed and
+        remote poses, grasps following their styluses, the solver step, each device's force (to the link and
+        published) and the `state` at its rate. Returns (substeps, step time ns). A resimulation runs exactly
+        this, so it computes exactly what the daemon did."""
+        if self.replay is not None:
+            self.read_replay_poses()
+        self.drain_stylus()
+        self.follow_styluses()
+        t_step = time.monotonic_ns()
+        substeps = 0
+        if not self.paused:
+            try:
+                substeps = self.stepper.tick()
+            except SolverDivergence as exc:
+                self.fault_reset(str(exc))
+        step_ns = time.monotonic_ns() - t_step
+        self.state.grasp_vel.fill(0.0)  # follow_styluses sets the grasps' motion for each tick afresh
+        payloads = self.builder.forces(self.seq, self.state, self.driver_flags)
+        self.write_forces(start_ns)
+        for payload in payloads:
+            self.publish(protocol.TOPIC_FORCE, payload)
+        if self.seq % self.state_every == 0:
+            self.publish(protocol.TOPIC_STATE, self.builder.state(self.seq, self.state))
+        return substeps, step_ns
 
     def publish_stats(self) -> None:
         s = self.stats.summary()
@@ -538,12 +562,13 @@ class PhysicsLoop:
             self.link.zero_forces(protocol.FLAG_FAULT, time.monotonic_ns())
 
     def close(self) -> None:
-        for sock in (self.pub, self.ctl, self.stylus):
-            sock.close(0)
-        self.security.close()
+        if self.sink is None:
+            for sock in (self.pub, self.ctl, self.stylus):
+                sock.close(0)
+            self.security.close()
+            self.ctx.term()
         if self.link is not None:
             self.link.close()
-        self.ctx.term()
 
 
 def physics_main(cfg: ServerConfig, link_name: str | None, ready, stop, conn=None,

@@ -154,11 +154,13 @@ def encode_state(seq: int, t: float, x: np.ndarray, tension: np.ndarray, twist: 
 
 
 def encode_force(seq: int, t: float, device: str, pose: Sequence[float], force: Sequence[float], axial: float,
-                 flags: int) -> bytes:
+                 flags: int, stylus: Sequence[float] | None = None) -> bytes:
     """Encode a ``force`` payload.
 
     :param device: device name.
-    :param pose: stylus position [3] (m).
+    :param pose: where the device holds the thread: its grasp's target [3] (m).
+    :param stylus: where the stylus itself is [3] (m); default ``pose`` (a scripted stylus, or one whose grasp
+        has caught up with it).
     :param force: force commanded to the device after safety processing [3] (N).
     :param axial: axial constraint force magnitude at the grasp (N).
     :param flags: bitmask of ``FLAG_CLAMPED | FLAG_SLEWED | FLAG_WATCHDOG | FLAG_FAULT``.
@@ -166,6 +168,7 @@ def encode_force(seq: int, t: float, device: str, pose: Sequence[float], force: 
     msg = _envelope(seq, t)
     msg["device"] = str(device)
     msg["pose"] = _vec3(pose, "pose")
+    msg["stylus"] = _vec3(pose if stylus is None else stylus, "stylus")
     msg["force"] = _vec3(force, "force")
     msg["axial"] = float(axial)
     flags = int(flags)
@@ -299,6 +302,8 @@ def _check_force(m: dict) -> dict:
     topic = "force"
     _get(m, "device", str, topic)
     m["pose"] = _vec3_in(m, "pose", topic)
+    if "stylus" in m:   # absent in recordings made before it was added
+        m["stylus"] = _vec3_in(m, "stylus", topic)
     m["force"] = _vec3_in(m, "force", topic)
     m["axial"] = _num(m, "axial", topic)
     if _get(m, "flags", int, topic) < 0:

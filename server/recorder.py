@@ -28,14 +28,17 @@ def receive_until(sub: zmq.Socket, stop, poll_ms: int = 100) -> Iterator[tuple[b
             yield topic, payload
 
 
-def record(endpoint: str, path: str, stop, ready=None, metadata: dict | None = None) -> dict:
-    """Record ``endpoint`` (a PUB address) to ``path`` until ``stop`` (an Event) is set.
+def record(endpoint: str, path: str, stop, ready=None, metadata: dict | None = None,
+           topics: list[bytes] | None = None, counts=None) -> dict:
+    """Record ``endpoint`` (a PUB address) to ``path`` until ``stop`` (an Event) is set: every topic, or only
+    ``topics``. ``counts``: an optional shared array updated with [messages written, force seq gaps].
     Returns {"messages", "gaps"}: the messages written and the force `seq` numbers found missing."""
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.RCVHWM, 0)          # unbounded: lossless while we keep up on average
     sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    for topic in topics or [b""]:
+        sub.setsockopt(zmq.SUBSCRIBE, topic)
     sub.connect(endpoint)
     last_seq: dict[str, int] = {}
     gaps = 0
@@ -61,6 +64,9 @@ def record(endpoint: str, path: str, stop, ready=None, metadata: dict | None = N
                 pass
             rec.write(topic, payload, now, publish_ns)
             count += 1
+            if counts is not None:
+                counts[0] = count
+                counts[1] = gaps
     finally:
         rec.close()
         sub.close(0)
@@ -68,12 +74,24 @@ def record(endpoint: str, path: str, stop, ready=None, metadata: dict | None = N
     return {"messages": count, "gaps": gaps}
 
 
-def recorder_main(endpoint: str, path: str, stop, ready, metadata: dict | None = None) -> None:
+def recorder_main(endpoint: str, path: str, stop, ready, metadata: dict | None = None,
+                  topics: list[bytes] | None = None, counts=None) -> None:
     """Entry point of the recorder process (multiprocessing, spawn)."""
     import signal
 
+    from ..haptics.driver import die_with_parent
+
+    die_with_parent()   # a killed server (or `suturesim record`) stops its recorder too, file closed
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    result = record(endpoint, path, stop, ready, metadata)
+    # a plain flag: a multiprocessing Event set inside a signal handler can deadlock on its own lock
+    terminated = []
+    signal.signal(signal.SIGTERM, lambda *_: terminated.append(True))
+
+    class _Stop:
+        @staticmethod
+        def is_set() -> bool:
+            return bool(terminated) or stop.is_set()
+
+    result = record(endpoint, path, _Stop, ready, metadata, topics, counts)
     note = f"{result['gaps']} force messages missing" if result["gaps"] else "no force message missing"
     print(f"suturesim record: {result['messages']} messages to {path}; {note}", flush=True)

@@ -22,7 +22,7 @@ from ..haptics.driver import DriverDevice, driver_main
 from ..haptics.link import DeviceLink
 from ..solver.scenario import load_scenario
 from . import protocol
-from .config import ServerConfig
+from .config import ServerConfig, server_metadata
 from .headless import recording_metadata
 from .physics import physics_main
 from .recorder import recorder_main
@@ -38,6 +38,95 @@ class DeviceStartError(RuntimeError):
     """A device backend could not start (the message says why and what to do)."""
 
 
+class DeviceDriver:
+    """The running device-driver process (haptics/driver.py) of the openhaptics devices."""
+
+    def __init__(self, proc, conn, stop, out):
+        self.proc, self.conn, self.stop_event, self.out = proc, conn, stop, out
+        self.summary: dict = {}
+
+    def poll(self) -> bool:
+        """Report a driver that stopped by itself (a device fault, a stalled servo). False once it has."""
+        if not self.conn.poll(0):
+            return True
+        try:
+            msg = self.conn.recv()
+        except (EOFError, OSError):
+            msg = ("stopped", f"the device driver died (exit code {self.proc.exitcode})", {})
+        if msg[0] != "stopped":
+            return True
+        _, reason, self.summary = msg
+        print(f"suturesim: device driver stopped: {reason}; its devices get no force, and their grasps hold "
+              "still", file=sys.stderr, flush=True)
+        self.proc.join(2.0)
+        return False
+
+    def stop(self) -> None:
+        """Stop the driver (every output ramps to zero, the devices are disabled) and report its timings."""
+        self.stop_event.set()
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and (self.proc.is_alive() or self.conn.poll(0)):
+            if self.conn.poll(0.05):
+                try:
+                    msg = self.conn.recv()
+                except (EOFError, OSError):
+                    break
+                if msg[0] == "stopped":
+                    self.summary = msg[2]
+                    break
+        self.proc.join(2.0)
+        if self.proc.is_alive():
+            self.proc.kill()
+        for name, s in self.summary.items():
+            lat, cb = s.get("latency_us", {}), s.get("callback_us", {})
+            if lat.get("count"):
+                self.out(f"suturesim: {name}: pose-to-force latency p50 {lat['p50']:.0f} µs, p99 {lat['p99']:.0f} "
+                         f"µs, max {lat['max']:.0f} µs over {lat['count']} forces; servo callback p99 "
+                         f"{cb.get('p99', 0):.0f} µs, max {cb.get('max', 0):.0f} µs; HD errors {s['errors'] or 'none'}")
+        path = os.environ.get(DEVICE_STATS_ENV)
+        if path and self.summary:
+            with open(path, "w") as f:
+                json.dump(self.summary, f, indent=1)
+
+
+def start_driver(ctx, cfg: ServerConfig, link: DeviceLink, devices: list[str], out=print
+                 ) -> tuple[DeviceDriver | None, dict[str, float]]:
+    """Start the driver process for the devices on the openhaptics backend (link slot = index in ``devices``;
+    ``ctx``: a multiprocessing context). Returns it (None if no device needs one) and device -> nominal max
+    continuous force (N). Raises DeviceStartError with the driver's reason."""
+    specs = []
+    for slot, name in enumerate(devices):
+        if cfg.backend_of(name) == "openhaptics":
+            dc = cfg.device_config(name)
+            specs.append(DriverDevice(name=name, slot=slot, hd_name=dc.hd_name, transform=dc.transform,
+                                      safety=cfg.safety))
+    if not specs:
+        return None, {}
+    stop = ctx.Event()
+    conn, child = ctx.Pipe()
+    proc = ctx.Process(target=driver_main, name="suturesim-device", args=(specs, link.name, child, stop))
+    proc.start()
+    driver = DeviceDriver(proc, conn, stop, out)
+    if not conn.poll(DRIVER_READY_TIMEOUT_S):
+        driver.stop()
+        raise DeviceStartError(f"the device driver did not start within {DRIVER_READY_TIMEOUT_S:g} s")
+    try:
+        what, arg = conn.recv()
+    except (EOFError, OSError):
+        what, arg = "error", f"the device driver died at start (exit code {proc.exitcode})"
+    if what != "ready":
+        driver.stop()
+        raise DeviceStartError(arg)
+    limits = {}
+    for info in arg:
+        out(f"suturesim: {info['device']}: {info['vendor']} {info['model']} ({info['hd_name']}), nominal max "
+            f"continuous force {info['max_continuous_force_n']:g} N, force clamp {info['clamp_n']:g} N, "
+            f"calibration {info['calibration']}")
+        if info["max_continuous_force_n"] > 0:
+            limits[info["device"]] = float(info["max_continuous_force_n"])
+    return driver, limits
+
+
 class Supervisor:
     def __init__(self, cfg: ServerConfig, out=print):
         self.cfg = cfg
@@ -47,96 +136,17 @@ class Supervisor:
         self.link: DeviceLink | None = None
         self.recorder = None
         self.recorder_stop = None
-        self.driver = None
-        self.driver_conn = None
-        self.driver_stop = None
-        self.device_summary: dict = {}
+        self.driver: DeviceDriver | None = None
 
     # -- device driver ----------------------------------------------------------------------------------
-    def start_driver(self, devices: list[str]) -> dict[str, float]:
-        """Start the driver process for the devices on the openhaptics backend (link slot = index in
-        ``devices``). Returns device -> nominal max continuous force (N). Raises DeviceStartError."""
-        cfg = self.cfg
-        specs = []
-        for slot, name in enumerate(devices):
-            if cfg.backend_of(name) == "openhaptics":
-                dc = cfg.device_config(name)
-                specs.append(DriverDevice(name=name, slot=slot, hd_name=dc.hd_name, transform=dc.transform,
-                                          safety=cfg.safety))
-        if not specs:
-            return {}
-        self.driver_stop = self.mp.Event()
-        self.driver_conn, child = self.mp.Pipe()
-        self.driver = self.mp.Process(target=driver_main, name="suturesim-device",
-                                      args=(specs, self.link.name, child, self.driver_stop))
-        self.driver.start()
-        if not self.driver_conn.poll(DRIVER_READY_TIMEOUT_S):
-            self.stop_driver()
-            raise DeviceStartError(f"the device driver did not start within {DRIVER_READY_TIMEOUT_S:g} s")
-        try:
-            what, arg = self.driver_conn.recv()
-        except (EOFError, OSError):
-            what, arg = "error", f"the device driver died at start (exit code {self.driver.exitcode})"
-        if what != "ready":
-            self.stop_driver()
-            raise DeviceStartError(arg)
-        limits = {}
-        for info in arg:
-            self.out(f"suturesim: {info['device']}: {info['vendor']} {info['model']} ({info['hd_name']}), nominal "
-                     f"max continuous force {info['max_continuous_force_n']:g} N, force clamp {info['clamp_n']:g} N, "
-                     f"calibration {info['calibration']}")
-            if info["max_continuous_force_n"] > 0:
-                limits[info["device"]] = float(info["max_continuous_force_n"])
-        return limits
-
     def poll_driver(self) -> None:
-        """Report a driver that stopped by itself (a device fault or a stalled servo)."""
-        if self.driver is None or not self.driver_conn.poll(0):
-            return
-        try:
-            msg = self.driver_conn.recv()
-        except (EOFError, OSError):
-            msg = ("stopped", f"the device driver died (exit code {self.driver.exitcode})", {})
-        if msg[0] == "stopped":
-            _, reason, summary = msg
-            self.device_summary = summary
-            print(f"suturesim: device driver stopped: {reason}; its devices get no force, and their grasps hold "
-                  "still", file=sys.stderr, flush=True)
-            self.driver.join(2.0)
+        if self.driver is not None and not self.driver.poll():
             self.driver = None
 
     def stop_driver(self) -> None:
-        """Stop the driver (every output ramps to zero, the devices are disabled) and keep its summary."""
-        if self.driver is None:
-            return
-        self.driver_stop.set()
-        deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline and (self.driver.is_alive() or self.driver_conn.poll(0)):
-            if self.driver_conn.poll(0.05):
-                try:
-                    msg = self.driver_conn.recv()
-                except (EOFError, OSError):
-                    break
-                if msg[0] == "stopped":
-                    self.device_summary = msg[2]
-                    break
-        self.driver.join(2.0)
-        if self.driver.is_alive():
-            self.driver.kill()
-        self.driver = None
-        self.report_device_summary()
-
-    def report_device_summary(self) -> None:
-        for name, s in self.device_summary.items():
-            lat, cb = s.get("latency_us", {}), s.get("callback_us", {})
-            if lat.get("count"):
-                self.out(f"suturesim: {name}: pose-to-force latency p50 {lat['p50']:.0f} µs, p99 {lat['p99']:.0f} "
-                         f"µs, max {lat['max']:.0f} µs over {lat['count']} forces; servo callback p99 "
-                         f"{cb.get('p99', 0):.0f} µs, max {cb.get('max', 0):.0f} µs; HD errors {s['errors'] or 'none'}")
-        path = os.environ.get(DEVICE_STATS_ENV)
-        if path and self.device_summary:
-            with open(path, "w") as f:
-                json.dump(self.device_summary, f, indent=1)
+        if self.driver is not None:
+            self.driver.stop()
+            self.driver = None
 
     # -- recorder ---------------------------------------------------------------------------------------
     def start_recording(self, path: str, name: str, file: str, source: dict) -> None:
@@ -144,7 +154,7 @@ class Supervisor:
         ``source``) as metadata."""
         self.stop_recording()
         meta = recording_metadata(name, file, source)
-        meta["server"] = {"config": self.cfg.file, "pub": self.cfg.endpoints.pub}
+        meta["server"] = server_metadata(self.cfg)
         self.recorder_stop = self.mp.Event()
         ready = self.mp.Event()
         self.recorder = self.mp.Process(target=recorder_main, name="suturesim-recorder",
@@ -189,7 +199,7 @@ class Supervisor:
         self.link = DeviceLink.create(max(1, len(devices)))
         self.link.zero_forces(0, time.monotonic_ns())   # zero force on start
         try:
-            limits = self.start_driver(devices)
+            self.driver, limits = start_driver(self.mp, cfg, self.link, devices, self.out)
         except DeviceStartError as exc:
             if cfg.device_fallback != "simulated":
                 print(f"suturesim: {exc}", file=sys.stderr, flush=True)

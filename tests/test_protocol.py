@@ -67,7 +67,7 @@ def test_force_round_trip():
     assert payload == P.encode_force(*args)
     m = P.decode(payload, "force")
     assert m == {"v": 1, "seq": 7, "t": 0.007, "device": "left", "pose": [0.01, 0.02, 0.03],
-                 "force": [0.5, -0.25, 1.0], "axial": 1.5, "flags": 3}
+                 "stylus": [0.01, 0.02, 0.03], "force": [0.5, -0.25, 1.0], "axial": 1.5, "flags": 3}
     assert P.decode_force(payload) == m
     assert P.decode(payload) == m  # inferred
 

@@ -1,0 +1,106 @@
+"""`suturesim record --out F.mcap [--connect EP] [--control EP] [--topics ...] [--duration S]`: record a
+running server (docs/RECORDING.md).
+
+The recorder is a lossless subscriber in its own process (server/recorder.py): one MCAP channel per topic, each
+message exactly the published payload, its log time (when received) and publish time (the message's scene
+time), `seq` gaps in `force` detected and reported. The scenario and the server's settings are asked of the
+server's control socket (`describe`) and stored as metadata with the versions and the machine, so the file
+can be resimulated; without an answer the file is still recorded, without them. This process shows progress
+once a second and ends with a summary line. SIGINT / SIGTERM / --duration stop it; the file is closed properly,
+and a SIGKILL leaves a file readable up to its last flush (about a second).
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import signal
+import sys
+import time
+
+import msgpack
+import zmq
+
+from ..server.protocol import TOPIC_EVENT, TOPIC_FORCE, TOPIC_STATE, TOPIC_STATS
+
+TOPICS = {t.decode(): t for t in (TOPIC_STATE, TOPIC_FORCE, TOPIC_STATS, TOPIC_EVENT)}
+
+
+def describe(control: str, timeout_s: float = 2.0) -> dict | None:
+    """The server's `describe` reply (scenario and settings), or None if it does not answer in time."""
+    ctx = zmq.Context()
+    req = ctx.socket(zmq.REQ)
+    req.setsockopt(zmq.LINGER, 0)
+    try:
+        req.connect(control)
+        req.send(msgpack.packb({"cmd": "describe"}))
+        if not req.poll(int(timeout_s * 1000)):
+            return None
+        reply = msgpack.unpackb(req.recv(), raw=False)
+        return reply if isinstance(reply, dict) and reply.get("ok") else None
+    finally:
+        req.close(0)
+        ctx.term()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..server.headless import recording_metadata
+    from ..server.recorder import recorder_main
+
+    p = argparse.ArgumentParser(prog="suturesim record", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--out", required=True, metavar="F.mcap", help="the MCAP file to write")
+    p.add_argument("--connect", default="tcp://127.0.0.1:5555", metavar="EP",
+                   help="the server's PUB endpoint (default tcp://127.0.0.1:5555)")
+    p.add_argument("--control", default="tcp://127.0.0.1:5556", metavar="EP",
+                   help="the server's control endpoint, asked for the scenario (default tcp://127.0.0.1:5556)")
+    p.add_argument("--topics", default=",".join(TOPICS), metavar="T,...",
+                   help=f"topics to record (default all: {','.join(TOPICS)})")
+    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
+    args = p.parse_args(argv)
+    topics = [t.strip() for t in args.topics.split(",") if t.strip()]
+    bad = [t for t in topics if t not in TOPICS]
+    if bad or not topics:
+        p.error(f"--topics: unknown {', '.join(bad) or '(none)'}; choose from {', '.join(TOPICS)}")
+
+    info = describe(args.control)
+    if info is None:
+        print(f"suturesim record: no answer from {args.control}: recording without the scenario (it cannot be "
+              "resimulated)", file=sys.stderr)
+        meta = {}
+    else:
+        meta = recording_metadata(info["scenario"], info.get("file", ""), info.get("source", {}))
+        meta["server"] = {k: str(v) for k, v in info.get("server", {}).items()}
+    meta.setdefault("recording", {})["topics"] = ",".join(topics)
+    meta["recording"]["connect"] = args.connect
+
+    ctx = mp.get_context("spawn")
+    stop, ready = ctx.Event(), ctx.Event()
+    counts = ctx.Array("q", 2)       # messages written, force seq gaps: for the progress line
+    proc = ctx.Process(target=recorder_main, name="suturesim-recorder",
+                       args=(args.connect, args.out, stop, ready, meta, [TOPICS[t] for t in topics], counts))
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    proc.start()
+    t0 = time.monotonic()
+    try:
+        if not ready.wait(30.0):
+            print("suturesim record: the recorder did not start", file=sys.stderr)
+            stop.set()
+            return 1
+        last = -1.0
+        while proc.is_alive() and not stop.is_set():
+            if args.duration is not None and time.monotonic() - t0 >= args.duration:
+                break
+            time.sleep(0.1)
+            if time.monotonic() - last >= 1.0:
+                last = time.monotonic()
+                print(f"\rsuturesim record: {time.monotonic() - t0:6.1f} s, {counts[0]} messages, {counts[1]} "
+                      "force messages missing", end="", file=sys.stderr, flush=True)
+        print(file=sys.stderr)
+    finally:
+        stop.set()
+        proc.join(10.0)
+        if proc.is_alive():
+            proc.kill()
+        for s, h in previous.items():
+            signal.signal(s, h)
+    return 0 if proc.exitcode == 0 else 1

@@ -1,0 +1,406 @@
+"""`suturesim replay F.mcap`: a recording played back three ways (docs/RECORDING.md).
+
+* ``--to publish`` (default): every recorded message, byte for byte, on a PUB socket with its original timing
+  (log times) scaled by ``--speed``, from ``--from`` to ``--to-time`` (s into the recording), looping with
+  ``--loop``. A viewer or any client sees the session as it happened.
+* ``--to resimulate``: the recorded scenario and server settings rebuilt from the file's metadata, stepped
+  tick by tick through the daemon's own tick code (server/physics.py ``PhysicsLoop.tick_scene``) with the
+  recorded stylus positions of every live device and the recorded grasps, releases, resets and pauses; every
+  recomputed `force` and `state` compared with the recorded one. On the same machine and version the difference
+  is exactly zero; ``--set key=value`` changes the scenario first, for a regression report.
+* ``--to device``: the recorded force of one device played on a haptic device (``--device openhaptics``, or the
+  simulated one, which publishes what it would render) through the full safety pipeline, in time.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+import yaml
+
+from ..server import protocol
+from ..server.recording import RecordingError, read_messages, read_metadata
+
+
+def _progress(done: int, total: int, what: str, last: list) -> None:
+    """A progress line on stderr, at most 5 times a second."""
+    now = time.monotonic()
+    if now - last[0] >= 0.2 or done == total:
+        last[0] = now
+        print(f"\r{what}: {done}/{total} ({100.0 * done / max(total, 1):.0f} %)", end="", file=sys.stderr,
+              flush=True)
+        if done == total:
+            print(file=sys.stderr, flush=True)
+
+
+# -- publish ---------------------------------------------------------------------------------------------
+def replay_publish(path: str, endpoint: str, speed: float = 1.0, t_from: float = 0.0, t_to: float | None = None,
+                   loop: bool = False, wait_subscribers: int = 0, stop=None, out=print) -> dict:
+    """Republish the recording on ``endpoint`` (PUB, bound) with its original timing / ``speed``; returns
+    {"messages": sent, "passes": completed passes, "late_ms": {p50, p99, max} of each send against its
+    schedule (ms)}."""
+    import zmq
+
+    from ..server.physics import wait_until
+
+    msgs = [(t.encode(), p, log) for t, p, log, _ in read_messages(path)]
+    if not msgs:
+        raise RecordingError(f"{path}: no messages")
+    base = msgs[0][2]
+    lo = base + int(t_from * 1e9)
+    hi = None if t_to is None else base + int(t_to * 1e9)
+    msgs = [m for m in msgs if m[2] >= lo and (hi is None or m[2] <= hi)]
+    if not msgs:
+        raise RecordingError(f"{path}: no messages between --from {t_from:g} s and --to-time {t_to} s")
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.XPUB)      # XPUB: the subscriptions arrive as messages, so we can wait for them
+    pub.setsockopt(zmq.LINGER, 1000)
+    pub.setsockopt(zmq.SNDHWM, 0)
+    pub.bind(endpoint)
+    subs = 0
+    deadline = time.monotonic() + 30.0
+    while subs < wait_subscribers and time.monotonic() < deadline:
+        if pub.poll(100):
+            if pub.recv()[:1] == b"\x01":
+                subs += 1
+    time.sleep(0.3 if wait_subscribers == 0 else 0.05)   # a subscription reaches the publisher (slow joiner)
+    try:   # the original timing is the point: take SCHED_FIFO where it is granted (as the server's loop does)
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(40))
+    except (PermissionError, OSError, AttributeError):
+        pass
+    span = (msgs[-1][2] - msgs[0][2]) / 1e9
+    out(f"suturesim replay: {len(msgs)} messages, {span:.3f} s, at {speed:g}x on {endpoint}"
+        + (" (looping)" if loop else ""))
+    sent, passes = 0, 0
+    late = np.zeros(len(msgs), dtype=np.int64)       # ns, the last pass
+    try:
+        while True:
+            t0 = time.monotonic_ns() + 1_000_000
+            first = msgs[0][2]
+            for k, (topic, payload, log) in enumerate(msgs):
+                due = t0 + int((log - first) / speed)
+                wait_until(due, 300_000)
+                late[k] = time.monotonic_ns() - due
+                pub.send_multipart((topic, payload))
+                sent += 1
+                if stop is not None and stop.is_set():
+                    break
+            else:
+                passes += 1
+            if not loop or (stop is not None and stop.is_set()):
+                break
+    finally:
+        pub.close()
+        ctx.term()
+    q = late[:min(sent, len(msgs))] / 1e6 if passes == 0 else late / 1e6
+    return {"messages": sent, "passes": passes,
+            "late_ms": {"p50": float(np.percentile(q, 50)), "p99": float(np.percentile(q, 99)),
+                        "max": float(q.max())} if q.size else {}}
+
+
+# -- resimulate ------------------------------------------------------------------------------------------
+_IGNORED_EVENTS = {"start", "overrun", "shutdown", "device", "device_lost", "device_error", "record_start",
+                   "record_stop", "grasp_missed", "fault"}   # a fault reset happens inside the tick itself
+
+
+@dataclass
+class ResimReport:
+    ticks: int = 0
+    forces: int = 0
+    states: int = 0
+    max_force: float = 0.0      # N, largest |recomputed - recorded| component of `force`
+    max_axial: float = 0.0      # N
+    max_pose: float = 0.0       # m
+    max_x: float = 0.0          # m, positions in `state` (float32 on the wire)
+    first_diff: tuple | None = None      # (seq, t, what)
+    stopped: str | None = None  # why the comparison ended before the recording did
+    missing: int = 0            # recorded force messages with no recomputed counterpart, or the reverse
+    first_seq: int = 1          # the first recorded tick (a recorder that joined late): compared from there
+
+    @property
+    def exact(self) -> bool:
+        return (self.max_force == 0.0 and self.max_axial == 0.0 and self.max_pose == 0.0 and self.max_x == 0.0
+                and self.missing == 0)
+
+    def lines(self) -> list[str]:
+        out = [f"resimulated {self.ticks} ticks: compared {self.forces} force and {self.states} state messages"
+               + (f" (the recording starts at seq {self.first_seq}: the scene was stepped from its start and "
+                  "compared from there)" if self.first_seq != 1 else ""),
+               f"largest difference: force {self.max_force:.3g} N, axial {self.max_axial:.3g} N, pose "
+               f"{self.max_pose:.3g} m, positions {self.max_x:.3g} m"
+               + (f"; {self.missing} messages without a counterpart" if self.missing else "")]
+        if self.first_diff:
+            seq, t, what = self.first_diff
+            out.append(f"first difference at seq {seq} (t = {t:.3f} s): {what}")
+        if self.stopped:
+            out.append(f"stopped early: {self.stopped}")
+        out.append("EXACT: the recomputed session equals the recording" if self.exact else
+                   "DIFFERENT: the recomputed session differs from the recording")
+        return out
+
+
+def _merge_set(source: dict, assignments: list[str]) -> dict:
+    """``key.path=value`` assignments (value parsed as YAML) applied to a copy of the scenario source."""
+    out = yaml.safe_load(yaml.safe_dump(source))
+    for a in assignments:
+        key, sep, value = a.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set wants key.path=value, got {a!r}")
+        node = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = yaml.safe_load(value)
+    return out
+
+
+def resimulate(path: str, assignments: list[str] | None = None, progress: bool = False) -> ResimReport:
+    """Step the recorded session again and compare (module docstring). Raises RecordingError when the file
+    cannot be resimulated (no scenario in its metadata, or it does not start at the scene's first tick)."""
+    from ..haptics.replay import PoseTrack
+    from ..server.config import server_config_from_metadata
+    from ..server.physics import PhysicsLoop
+    from ..solver.scenario import build_scenario
+
+    meta = read_metadata(path)
+    if "scenario" not in meta or "yaml" not in meta["scenario"]:
+        raise RecordingError(f"{path}: no scenario in the recording's metadata; cannot resimulate")
+    source = yaml.safe_load(meta["scenario"]["yaml"])
+    if assignments:
+        source = _merge_set(source, assignments)
+    scenario = build_scenario(source, meta["scenario"].get("file", "<recording>"))
+    cfg = server_config_from_metadata(meta.get("server"))
+
+    forces: dict[int, dict[str, dict]] = {}
+    states: dict[int, dict] = {}
+    events: list[dict] = []
+    stylus: dict[str, tuple[list, list]] = {}
+    for topic, payload, _, _ in read_messages(path):
+        if topic == "force":
+            m = protocol.decode_force(payload)
+            forces.setdefault(m["seq"], {})[m["device"]] = m
+            ts, ps = stylus.setdefault(m["device"], ([], []))
+            if not ts or m["t"] >= ts[-1]:
+                ts.append(m["t"])
+                ps.append(m.get("stylus", m["pose"]))
+        elif topic == "state":
+            m = protocol.decode_state(payload)
+            states[m["seq"]] = m
+        elif topic == "event":
+            events.append(protocol.decode_event(payload))
+    if not forces:
+        raise RecordingError(f"{path}: no `force` messages to compare")
+    first_seq, last_seq = min(forces), max(forces)
+    # every device that was not scripted is driven by its recorded stylus positions (the replay backend)
+    live = [d for d in stylus if not d.startswith("vertex") and cfg.backend_of(d) != "simulated"]
+    if first_seq != 1 and live:
+        raise RecordingError(f"{path}: the recording starts at seq {first_seq}, not at the scene's first tick, and "
+                             f"{', '.join(live)} moved the thread before it: a resimulation needs the whole session")
+    cfg = replace(cfg, scenario=scenario, device="replay" if cfg.device != "simulated" else "simulated",
+                  devices=tuple(replace(d, backend="replay") if d.backend not in (None, "simulated") else d
+                                for d in cfg.devices))
+    out: list[tuple[bytes, bytes]] = []
+    loop = PhysicsLoop(cfg, sink=lambda topic, payload: out.append((topic, payload)))
+    loop.replay = {d: PoseTrack(np.asarray(stylus[d][0]), np.asarray(stylus[d][1])) for d in live} or None
+
+    report = ResimReport(first_seq=first_seq)
+    events.sort(key=lambda e: (e["seq"], e["t"]))
+    ev_i = 0
+    last = [0.0]
+
+    def differ(seq, t, what, value, current):
+        if value > current and report.first_diff is None and value > 0.0:
+            report.first_diff = (seq, t, what)
+        return max(value, current)
+
+    try:
+        for seq in range(1, last_seq + 1):
+            loop.seq = seq
+            now_t = float(loop.state.time[0])
+            while ev_i < len(events) and events[ev_i]["seq"] <= seq and events[ev_i]["t"] <= now_t + 1e-9:
+                e = events[ev_i]
+                ev_i += 1
+                kind = e["kind"]
+                if kind == "grasp":
+                    loop.add_grasp(e["vertex"], e["device"], e["id"], e.get("stiffness", 1000.0),
+                                   e.get("damping", 0.0), e.get("max_force", 3.0))
+                elif kind == "release":
+                    loop.remove_grasp(e["id"])
+                elif kind == "reset":
+                    loop.install(loop.scenario)
+                elif kind == "pause":
+                    loop.paused = True
+                elif kind == "resume":
+                    loop.paused = False
+                elif kind not in _IGNORED_EVENTS:
+                    report.stopped = (f"the recording's `{kind}` event at seq {e['seq']} (t = {e['t']:.3f} s) "
+                                      "changes the scene in a way a resimulation does not follow")
+                    raise StopIteration
+            out.clear()
+            loop.tick_scene(0)
+            report.ticks += 1
+            recorded = forces.get(seq, {})
+            mine = {}
+            for topic, payload in out:
+                if topic == protocol.TOPIC_FORCE:
+                    m = protocol.decode_force(payload)
+                    mine[m["device"]] = m
+                elif topic == protocol.TOPIC_STATE and seq in states:
+                    m = protocol.decode_state(payload)
+                    r = states[seq]
+                    dx = float(np.max(np.abs(np.asarray(m["x"]) - np.asarray(r["x"])))) if m["n"] == r["n"] \
+                        else math.inf
+                    report.max_x = differ(seq, m["t"], "state positions", dx, report.max_x)
+                    report.states += 1
+            for dev, r in recorded.items():
+                m = mine.get(dev)
+                if m is None:
+                    report.missing += 1
+                    if report.first_diff is None:
+                        report.first_diff = (seq, r["t"], f"no recomputed force for {dev}")
+                    continue
+                report.forces += 1
+                report.max_force = differ(seq, r["t"], f"{dev} force", float(np.max(np.abs(
+                    np.subtract(m["force"], r["force"])))), report.max_force)
+                report.max_axial = differ(seq, r["t"], f"{dev} axial", abs(m["axial"] - r["axial"]),
+                                          report.max_axial)
+                report.max_pose = differ(seq, r["t"], f"{dev} pose", float(np.max(np.abs(
+                    np.subtract(m["pose"], r["pose"])))), report.max_pose)
+            report.missing += len(set(mine) - set(recorded)) if recorded else 0
+            if progress:
+                _progress(seq, last_seq, "resimulating", last)
+    except StopIteration:
+        pass
+    finally:
+        loop.close()
+    return report
+
+
+# -- device ----------------------------------------------------------------------------------------------
+def replay_device(path: str, device: str | None, backend: str, cfg, speed: float = 1.0, pub: str | None = None,
+                  out=print) -> dict:
+    """Play the recorded `force` of ``device`` (default: the first device in the file) in time through the
+    safety pipeline: on an OpenHaptics device (``backend`` "openhaptics", through the driver process and its
+    servo backstop and watchdog), or on the simulated device, which publishes on ``pub`` what it renders.
+    Returns {"device", "forces", "max_force_n", "flags"}."""
+    import multiprocessing as mp
+
+    import zmq
+
+    from ..haptics.link import DeviceLink
+    from ..haptics.safety import ForceSafety
+    from ..server.physics import wait_until
+    from ..server.supervisor import start_driver
+
+    samples = [protocol.decode_force(p) for t, p, _, _ in read_messages(path) if t == "force"]
+    devices = list(dict.fromkeys(m["device"] for m in samples if not m["device"].startswith("vertex")))
+    if not devices:
+        raise RecordingError(f"{path}: no device forces to play")
+    device = device or devices[0]
+    if device not in devices:
+        raise RecordingError(f"{path}: no device {device!r} (recorded: {', '.join(devices)})")
+    track = [m for m in samples if m["device"] == device]
+    link = DeviceLink.create(1)
+    ctx = sock = None
+    driver = None
+    try:
+        link.zero_forces(0, time.monotonic_ns())
+        limit = None
+        if backend == "openhaptics":
+            cfg = replace(cfg, device="openhaptics", devices=tuple(d for d in cfg.devices if d.name == device))
+            driver, limits = start_driver(mp.get_context("spawn"), cfg, link, [device], out)
+            limit = limits.get(device)
+        if pub:
+            ctx = zmq.Context()
+            sock = ctx.socket(zmq.PUB)
+            sock.bind(pub)
+            time.sleep(0.3)
+        safety = ForceSafety(cfg.safety, limit)
+        shaped = np.zeros(3)
+        tick_ns = int(cfg.loop.tick_s * 1e9 / speed)
+        t0 = time.monotonic_ns() + 1_000_000
+        flags_seen = 0
+        peak = 0.0
+        zero = [0.0, 0.0, 0.0]
+        out(f"suturesim replay: playing {len(track)} forces of {device} on the {backend} device at {speed:g}x")
+        for k, m in enumerate(track):
+            due = t0 + k * tick_ns
+            wait_until(due, 300_000)
+            fl = safety.step(m["force"], k * cfg.loop.tick_s, k * cfg.loop.tick_s, cfg.loop.tick_s, shaped)
+            flags_seen |= fl
+            peak = max(peak, float(np.linalg.norm(shaped)))
+            link.write_force(0, shaped, m["axial"], fl, k + 1, time.monotonic_ns())
+            if sock is not None:
+                sock.send_multipart((protocol.TOPIC_FORCE, protocol.encode_force(
+                    k + 1, m["t"], device, m["pose"], shaped, m["axial"], fl, m.get("stylus"))))
+        link.write_force(0, zero, 0.0, 0, len(track) + 1, time.monotonic_ns())
+        time.sleep(0.1)
+    finally:
+        if driver is not None:
+            driver.stop()
+        link.zero_forces(0, time.monotonic_ns())
+        if sock is not None:
+            sock.close(0)
+            ctx.term()
+        link.close()
+        link.unlink()
+    return {"device": device, "forces": len(track), "max_force_n": peak, "flags": flags_seen}
+
+
+# -- command line ----------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="suturesim replay", description=__doc__.split("\n\n")[0].strip(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split(
+                                    "\n\n", 1)[1])
+    p.add_argument("file", metavar="F.mcap")
+    p.add_argument("--to", choices=("publish", "resimulate", "device"), default="publish", dest="mode")
+    p.add_argument("--pub", metavar="EP", default="tcp://127.0.0.1:5555",
+                   help="publish / device: PUB endpoint to bind (default tcp://127.0.0.1:5555)")
+    p.add_argument("--speed", type=float, default=1.0, help="publish / device: playback speed (default 1)")
+    p.add_argument("--from", dest="t_from", type=float, default=0.0, metavar="S",
+                   help="publish: start S seconds into the recording")
+    p.add_argument("--to-time", dest="t_to", type=float, default=None, metavar="S",
+                   help="publish: stop S seconds into the recording")
+    p.add_argument("--loop", action="store_true", help="publish: start again at the end, until Ctrl-C")
+    p.add_argument("--wait-subscribers", type=int, default=0, metavar="N",
+                   help="publish: wait (up to 30 s) for N subscribers before starting")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="resimulate: change the recorded scenario first (e.g. solver.tol=1e-6), for a regression "
+                        "report; repeatable")
+    p.add_argument("--device", choices=("simulated", "openhaptics"), default="simulated",
+                   help="device: the device to play on (default simulated: it publishes what it would render)")
+    p.add_argument("--name", metavar="DEVICE", help="device: which recorded device's force (default: the first)")
+    p.add_argument("--config", metavar="F", help="device: server config with the device and safety settings")
+    args = p.parse_args(argv)
+    if not args.speed > 0 or not math.isfinite(args.speed):
+        p.error("--speed must be > 0")
+    try:
+        if args.mode == "publish":
+            r = replay_publish(args.file, args.pub, args.speed, args.t_from, args.t_to, args.loop,
+                               args.wait_subscribers)
+            lt = r["late_ms"]
+            print(f"suturesim replay: sent {r['messages']} messages in {r['passes']} pass(es); lateness against "
+                  f"the recorded timing p50 {lt['p50']:.3f} ms, p99 {lt['p99']:.3f} ms, max {lt['max']:.3f} ms")
+            return 0
+        if args.mode == "resimulate":
+            report = resimulate(args.file, args.set, progress=sys.stderr.isatty())
+            for line in report.lines():
+                print(line)
+            return 0 if report.exact else 1
+        from ..server.config import load_server_config
+
+        cfg = load_server_config(args.config)
+        r = replay_device(args.file, args.name, args.device, cfg, args.speed, args.pub)
+        print(f"suturesim replay: played {r['forces']} forces of {r['device']}; largest {r['max_force_n']:.4f} N "
+              f"after safety; flags seen {r['flags']}")
+        return 0
+    except (RecordingError, OSError, ValueError) as exc:
+        print(f"suturesim replay: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
