@@ -67,6 +67,12 @@ def _cmd_scenarios(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_view(args: argparse.Namespace) -> int:
+    from ..tools.view import serve_viewer
+
+    return serve_viewer(connect=args.connect, host=args.host, port=args.port)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="suturesim",
@@ -112,6 +118,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, help="simulated seconds (default: the scenario's duration)")
     p.add_argument("--record", metavar="OUT.mcap", help="record the published messages to this MCAP file")
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("view", help="a live web page of a server: the thread in 3D, forces, loop statistics",
+                       description="Serve a local web page that shows a running server live: the thread in 3D "
+                                   "coloured by tension (drag to orbit, wheel to zoom), its grasps and contacts, "
+                                   "a 10 s plot of each device's force and axial force, the loop statistics and "
+                                   "the connection status. It subscribes to the PUB endpoint --connect (a "
+                                   "`suturesim serve`, or anything publishing the same messages, such as a "
+                                   "replay) and serves the page and its WebSocket (/ws) on --host:--port; the "
+                                   "page needs no internet. The page gets ~30 updates a second: the newest state "
+                                   "only, forces folded into a few peak points per device, every stats and event; "
+                                   "a slow browser gets fewer updates and never backs up the bridge. Ctrl-C "
+                                   "stops.")
+    p.add_argument("--connect", metavar="EP", default="tcp://127.0.0.1:5555",
+                   help="the PUB endpoint to subscribe to (default tcp://127.0.0.1:5555)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address the page is served on (default 127.0.0.1; any other address warns: the page "
+                        "has no authentication)")
+    p.add_argument("--port", type=int, default=8765,
+                   help="TCP port of the page and its WebSocket (default 8765; 0 picks a free one)")
+    p.set_defaults(func=_cmd_view)
 
     p = sub.add_parser("validate", help="run the validation cases (Wang et al. 2017 Sec. 6) and print a table",
                        add_help=False)

@@ -1,0 +1,478 @@
+"""`suturesim view`: a live web page of a running server, or of any publisher of its messages (docs/PROTOCOL.md).
+
+One process, one port. A ZeroMQ SUB socket (``--connect``) feeds a receiver thread; an asyncio ``websockets``
+server on ``--host:--port`` serves the page's static files (``tools/viewer/``, shipped in the package: no CDN,
+no internet) from its ``process_request`` hook and streams JSON frames to each page on ``/ws``.
+
+Frames, not messages. A server publishes ~2000 messages a second (force at 1 kHz per device, state at 100 Hz)
+and a page redraws at most ~60 times a second, so the bridge never queues messages for a page. Each page has a
+:class:`FrameBuffer` holding only what it has not been sent yet, bounded whatever the page's pace:
+
+* ``state``: the newest one only (older ones are dropped and counted);
+* ``force``: folded into one summary point per device per :data:`FORCE_BUCKET_S` of simulated time (the peak
+  ``|force|``, the peak ``axial``, the flags OR-ed), at most :data:`MAX_FORCE_POINTS` per device and
+  :data:`MAX_DEVICES` devices (the oldest points go first);
+* ``stats`` and ``event``: every one, in a deque of :data:`MAX_STATS` / :data:`MAX_EVENTS` (only a page stalled
+  for that many loses the oldest).
+
+The page's sender drains its buffer every :data:`FRAME_S` (~30 Hz) and awaits the WebSocket send, so a slow
+browser only makes the next drain later: what piles up meanwhile is folded, not queued.
+
+Page protocol (JSON text messages on ``/ws``; unknown keys are to be ignored):
+
+``{"type": "hello", "endpoint": str, "frame_s": float, "bucket_s": float}``
+    once, on connect.
+``{"type": "frame", "endpoint": str, "age": float|null, "received": int, "state": {...}|null,
+"force": {device: [[t, force_mag, axial, flags], ...]}, "stats": [{"recv": float, "stats": {...}}, ...],
+"events": [{...}, ...], "dropped": {"state": int}}``
+    ``age``: seconds since the bridge last received any message (null: none yet); ``received``: messages
+    received in total. ``state`` is the decoded ``state`` payload with ``x`` a flat list of n*3 floats (m) and
+    ``tension`` a list of n-1 floats (N); ``t`` in force points is simulated time (s), ``force_mag`` and
+    ``axial`` are in N. ``recv`` is the bridge's wall clock (s, Unix time) when that ``stats`` arrived. Stats
+    and events are the payloads as published. Non-finite numbers become null. A frame is sent whenever
+    something arrived, and at least every :data:`HEARTBEAT_S` so the page can show the message age.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import ipaddress
+import json
+import math
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+import numpy as np
+import zmq
+
+from ..server import protocol
+from ..server.recorder import receive_until
+
+DEFAULT_CONNECT = "tcp://127.0.0.1:5555"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8765
+
+FRAME_S = 1.0 / 30.0        # page update period (s)
+HEARTBEAT_S = 0.5           # longest gap between frames when nothing arrives (s), so the page sees the age grow
+FORCE_BUCKET_S = 0.01       # simulated seconds folded into one force point: ~3 points per device per frame
+MAX_FORCE_POINTS = 64       # pending force points per device (~0.6 s of simulated time at the bucket width)
+MAX_DEVICES = 16            # devices tracked per page; a publisher inventing names cannot grow the buffer
+MAX_STATS = 16              # pending stats payloads (1 Hz from the server)
+MAX_EVENTS = 64             # pending events
+SUB_HWM = 4000              # ZeroMQ's own queue (messages): ~2 s of a two-device server if the thread stalls
+ASSETS_DIR = Path(__file__).with_name("viewer")
+_CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+                  ".css": "text/css; charset=utf-8"}
+# The page loads nothing but its own files and talks to nothing but its own bridge.
+_CSP = "default-src 'self'; connect-src 'self'; img-src 'self'; style-src 'self'; script-src 'self'"
+
+
+class ViewerError(Exception):
+    """A configuration problem the user can fix (bad endpoint, port in use); the message says how."""
+
+
+# ----------------------------------------------------------------------------------------------- JSON helpers
+def _floats(values: np.ndarray, decimals: int = 6) -> list:
+    """A flat list of floats rounded to ``decimals`` (short JSON), with None for non-finite values."""
+    a = np.round(np.asarray(values, dtype=np.float64).ravel(), decimals)
+    if np.isfinite(a).all():
+        return a.tolist()
+    return [v if math.isfinite(v) else None for v in a.tolist()]
+
+
+def json_safe(obj: Any) -> Any:
+    """A free-form payload value made JSON-encodable: non-finite floats -> None, bytes -> a placeholder string,
+    map keys -> str (stats and events may carry any msgpack value)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return f"<{len(obj)} bytes>"
+    if isinstance(obj, np.ndarray):
+        return _floats(obj)
+    return obj
+
+
+def state_to_json(m: dict) -> dict:
+    """A decoded ``state`` payload (:func:`protocol.decode`) as the page gets it: positions (m) as a flat list
+    of n*3 floats rounded to 1 µm, tensions (N) rounded to 1 µN; only the keys the protocol defines."""
+    return {
+        "seq": m["seq"], "t": json_safe(m["t"]), "n": m["n"],
+        "x": _floats(m["x"]), "tension": _floats(m["tension"]),
+        "twist": json_safe(m["twist"]),
+        "grasps": [{"id": g["id"], "vertex": g["vertex"], "device": g["device"],
+                    "pos": json_safe(g["pos"]), "force": json_safe(g["force"])} for g in m["grasps"]],
+        "contacts": m["contacts"],
+        "energy": json_safe(m["energy"]),
+        "solver": json_safe(m["solver"]),
+    }
+
+
+# ------------------------------------------------------------------------------------------ the frame buffer
+class _ForceTrack:
+    """One device's pending force points and the bucket being filled. Buckets sit on a fixed grid of simulated
+    time (bucket k covers [k, k+1) x FORCE_BUCKET_S), so the points of different devices line up."""
+
+    __slots__ = ("points", "k", "t", "mag", "axial", "flags")
+
+    def __init__(self) -> None:
+        self.points: deque[list] = deque(maxlen=MAX_FORCE_POINTS)
+        self.k: int | None = None       # grid index of the open bucket
+
+    def add(self, t: float, mag: float, axial: float, flags: int) -> None:
+        k = math.floor(t / FORCE_BUCKET_S) if math.isfinite(t) else -1
+        if k != self.k:                 # the next bucket, or simulated time went backwards (reset, load)
+            self.close()
+            self.k, self.t, self.mag, self.axial, self.flags = k, t, mag, axial, flags
+            return
+        # peak-preserving: a one-tick clamp or spike stays visible after decimation
+        self.t = t
+        self.mag = max(self.mag, mag)
+        self.axial = max(self.axial, axial)
+        self.flags |= flags
+
+    def close(self) -> None:
+        if self.k is not None:
+            self.points.append([self.t, self.mag, self.axial, self.flags])
+            self.k = None
+
+    def take(self) -> list[list]:
+        self.close()
+        out = list(self.points)
+        self.points.clear()
+        return out
+
+
+class FrameBuffer:
+    """What one page has not been sent yet: the newest ``state``, force summary points per device, every
+    ``stats`` and ``event`` (bounded deques). Thread-safe: the ZeroMQ thread adds, the page's sender drains.
+
+    Memory is bounded whatever the drain rate: one state, MAX_DEVICES x MAX_FORCE_POINTS points, MAX_STATS
+    stats and MAX_EVENTS events.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state: dict | None = None
+        self._forces: dict[str, _ForceTrack] = {}
+        self._stats: deque[dict] = deque(maxlen=MAX_STATS)
+        self._events: deque[dict] = deque(maxlen=MAX_EVENTS)
+        self.dropped_states = 0         # states replaced by a newer one before a page got them
+        self.dropped_devices = 0        # force messages of devices beyond MAX_DEVICES
+
+    def add(self, topic: bytes, msg: dict, recv_wall: float) -> None:
+        """Take one decoded message (``topic`` as published; ``recv_wall``: Unix time it arrived, s)."""
+        with self._lock:
+            if topic == protocol.TOPIC_STATE:
+                if self._state is not None:
+                    self.dropped_states += 1
+                self._state = msg
+            elif topic == protocol.TOPIC_FORCE:
+                track = self._forces.get(msg["device"])
+                if track is None:
+                    if len(self._forces) >= MAX_DEVICES:
+                        self.dropped_devices += 1
+                        return
+                    track = self._forces[msg["device"]] = _ForceTrack()
+                fx, fy, fz = msg["force"]
+                track.add(msg["t"], math.sqrt(fx * fx + fy * fy + fz * fz), abs(msg["axial"]), msg["flags"])
+            elif topic == protocol.TOPIC_STATS:
+                self._stats.append({"recv": recv_wall, "stats": msg})
+            elif topic == protocol.TOPIC_EVENT:
+                self._events.append(msg)
+
+    def held(self) -> int:
+        """Items held (a state, force points incl. open buckets, stats, events): the bound the tests check."""
+        with self._lock:
+            forces = sum(len(tr.points) + (tr.k is not None) for tr in self._forces.values())
+            return (self._state is not None) + forces + len(self._stats) + len(self._events)
+
+    def drain(self) -> dict | None:
+        """Everything pending as a JSON-ready frame body (``state``, ``force``, ``stats``, ``events``,
+        ``dropped``), or None if nothing arrived since the last drain. Empties the buffer."""
+        with self._lock:
+            state, self._state = self._state, None
+            forces = {dev: pts for dev, tr in self._forces.items() if (pts := tr.take())}
+            stats, events = list(self._stats), list(self._events)
+            self._stats.clear()
+            self._events.clear()
+            dropped = self.dropped_states
+        if state is None and not forces and not stats and not events:
+            return None
+        # converting outside the lock keeps the ZeroMQ thread from waiting on JSON work
+        return {"state": None if state is None else state_to_json(state),
+                "force": {dev: [json_safe(p) for p in pts] for dev, pts in forces.items()},
+                "stats": [{"recv": s["recv"], "stats": json_safe(s["stats"])} for s in stats],
+                "events": [json_safe(e) for e in events],
+                "dropped": {"state": dropped}}
+
+
+# ------------------------------------------------------------------------------------------------ the bridge
+def check_endpoint(endpoint: str) -> None:
+    """Raise :class:`ViewerError` for a ``tcp://host:port`` endpoint ZeroMQ would accept and then retry forever
+    (a port out of range, a host that does not resolve); other transports are left to ZeroMQ."""
+    if not endpoint.startswith("tcp://"):
+        return
+    host, sep, port = endpoint[len("tcp://"):].rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ViewerError(f"bad --connect endpoint {endpoint!r}: expected tcp://HOST:PORT with a port "
+                          f"1-65535, e.g. {DEFAULT_CONNECT}")
+    host = host.strip("[]")
+    try:
+        socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ViewerError(f"bad --connect endpoint {endpoint!r}: cannot resolve host {host!r} "
+                          f"({exc.strerror})") from None
+
+
+class Bridge:
+    """A ZeroMQ SUB socket connected to ``endpoint`` and a thread that decodes what arrives into every attached
+    :class:`FrameBuffer`. Malformed messages are counted and skipped (``bad``)."""
+
+    def __init__(self, endpoint: str, ctx: zmq.Context | None = None) -> None:
+        check_endpoint(endpoint)
+        self.endpoint = endpoint
+        self._ctx = ctx or zmq.Context.instance()
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.RCVHWM, SUB_HWM)
+        self._sub.setsockopt(zmq.LINGER, 0)
+        for topic in protocol.TOPICS:
+            self._sub.setsockopt(zmq.SUBSCRIBE, topic)
+        try:
+            self._sub.connect(endpoint)
+        except zmq.ZMQError as exc:
+            self._sub.close(0)
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise ViewerError(f"bad --connect endpoint {endpoint!r}: {reason} "
+                              f"(expected e.g. {DEFAULT_CONNECT})") from None
+        self._buffers: list[FrameBuffer] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="view-sub", daemon=True)
+        self._last_monotonic: float | None = None
+        self.received = 0
+        self.bad = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2.0)
+        self._sub.close(0)
+
+    def attach(self) -> FrameBuffer:
+        """A new buffer that gets every message from now on (one per page)."""
+        buf = FrameBuffer()
+        with self._lock:
+            self._buffers = [*self._buffers, buf]
+        return buf
+
+    def detach(self, buf: FrameBuffer) -> None:
+        with self._lock:
+            self._buffers = [b for b in self._buffers if b is not buf]
+
+    def age(self) -> float | None:
+        """Seconds since the last message arrived, or None if none has."""
+        last = self._last_monotonic
+        return None if last is None else time.monotonic() - last
+
+    def _run(self) -> None:
+        for topic, payload in receive_until(self._sub, self._stop):
+            self._last_monotonic = time.monotonic()
+            self.received += 1
+            buffers = self._buffers         # copy-on-write list: no lock on the hot path
+            if not buffers or topic not in protocol.TOPICS:
+                continue                    # nobody watching: only the age matters
+            try:
+                msg = protocol.decode(payload, topic)
+            except protocol.ProtocolError:
+                self.bad += 1
+                continue
+            now = time.time()
+            for buf in buffers:
+                buf.add(topic, msg, now)
+
+
+# ------------------------------------------------------------------------------------------- the web server
+def load_assets(directory: Path = ASSETS_DIR) -> dict[str, tuple[bytes, str]]:
+    """URL path -> (body, content type) for every .html/.js/.css file of the page; ``/`` is index.html."""
+    assets = {f"/{p.name}": (p.read_bytes(), _CONTENT_TYPES[p.suffix])
+              for p in sorted(directory.iterdir()) if p.suffix in _CONTENT_TYPES}
+    if "/index.html" not in assets:
+        raise ViewerError(f"the viewer's page is missing from {directory} (a broken install?)")
+    assets["/"] = assets["/index.html"]
+    return assets
+
+
+def is_loopback(host: str) -> bool:
+    """True if every address ``host`` resolves to is a loopback address."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+class ViewerServer:
+    """The page's files and its WebSocket on one port (``websockets``' ``process_request`` serves the files)."""
+
+    def __init__(self, bridge: Bridge, host: str, port: int, assets: dict[str, tuple[bytes, str]]) -> None:
+        self.bridge, self.host, self.port, self.assets = bridge, host, port, assets
+        self.loopback = is_loopback(host)
+
+    def _host_ok(self, host_header: str | None) -> bool:
+        # Bound to loopback, only loopback names may reach us: a page on another site that rebinds its DNS
+        # name to 127.0.0.1 sends its own name as Host.
+        if not self.loopback:
+            return True
+        if not host_header:
+            return False
+        name = urlsplit(f"//{host_header}").hostname or ""
+        if name == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(name).is_loopback
+        except ValueError:
+            return False
+
+    def process_request(self, connection: Any, request: Any) -> Any:
+        """Serve a static file, refuse foreign hosts and origins, or let ``/ws`` through to the WebSocket."""
+        from websockets.datastructures import Headers
+        from websockets.http11 import Response
+
+        host = request.headers.get("Host")
+        if not self._host_ok(host):
+            return connection.respond(HTTPStatus.FORBIDDEN, "forbidden host\n")
+        path = urlsplit(request.path).path
+        if path == "/ws":
+            origin = request.headers.get("Origin")
+            # another site's page in the user's browser must not read the stream
+            if origin is not None and urlsplit(origin).netloc != host:
+                return connection.respond(HTTPStatus.FORBIDDEN, "cross-origin WebSocket refused\n")
+            return None
+        if path == "/favicon.ico":
+            return connection.respond(HTTPStatus.NO_CONTENT, "")
+        asset = self.assets.get(path)
+        if asset is None:
+            return connection.respond(HTTPStatus.NOT_FOUND, "not found\n")
+        body, ctype = asset
+        headers = Headers([("Content-Type", ctype), ("Content-Length", str(len(body))),
+                           ("Cache-Control", "no-store"), ("X-Content-Type-Options", "nosniff"),
+                           ("Content-Security-Policy", _CSP), ("Connection", "close")])
+        return Response(HTTPStatus.OK.value, HTTPStatus.OK.phrase, headers, body)
+
+    async def page(self, ws: Any) -> None:
+        """One page's stream: a hello, then a frame whenever something arrived (at most every FRAME_S)."""
+        from websockets.exceptions import ConnectionClosed
+
+        buf = self.bridge.attach()
+        try:
+            await ws.send(json.dumps({"type": "hello", "endpoint": self.bridge.endpoint, "frame_s": FRAME_S,
+                                      "bucket_s": FORCE_BUCKET_S}))
+            loop = asyncio.get_running_loop()
+            last_sent = -math.inf
+            while True:
+                start = loop.time()
+                body = buf.drain()
+                if body is not None or start - last_sent >= HEARTBEAT_S:
+                    frame = {"type": "frame", "endpoint": self.bridge.endpoint, "age": self.bridge.age(),
+                             "received": self.bridge.received, **(body or {})}
+                    # awaiting the send is the back-pressure: a slow page just drains less often
+                    await ws.send(json.dumps(frame, separators=(",", ":"), allow_nan=False))
+                    last_sent = start
+                await asyncio.sleep(max(0.0, FRAME_S - (loop.time() - start)))
+        except ConnectionClosed:
+            pass
+        finally:
+            self.bridge.detach(buf)
+
+    async def run(self, stop: asyncio.Event, ready: Callable[[str], None]) -> None:
+        """Listen until ``stop`` is set; ``ready`` gets the page's URL once listening."""
+        from websockets.asyncio.server import serve
+
+        try:
+            server = await serve(self.page, self.host, self.port, process_request=self.process_request,
+                                 compression=None,     # loopback: CPU matters more than bytes
+                                 max_size=64 * 1024)   # the page sends nothing
+        except socket.gaierror as exc:
+            raise ViewerError(f"cannot listen on --host {self.host!r}: {exc.strerror}") from None
+        except OSError as exc:
+            raise ViewerError(_listen_error(self.host, self.port, exc)) from None
+        async with server:
+            port = server.sockets[0].getsockname()[1]
+            shown = f"[{self.host}]" if ":" in self.host else self.host
+            ready(f"http://{shown}:{port}/")
+            await stop.wait()
+
+
+def _listen_error(host: str, port: int, exc: OSError) -> str:
+    code = exc.errno
+    if code is None and exc.__context__ is not None:    # asyncio wraps several bind failures in one OSError
+        code = getattr(exc.__context__, "errno", None)
+    if code == errno.EADDRINUSE or "address already in use" in str(exc):
+        return f"port {port} on {host} is already in use (is another viewer running? pick another with --port)"
+    if code == errno.EACCES:
+        return f"no permission to listen on port {port} (ports below 1024 need privileges; pick another --port)"
+    if code == errno.EADDRNOTAVAIL:
+        return f"cannot listen on {host}: not an address of this machine (--host)"
+    return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+
+
+# ------------------------------------------------------------------------------------------------ entry point
+def serve_viewer(connect: str = DEFAULT_CONNECT, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> int:
+    """Run the viewer until SIGINT/SIGTERM; returns the exit code (0 after Ctrl-C, 2 for a bad endpoint, a port
+    in use or a missing page). Messages go to stdout (the URL) and stderr (warnings, errors)."""
+    if not 0 <= port <= 65535:
+        print(f"suturesim view: --port {port} is out of range (0-65535)", file=sys.stderr)
+        return 2
+    try:
+        assets = load_assets()
+        bridge = Bridge(connect)
+    except ViewerError as exc:
+        print(f"suturesim view: {exc}", file=sys.stderr)
+        return 2
+    server = ViewerServer(bridge, host, port, assets)
+    if not server.loopback:
+        print(f"suturesim view: warning: --host {host} is not a loopback address: anyone who can reach it can "
+              f"watch the simulation (the page has no authentication)", file=sys.stderr, flush=True)
+    bridge.start()
+    try:
+        asyncio.run(_main(server, connect))
+    except ViewerError as exc:
+        print(f"suturesim view: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:       # only if the signal handlers could not be installed
+        pass
+    finally:
+        bridge.stop()
+    print("suturesim view: stopped", flush=True)
+    return 0
+
+
+async def _main(server: ViewerServer, connect: str) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread, or not a POSIX loop
+            pass
+
+    def ready(url: str) -> None:
+        print(f"suturesim view: open {url} (showing {connect}); Ctrl-C stops", flush=True)
+
+    await server.run(stop, ready)

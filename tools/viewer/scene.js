@@ -1,0 +1,273 @@
+// The thread in 3D on a 2D canvas: a perspective camera orbiting a target point. Scene frame as published:
+// metres, right-handed, z up. Hand-written on purpose: a hundred segments need no WebGL, and a 2D canvas draws
+// the same in every browser, headless ones included.
+
+import { clamp, fmt, fmtLength, isNum, niceCeil, niceFloor } from './util.js';
+
+const FOV = 40 * Math.PI / 180;     // vertical field of view
+const BG = '#101216';
+const Z_UP = [0, 0, 1];
+
+const sub = (a, b) => [a[0] - b[0], a[1] - b[1], a[2] - b[2]];
+const dot = (a, b) => a[0] * b[0] + a[1] * b[1] + a[2] * b[2];
+const cross = (a, b) => [a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]];
+const norm = a => { const l = Math.hypot(a[0], a[1], a[2]) || 1; return [a[0] / l, a[1] / l, a[2] / l]; };
+
+// Tension colours: grey at zero, yellow then red when taut, blue when compressed; `range` (N) is full scale.
+const GREY = [150, 156, 168], YELLOW = [250, 204, 21], RED = [239, 68, 68], BLUE = [56, 140, 248];
+const mix = (a, b, f) => a.map((v, i) => Math.round(v + (b[i] - v) * f));
+export function tensionColor(t, range) {
+  if (!isNum(t)) return 'rgb(90,90,90)';
+  const f = clamp(t / range, -1, 1);
+  const c = f < 0 ? mix(GREY, BLUE, -f) : f < 0.5 ? mix(GREY, YELLOW, 2 * f) : mix(YELLOW, RED, 2 * f - 1);
+  return `rgb(${c[0]},${c[1]},${c[2]})`;
+}
+
+// The colour scale's full range (N): it jumps up at once but decays over seconds, so colours do not flicker.
+class TensionRange {
+  constructor() { this.peak = 0; this.at = 0; this.value = 1e-3; }
+  update(tension) {
+    let m = 0;
+    for (const v of tension) if (isNum(v)) m = Math.max(m, Math.abs(v));
+    const now = performance.now() / 1000;
+    this.peak = Math.max(m, this.peak * Math.exp(-(now - this.at) / 1.5));
+    this.at = now;
+    this.value = niceCeil(Math.max(this.peak, 1e-3));
+  }
+}
+
+export class Scene {
+  constructor(canvas, deviceColor) {
+    this.canvas = canvas;
+    this.ctx = canvas.getContext('2d');
+    this.deviceColor = deviceColor;
+    this.az = -Math.PI / 3;       // camera azimuth about z: a three-quarter view with +x to the right
+    this.el = 0.45;               // camera elevation (rad)
+    this.zoom = 1;                // multiplies the fitted distance (wheel)
+    this.target = [0, 0, 0];      // orbit centre (m)
+    this.radius = 0.1;            // fitted scene radius (m)
+    this.ground = 0;              // z of the grid plane (m)
+    this.state = null;
+    this.needsFit = true;
+    this.dirty = true;
+    this.range = new TensionRange();
+    this.bindInput();
+  }
+
+  bindInput() {
+    const c = this.canvas;
+    let last = null;
+    c.addEventListener('pointerdown', e => { last = [e.clientX, e.clientY]; c.setPointerCapture(e.pointerId); });
+    c.addEventListener('pointermove', e => {
+      if (!last) return;
+      this.az -= (e.clientX - last[0]) * 0.008;
+      this.el = clamp(this.el + (e.clientY - last[1]) * 0.008, -1.5, 1.5);   // short of the poles: `up` stays defined
+      last = [e.clientX, e.clientY];
+      this.dirty = true;
+    });
+    const end = () => { last = null; };
+    c.addEventListener('pointerup', end);
+    c.addEventListener('pointercancel', end);
+    c.addEventListener('wheel', e => {
+      e.preventDefault();
+      this.zoom = clamp(this.zoom * Math.exp(e.deltaY * 0.0015), 0.05, 20);
+      this.dirty = true;
+    }, { passive: false });
+    c.addEventListener('dblclick', () => { this.zoom = 1; this.refit(); });
+  }
+
+  // Fit the camera to the next state (after a reset or load the thread may be somewhere else).
+  refit() { this.needsFit = true; this.dirty = true; }
+
+  setState(s) {
+    this.state = s;
+    this.range.update(s.tension);
+    if (this.needsFit) this.fit();
+    this.dirty = true;
+  }
+
+  points() {
+    const { x, n } = this.state;
+    const pts = [];
+    for (let i = 0; i < n; i++) {
+      const p = [x[3 * i], x[3 * i + 1], x[3 * i + 2]];
+      pts.push(p.every(isNum) ? p : null);
+    }
+    return pts;
+  }
+
+  fit() {
+    const all = this.points().filter(p => p);
+    for (const g of this.state.grasps) if (g.pos.every(isNum)) all.push(g.pos);
+    if (!all.length) return;
+    const lo = [0, 1, 2].map(k => Math.min(...all.map(p => p[k])));
+    const hi = [0, 1, 2].map(k => Math.max(...all.map(p => p[k])));
+    this.target = lo.map((v, k) => (v + hi[k]) / 2);
+    this.radius = Math.max(0.5 * Math.hypot(hi[0] - lo[0], hi[1] - lo[1], hi[2] - lo[2]), 0.02);
+    this.ground = lo[2] - 0.25 * this.radius;
+    this.needsFit = false;
+  }
+
+  camera(w, h) {
+    const dist = this.radius / Math.sin(FOV / 2) * 1.1 * this.zoom;
+    const ce = Math.cos(this.el);
+    const back = [ce * Math.cos(this.az), ce * Math.sin(this.az), Math.sin(this.el)];
+    const eye = this.target.map((v, k) => v + dist * back[k]);
+    const fwd = back.map(v => -v);
+    const right = norm(cross(fwd, Z_UP));
+    const up = cross(right, fwd);
+    return { eye, fwd, right, up, dist, near: dist * 0.02, f: (h / 2) / Math.tan(FOV / 2), cx: w / 2, cy: h / 2 };
+  }
+
+  // Camera-space coordinates [right, up, depth] of a scene point.
+  view(cam, p) { const d = sub(p, cam.eye); return [dot(d, cam.right), dot(d, cam.up), dot(d, cam.fwd)]; }
+
+  screen(cam, v) { return [cam.cx + cam.f * v[0] / v[2], cam.cy - cam.f * v[1] / v[2], v[2]]; }
+
+  project(cam, p) { const v = this.view(cam, p); return v[2] < cam.near ? null : this.screen(cam, v); }
+
+  // A 3D segment clipped to the near plane, in screen coordinates (null if wholly behind the camera).
+  segment(cam, a, b) {
+    let va = this.view(cam, a), vb = this.view(cam, b);
+    if (va[2] < cam.near && vb[2] < cam.near) return null;
+    if (va[2] < cam.near || vb[2] < cam.near) {
+      const f = (cam.near - va[2]) / (vb[2] - va[2]);
+      const cut = va.map((v, k) => v + (vb[k] - v) * f);
+      if (va[2] < cam.near) va = cut; else vb = cut;
+    }
+    return [this.screen(cam, va), this.screen(cam, vb)];
+  }
+
+  line(cam, a, b) {
+    const s = this.segment(cam, a, b);
+    if (!s) return;
+    this.ctx.beginPath();
+    this.ctx.moveTo(s[0][0], s[0][1]);
+    this.ctx.lineTo(s[1][0], s[1][1]);
+    this.ctx.stroke();
+  }
+
+  draw() {
+    const c = this.canvas, ctx = this.ctx, dpr = window.devicePixelRatio || 1;
+    const w = Math.max(1, Math.round(c.clientWidth * dpr)), h = Math.max(1, Math.round(c.clientHeight * dpr));
+    if (c.width !== w || c.height !== h) { c.width = w; c.height = h; }
+    ctx.setTransform(1, 0, 0, 1, 0, 0);
+    ctx.fillStyle = BG;
+    ctx.fillRect(0, 0, w, h);
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);     // everything below in CSS pixels
+    const cw = w / dpr, ch = h / dpr, cam = this.camera(cw, ch);
+    ctx.font = '12px system-ui, sans-serif';
+    const step = this.drawGrid(cam);
+    this.drawAxes(cam, step);
+    if (this.state) {
+      this.drawThread(cam);
+      this.drawGrasps(cam);
+      this.drawOverlay();
+    } else {
+      ctx.fillStyle = '#8a909c';
+      ctx.fillText('waiting for a state message…', 12, 20);
+    }
+    this.drawLegend(ch, step);
+    this.dirty = false;
+  }
+
+  drawGrid(cam) {
+    const ctx = this.ctx, step = niceFloor(this.radius / 2);
+    const half = Math.ceil(1.5 * this.radius / step) * step;
+    const x0 = Math.round(this.target[0] / step) * step, y0 = Math.round(this.target[1] / step) * step;
+    const z = this.ground;
+    ctx.strokeStyle = '#242932';
+    ctx.lineWidth = 1;
+    for (let k = -half; k <= half + step / 2; k += step) {
+      this.line(cam, [x0 + k, y0 - half, z], [x0 + k, y0 + half, z]);
+      this.line(cam, [x0 - half, y0 + k, z], [x0 + half, y0 + k, z]);
+    }
+    return step;
+  }
+
+  // The scene frame's axes at its origin, one grid step long: x red, y green, z blue.
+  drawAxes(cam, step) {
+    const ctx = this.ctx, o = [0, 0, 0];
+    const axes = [[[step, 0, 0], '#ef4444', 'x'], [[0, step, 0], '#22c55e', 'y'], [[0, 0, step], '#3b82f6', 'z']];
+    ctx.lineWidth = 1.5;
+    for (const [tip, color, name] of axes) {
+      ctx.strokeStyle = color;
+      this.line(cam, o, tip);
+      const p = this.project(cam, tip);
+      if (p) { ctx.fillStyle = color; ctx.fillText(name, p[0] + 3, p[1] - 3); }
+    }
+  }
+
+  drawThread(cam) {
+    const ctx = this.ctx, { tension } = this.state, pts = this.points();
+    const segs = [];
+    for (let i = 0; i + 1 < pts.length; i++) {
+      if (!pts[i] || !pts[i + 1]) continue;
+      const s = this.segment(cam, pts[i], pts[i + 1]);
+      if (s) segs.push({ i, s, depth: (s[0][2] + s[1][2]) / 2 });
+    }
+    segs.sort((a, b) => b.depth - a.depth);      // painter's order: far segments first
+    ctx.lineCap = 'round';
+    for (const { i, s, depth } of segs) {
+      ctx.lineWidth = clamp(3.5 * cam.dist / depth, 1.5, 9);   // nearer is thicker: a depth cue
+      ctx.strokeStyle = tensionColor(tension[i], this.range.value);
+      ctx.beginPath();
+      ctx.moveTo(s[0][0], s[0][1]);
+      ctx.lineTo(s[1][0], s[1][1]);
+      ctx.stroke();
+    }
+  }
+
+  // Each grasp: a ring at its target in the device's colour, a dashed line to the held vertex (the coupling).
+  drawGrasps(cam) {
+    const ctx = this.ctx, pts = this.points();
+    for (const g of this.state.grasps) {
+      if (!g.pos.every(isNum)) continue;
+      const color = this.deviceColor(g.device);
+      const vtx = pts[g.vertex];
+      ctx.strokeStyle = color;
+      ctx.lineWidth = 1.5;
+      if (vtx) { ctx.setLineDash([4, 3]); this.line(cam, g.pos, vtx); ctx.setLineDash([]); }
+      const p = this.project(cam, g.pos);
+      if (!p) continue;
+      ctx.beginPath();
+      ctx.arc(p[0], p[1], 7, 0, 2 * Math.PI);
+      ctx.stroke();
+      const f = g.force.every(isNum) ? Math.hypot(...g.force) : NaN;
+      ctx.fillStyle = color;
+      ctx.fillText(`${g.device}  ${fmt(f)} N`, p[0] + 11, p[1] - 8);
+    }
+  }
+
+  drawOverlay() {
+    const ctx = this.ctx, s = this.state;
+    ctx.fillStyle = '#8a909c';
+    ctx.fillText(`t = ${isNum(s.t) ? s.t.toFixed(3) : '–'} s   ${s.n} vertices`, 12, 20);
+    if (s.contacts > 0) {
+      const text = `${s.contacts} contact${s.contacts === 1 ? '' : 's'}`;
+      const w = ctx.measureText(text).width + 16;
+      ctx.fillStyle = '#b91c1c';
+      ctx.fillRect(12, 30, w, 20);
+      ctx.fillStyle = '#fff';
+      ctx.fillText(text, 20, 44);
+    }
+  }
+
+  // The colour scale in newtons, and the grid spacing.
+  drawLegend(ch, step) {
+    const ctx = this.ctx, r = this.range.value, x = 12, y = ch - 34, w = 180;
+    const g = ctx.createLinearGradient(x, 0, x + w, 0);
+    [[0, -1], [0.5, 0], [0.75, 0.5], [1, 1]].forEach(([at, f]) => g.addColorStop(at, tensionColor(f * r, r)));
+    ctx.fillStyle = g;
+    ctx.fillRect(x, y, w, 10);
+    ctx.fillStyle = '#d5d8de';
+    ctx.fillText('tension (N): − compressed, + taut', x, y - 6);
+    [[-1, x, 'left'], [0, x + w / 2, 'center'], [1, x + w, 'right']].forEach(([f, px, align]) => {
+      ctx.textAlign = align;
+      ctx.fillText(fmt(f * r), px, y + 24);
+    });
+    ctx.textAlign = 'left';
+    ctx.fillStyle = '#8a909c';
+    ctx.fillText(`grid ${fmtLength(step)}`, x + w + 24, y + 10);
+  }
+}

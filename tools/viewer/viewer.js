@@ -1,0 +1,140 @@
+// The page: one WebSocket to the bridge (`suturesim view`, same host and port, path /ws), whose JSON frames feed
+// the 3D scene, the force plot and the side panel. The frame format is in tools/view.py's docstring.
+
+import { ForcePlot } from './plot.js';
+import { Scene } from './scene.js';
+import { deviceColor, fmt, fmtAge, isNum } from './util.js';
+
+const STALE_S = 2;          // no message for this long: the publisher is gone (a server sends stats at 1 Hz)
+const MAX_EVENTS = 12;      // events listed, newest first
+
+const $ = id => document.getElementById(id);
+const scene = new Scene($('scene'), deviceColor);
+const plot = new ForcePlot($('plot'), deviceColor);
+const link = { open: false, endpoint: null, age: null, at: 0, retryMs: 250 };
+let prevStats = null;       // the last stats item ({recv, stats}), for the tick rate
+const events = [];
+
+function connect() {
+  const ws = new WebSocket(`${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}/ws`);
+  ws.onopen = () => { link.open = true; link.retryMs = 250; };
+  ws.onmessage = ev => onMessage(JSON.parse(ev.data));
+  ws.onclose = () => {
+    link.open = false;
+    link.age = null;
+    setTimeout(connect, link.retryMs);
+    link.retryMs = Math.min(2 * link.retryMs, 4000);
+  };
+}
+
+function onMessage(m) {
+  if (m.type === 'hello') { link.endpoint = m.endpoint; return; }
+  if (m.type !== 'frame') return;
+  link.endpoint = m.endpoint;
+  link.age = m.age;
+  link.at = performance.now();
+  for (const e of m.events || []) onEvent(e);    // before the state: a reset refits to the state after it
+  if (m.state) { scene.setState(m.state); showThread(m.state); }
+  for (const [dev, pts] of Object.entries(m.force || {})) plot.add(dev, pts);
+  for (const s of m.stats || []) showStats(s);
+}
+
+function onEvent(e) {
+  if (e.kind === 'reset' || e.kind === 'load') { scene.refit(); plot.clear(); }
+  const details = Object.entries(e).filter(([k]) => !['v', 'seq', 't', 'kind'].includes(k))
+    .map(([k, v]) => `${k}=${typeof v === 'object' ? JSON.stringify(v) : v}`).join(' ');
+  events.unshift([isNum(e.t) ? e.t.toFixed(3) : '–', `${e.kind} ${details}`]);
+  events.length = Math.min(events.length, MAX_EVENTS);
+  $('events').replaceChildren(...events.map(([t, text]) => {
+    const li = document.createElement('li');
+    const span = document.createElement('span');
+    span.className = 't';
+    span.textContent = t;
+    li.append(span, text);      // text nodes: payload strings are never parsed as HTML
+    return li;
+  }));
+}
+
+function setRows(table, rows) {
+  table.replaceChildren(...rows.map(([label, value]) => {
+    const tr = document.createElement('tr');
+    for (const text of [label, value]) tr.appendChild(document.createElement('td')).textContent = text;
+    return tr;
+  }));
+}
+
+const us = q => (q && isNum(q.p50) ? `${fmt(q.p50)} / ${fmt(q.p99)} / ${fmt(q.max)}` : '–');
+
+function showStats(item) {
+  const s = item.stats;
+  // ticks per second of the bridge's clock between two stats; the median period for the first one
+  let rate = s.period_us && isNum(s.period_us.p50) && s.period_us.p50 > 0 ? 1e6 / s.period_us.p50 : NaN;
+  if (prevStats && isNum(s.ticks) && s.ticks >= prevStats.stats.ticks && item.recv > prevStats.recv) {
+    rate = (s.ticks - prevStats.stats.ticks) / (item.recv - prevStats.recv);
+  }
+  prevStats = item;
+  const sub = s.substeps || {};
+  const cpu = isNum(s.cpu) && s.cpu >= 0 ? `, cpu ${s.cpu}` : '';
+  setRows($('loop'), [
+    ['rate', `${fmt(rate, 4)} Hz`],
+    ['lateness p50/p99/max', `${us(s.lateness_us)} µs`],
+    ['step p50/p99/max', `${us(s.step_us)} µs`],
+    ['period p50/p99/max', `${us(s.period_us)} µs`],
+    ['overruns', fmt(s.overruns, 9)],
+    ['ticks', fmt(s.ticks, 12)],
+    ['substeps mean/max', `${fmt(sub.mean)} / ${fmt(sub.max)}`],
+    ['real-time', s.realtime === undefined ? '–' : `${s.realtime ? 'yes' : 'no'}${cpu}`],
+  ]);
+}
+
+function showThread(s) {
+  let tmax = NaN;
+  for (const v of s.tension) if (isNum(v) && !(Math.abs(v) <= Math.abs(tmax))) tmax = v;
+  const e = s.energy || {}, sol = s.solver || {};
+  setRows($('thread'), [
+    ['t', `${fmt(s.t, 6)} s`],
+    ['seq', String(s.seq)],
+    ['vertices', String(s.n)],
+    ['largest |tension|', `${fmt(tmax)} N`],
+    ['contacts', String(s.contacts)],
+    ['grasps', s.grasps.map(g => `${g.device}@${g.vertex}`).join(', ') || 'none'],
+    ['twist', `${fmt(s.twist)} rad`],
+    ['kinetic energy', `${fmt(e.kinetic)} J`],
+    ['elastic energy', `${fmt(e.elastic)} J`],
+    ['gravitational energy', `${fmt(e.gravity)} J`],
+    ['solver iters/substeps', `${fmt(sol.iters)} / ${fmt(sol.substeps)}`],
+    ['solver residual', fmt(sol.residual)],
+  ]);
+}
+
+// The status line: the bridge link, then the publisher's liveness (the bridge's message age plus our frame's).
+function showStatus() {
+  const ep = link.endpoint || 'the publisher';
+  let state, text;
+  if (!link.open) {
+    state = 'disconnected';
+    text = 'disconnected from the viewer bridge (is `suturesim view` running?); retrying';
+  } else if (link.age === null) {
+    state = 'waiting';
+    text = `waiting: no messages yet from ${ep} (is the server running?)`;
+  } else {
+    const age = link.age + (performance.now() - link.at) / 1000;
+    state = age > STALE_S ? 'stale' : 'connected';
+    text = age > STALE_S ? `disconnected: no messages from ${ep} for ${fmtAge(age)}`
+      : `connected to ${ep} · last message ${fmtAge(age)} ago`;
+  }
+  const el = $('status');
+  if (el.textContent !== text) el.textContent = text;
+  el.dataset.state = state;
+}
+
+function frame() {
+  if (scene.dirty) scene.draw();
+  if (plot.dirty) plot.draw();
+  requestAnimationFrame(frame);
+}
+
+new ResizeObserver(() => { scene.dirty = true; plot.dirty = true; }).observe(document.body);
+setInterval(showStatus, 250);
+connect();
+requestAnimationFrame(frame);
