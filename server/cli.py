@@ -73,6 +73,18 @@ def _cmd_view(args: argparse.Namespace) -> int:
     return serve_viewer(connect=args.connect, host=args.host, port=args.port)
 
 
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from ..tools.plot import run_plot
+
+    return run_plot(args.file, args.out, times=args.times, devices=args.devices)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from ..tools.export import run_export
+
+    return run_export(args.file, csv_dir=args.csv, npz=args.npz, topics=args.topics)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="suturesim",
@@ -157,6 +169,39 @@ def build_parser() -> argparse.ArgumentParser:
                        add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=_cmd_replay)
+
+    p = sub.add_parser("plot", help="plot a recording to PNG: forces, tension along the thread, loop lateness",
+                       description="Draw one PNG of an MCAP recording: (a) each device's |force| and axial force "
+                                   "(N) against scene time (s); (b) the tension (N) along the thread against arc "
+                                   "length (m) at a few scene times, each snapped to the nearest state message; "
+                                   "(c) a histogram of the per-second p99 and max tick lateness (µs) from the "
+                                   "stats messages (a headless `suturesim run` has none, and the panel says so). "
+                                   "Titled with the recorded scenario's name. Needs matplotlib: "
+                                   "pip install 'suturesim[plot]'. Exit code 2 for an unreadable file.")
+    p.add_argument("file", metavar="F.mcap", help="the recording")
+    p.add_argument("-o", "--out", required=True, metavar="OUT.png", help="the PNG to write (1000 x 1200 px)")
+    p.add_argument("--times", metavar="T1,T2,...",
+                   help="scene times (s) of the tension curves (default: 4 evenly spaced over the recording)")
+    p.add_argument("--devices", metavar="D1,D2",
+                   help="devices whose forces to draw (default: every device in the recording)")
+    p.set_defaults(func=_cmd_plot)
+
+    p = sub.add_parser("export", help="export a recording as CSV files or one NPZ archive, numbers exact",
+                       description="Decode an MCAP recording into tables for analysis elsewhere: --csv DIR "
+                                   "writes force.csv, state.csv (one row per message, wide: x{i}_x/_y/_z "
+                                   "positions in m, tension{i} in N), stats.csv (keys flattened with dots, "
+                                   "lateness_us.p99 ...) and events.csv (details as JSON), one per topic with "
+                                   "messages; --npz OUT.npz writes numpy arrays per topic and device "
+                                   "(force/<device>/t, state/x (m, n, 3) float32, ...) and the metadata as JSON. "
+                                   "Every number reads back exactly (the layouts: the docstring of "
+                                   "tools/export.py). Exit code 2 for an unreadable file.")
+    p.add_argument("file", metavar="F.mcap", help="the recording")
+    out = p.add_mutually_exclusive_group(required=True)
+    out.add_argument("--csv", metavar="DIR", help="write one CSV file per topic into DIR (created if needed)")
+    out.add_argument("--npz", metavar="OUT.npz", help="write one compressed numpy archive")
+    p.add_argument("--topics", metavar="T,...",
+                   help="topics to export, comma-separated (default all: state,force,stats,event)")
+    p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("scenarios", help="list the shipped scenarios and thread presets")
     p.set_defaults(func=_cmd_scenarios)
