@@ -358,7 +358,9 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split(
                                     "\n\n", 1)[1])
     p.add_argument("file", metavar="F.mcap")
-    p.add_argument("--to", choices=("publish", "resimulate", "device"), default="publish", dest="mode")
+    p.add_argument("--to", choices=("publish", "resimulate", "device"), default="publish", dest="mode",
+                   help="publish (default): republish with the original timing; resimulate: step it again and "
+                        "compare; device: play a device's recorded force on a device")
     p.add_argument("--pub", metavar="EP", default="tcp://127.0.0.1:5555",
                    help="publish / device: PUB endpoint to bind (default tcp://127.0.0.1:5555)")
     p.add_argument("--speed", type=float, default=1.0, help="publish / device: playback speed (default 1)")
