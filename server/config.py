@@ -408,8 +408,9 @@ def _safety(sec: Section) -> SafetyConfig:
 
 # -- recording metadata ------------------------------------------------------------------------------------
 def server_metadata(cfg: ServerConfig) -> dict[str, str]:
-    """What a resimulation needs of the server's configuration, as an MCAP metadata string map: the file, the
-    PUB endpoint, and (as YAML) the loop rates, the safety settings and every device's backend and settings."""
+    """The server's configuration as an MCAP metadata string map: the file and its content, the PUB endpoint,
+    and (as YAML) what a resimulation needs: the loop rates, the safety settings and every device's backend
+    and settings, after the command line's overrides."""
     import yaml
 
     def device(d: DeviceConfig) -> dict:
@@ -424,7 +425,12 @@ def server_metadata(cfg: ServerConfig) -> dict[str, str]:
             "device_limits": {k: v for k, v in cfg.device_limits}, "link_devices": list(cfg.link_devices),
             "safety": {k: getattr(cfg.safety, k) for k in ("scale", "max_force_n", "max_slew_n_per_s",
                                                           "lowpass_hz", "watchdog_s", "ramp_down_s")}}
-    return {"config": cfg.file, "pub": cfg.endpoints.pub, "yaml": yaml.safe_dump(data, sort_keys=False)}
+    out = {"config": cfg.file, "pub": cfg.endpoints.pub, "yaml": yaml.safe_dump(data, sort_keys=False)}
+    try:   # the config file as written, too (it holds paths to key files, never keys)
+        out["config_file"] = Path(cfg.file).read_text()
+    except OSError:
+        pass
+    return out
 
 
 def server_config_from_metadata(server: dict[str, str] | None) -> ServerConfig:

@@ -56,6 +56,7 @@ def test_serve_record_is_complete_with_metadata(session):
     meta = read_metadata(session)
     assert meta["scenario"]["name"] == "default" and "silk-3-0" in meta["scenario"]["yaml"]
     assert "tick_s: 0.001" in meta["server"]["yaml"] and "safety:" in meta["server"]["yaml"]
+    assert "scenario: default" in meta["server"]["config_file"]
     assert {"suturesim", "numpy", "numba", "python"} <= set(meta["versions"]) and meta["machine"]["platform"]
 
 
