@@ -236,3 +236,24 @@ def test_serve_sigkill_leaves_a_readable_recording_and_no_process(tmp_path):
     assert (t_kill - last_log) / 1e9 < 1.5
     seqs = force_seqs(out)["stylus0"]
     assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) > 2500
+
+
+def test_resimulation_follows_grasps_and_stops_at_a_scene_change(tmp_path):
+    """Control grasps and releases are replayed from their events; a `load` ends the comparison, said so."""
+    out = tmp_path / "changed.mcap"
+    d = Daemon("--record", str(out))
+    try:
+        d.wait_serving()
+        time.sleep(1.0)
+        d.ok({"cmd": "grasp", "vertex": 50, "id": "mid", "stiffness": 500.0, "damping": 0.2, "max_force": 2.0})
+        time.sleep(1.0)
+        d.ok({"cmd": "release", "id": "mid"})
+        time.sleep(0.5)
+        d.ok({"cmd": "load", "scenario": "wang2017-hanging"})
+        time.sleep(0.5)
+    finally:
+        d.close()
+    done = subprocess.run([*CLI, "replay", str(out), "--to", "resimulate"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "EXACT" in done.stdout and "stopped early: the recording's `load` event" in done.stdout, done.stdout

@@ -240,7 +240,9 @@ def resimulate(path: str, assignments: list[str] | None = None, progress: bool =
                 elif kind not in _IGNORED_EVENTS:
                     report.stopped = (f"the recording's `{kind}` event at seq {e['seq']} (t = {e['t']:.3f} s) "
                                       "changes the scene in a way a resimulation does not follow")
-                    raise StopIteration
+                    break
+            if report.stopped:
+                break
             out.clear()
             loop.tick_scene(0)
             report.ticks += 1
@@ -274,8 +276,6 @@ def resimulate(path: str, assignments: list[str] | None = None, progress: bool =
             report.missing += len(set(mine) - set(recorded)) if recorded else 0
             if progress:
                 _progress(seq, last_seq, "resimulating", last)
-    except StopIteration:
-        pass
     finally:
         loop.close()
     return report
