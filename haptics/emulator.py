@@ -96,6 +96,7 @@ __all__ = [
     "ENV_LOG",
     "ENV_FAULT",
     "ENV_MAX_CONTINUOUS_FORCE",
+    "ENV_MAX_STIFFNESS",
     "COMPILE_FLAGS",
 ]
 
@@ -132,6 +133,7 @@ ENV_SCRIPT = "SUTURESIM_HD_EMU_SCRIPT"
 ENV_LOG = "SUTURESIM_HD_EMU_LOG"
 ENV_FAULT = "SUTURESIM_HD_EMU_FAULT"
 ENV_MAX_CONTINUOUS_FORCE = "SUTURESIM_HD_EMU_MAX_CONTINUOUS_FORCE"
+ENV_MAX_STIFFNESS = "SUTURESIM_HD_EMU_MAX_STIFFNESS"
 
 COMPILE_FLAGS = ("-O2", "-shared", "-fPIC", "-pthread", "-std=c11", "-Wall", "-Werror")
 _LIB_NAME = "libHD.so"
@@ -251,6 +253,7 @@ def emulator_env(
     log: str | os.PathLike[str] | None = None,
     fault: str | Sequence[str] | None = None,
     max_continuous_force: float | None = None,
+    max_stiffness: float | None = None,
     base: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """Environment for a child process that should load the emulator as ``libHD.so``.
@@ -261,6 +264,7 @@ def emulator_env(
     :param fault: ``"missing"``, ``"nocal"``, ``"stuck@T"``, ``"error:CODE@T"`` (T in seconds, CODE hex ``0x..``
         or decimal), or several of them as a comma-separated string or a sequence.
     :param max_continuous_force: ``HD_NOMINAL_MAX_CONTINUOUS_FORCE`` in N (emulator default 0.88 N).
+    :param max_stiffness: ``HD_NOMINAL_MAX_STIFFNESS`` in N/mm (emulator default 1.02 N/mm).
     :param base: environment to start from (default: a copy of ``os.environ``); not modified.
     :returns: a new dict. ``SUTURESIM_HD_EMU_*`` variables for the arguments left at ``None`` are *removed*, so a
         setting inherited from the parent never leaks into the child.
@@ -275,6 +279,7 @@ def emulator_env(
         ENV_LOG: None if log is None else os.fspath(log),
         ENV_FAULT: fault,
         ENV_MAX_CONTINUOUS_FORCE: None if max_continuous_force is None else repr(float(max_continuous_force)),
+        ENV_MAX_STIFFNESS: None if max_stiffness is None else repr(float(max_stiffness)),
     }
     for name, value in settings.items():
         if value is None:

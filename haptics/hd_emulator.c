@@ -13,6 +13,7 @@
  *   SUTURESIM_HD_EMU_LOG      binary event log, fixed 48-byte little-endian records (see log_record below).
  *   SUTURESIM_HD_EMU_FAULT    comma-separated: missing | nocal | stuck@T | error:CODE@T  (T in seconds).
  *   SUTURESIM_HD_EMU_MAX_CONTINUOUS_FORCE  HD_NOMINAL_MAX_CONTINUOUS_FORCE in N (default 0.88, a Touch's value).
+ *   SUTURESIM_HD_EMU_MAX_STIFFNESS  HD_NOMINAL_MAX_STIFFNESS in N/mm (default 1.02, a Touch's z axis).
  *
  * Threading. One mutex (g_mu) guards the device/pose/error/callback state; the log has its own mutex, taken inside
  * g_mu and never the other way round. The scheduler thread never holds g_mu while it runs a callback: callbacks
@@ -97,6 +98,7 @@ typedef struct {
 #define HD_CALIBRATION_STYLE 0x2555u
 #define HD_UPDATE_RATE 0x2600u
 #define HD_INSTANTANEOUS_UPDATE_RATE 0x2601u
+#define HD_NOMINAL_MAX_STIFFNESS 0x2602u
 #define HD_NOMINAL_MAX_FORCE 0x2603u
 #define HD_NOMINAL_MAX_CONTINUOUS_FORCE 0x2604u
 #define HD_CURRENT_FORCE 0x2700u
@@ -159,6 +161,7 @@ static struct {
     error_fault_t errs[MAX_ERROR_FAULTS];
     int n_errs;
     double max_cont_force;
+    double max_stiffness;   /* N/mm, as OpenHaptics reports it */
     char *log_path;
 } g_cfg;
 
@@ -377,6 +380,7 @@ static void script_eval(double t, double p[3], int *buttons);
 
 static void load_config(void) {
     g_cfg.max_cont_force = 0.88;
+    g_cfg.max_stiffness = 1.02;   /* a Touch's stiffest-axis-limited value (z), N/mm */
     const char *s = getenv("SUTURESIM_HD_EMU_SCRIPT");
     if (s && *s) load_script(s);
     s = getenv("SUTURESIM_HD_EMU_FAULT");
@@ -384,6 +388,9 @@ static void load_config(void) {
     s = getenv("SUTURESIM_HD_EMU_MAX_CONTINUOUS_FORCE");
     if (s && *s && !parse_double(s, &g_cfg.max_cont_force))
         fprintf(stderr, "suturesim hd emulator: bad SUTURESIM_HD_EMU_MAX_CONTINUOUS_FORCE '%s', using 0.88\n", s);
+    s = getenv("SUTURESIM_HD_EMU_MAX_STIFFNESS");
+    if (s && *s && !parse_double(s, &g_cfg.max_stiffness))
+        fprintf(stderr, "suturesim hd emulator: bad SUTURESIM_HD_EMU_MAX_STIFFNESS '%s', using 1.02\n", s);
     s = getenv("SUTURESIM_HD_EMU_LOG");
     if (s && *s) g_cfg.log_path = strdup(s);
     /* Before the scheduler starts the stylus sits where the script begins. */
@@ -623,6 +630,7 @@ static int query_locked(HDenum e, const device_t *d, double out[16]) {
     case HD_CURRENT_FORCE: memcpy(out, d->force, sizeof d->force); return 3;
     case HD_NOMINAL_MAX_CONTINUOUS_FORCE: out[0] = g_cfg.max_cont_force; return 1;
     case HD_NOMINAL_MAX_FORCE: out[0] = 3.3; return 1;
+    case HD_NOMINAL_MAX_STIFFNESS: out[0] = g_cfg.max_stiffness; return 1;
     case HD_UPDATE_RATE:
     case HD_INSTANTANEOUS_UPDATE_RATE: out[0] = 1000.0; return 1;
     case HD_CALIBRATION_STYLE: out[0] = HD_CALIBRATION_INKWELL; return 1;

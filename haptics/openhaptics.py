@@ -46,6 +46,7 @@ HD_CALLBACK_CONTINUE = 1
 HD_INVALID_HANDLE = 0xFFFFFFFF
 HD_CURRENT_BUTTONS = 0x2000
 HD_CURRENT_TRANSFORM = 0x2052
+HD_NOMINAL_MAX_STIFFNESS = 0x2602
 HD_NOMINAL_MAX_FORCE = 0x2603
 HD_NOMINAL_MAX_CONTINUOUS_FORCE = 0x2604
 HD_CURRENT_FORCE = 0x2700
@@ -217,6 +218,9 @@ class OpenHapticsDriver:
                 cont = float(value.value)
                 self._get_doublev(HD_NOMINAL_MAX_FORCE, ctypes.byref(value))
                 peak = float(value.value)
+                value.value = 0.0
+                self._get_doublev(HD_NOMINAL_MAX_STIFFNESS, ctypes.byref(value))
+                stiffness = float(value.value) * 1000.0   # OpenHaptics reports N/mm
                 calibration = "unknown"
                 if self._check_calibration is not None:
                     c = self._check_calibration()
@@ -232,6 +236,8 @@ class OpenHapticsDriver:
                 self.devices.append(dev)
                 infos.append({"device": spec.name, "hd_name": spec.hd_name, "model": hd.get_model(),
                               "vendor": hd.get_vendor(), "max_continuous_force_n": cont, "max_force_n": peak,
+                              "max_stiffness_n_per_m": stiffness if stiffness > 0.0 and np.isfinite(stiffness)
+                              else 0.0,
                               "calibration": calibration, "clamp_n": dev.servo.safety.max_force_n})
             for i, dev in enumerate(self.devices):
                 dev.callback = self._callback_type(self._make_servo(i))

@@ -111,6 +111,7 @@ class ServerConfig:
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     device_limits: tuple[tuple[str, float], ...] = ()   # (device, nominal max continuous force N), from drivers
     link_devices: tuple[str, ...] = ()          # the device of each shared-memory link slot (set by serve)
+    device_stiffness: tuple[tuple[str, float], ...] = ()   # (device, nominal max stiffness N/m), from drivers
 
     def device_config(self, name: str) -> DeviceConfig:
         """The settings of device ``name`` (the defaults if it is not listed)."""
@@ -423,6 +424,7 @@ def server_metadata(cfg: ServerConfig) -> dict[str, str]:
     data = {"tick_s": cfg.loop.tick_s, "state_hz": cfg.loop.state_hz, "stats_hz": cfg.loop.stats_hz,
             "device": cfg.device, "devices": [device(d) for d in cfg.devices],
             "device_limits": {k: v for k, v in cfg.device_limits}, "link_devices": list(cfg.link_devices),
+            "device_stiffness": {k: v for k, v in cfg.device_stiffness},
             "safety": {k: getattr(cfg.safety, k) for k in ("scale", "max_force_n", "max_slew_n_per_s",
                                                           "lowpass_hz", "watchdog_s", "ramp_down_s")}}
     out = {"config": cfg.file, "pub": cfg.endpoints.pub, "yaml": yaml.safe_dump(data, sort_keys=False)}
@@ -449,4 +451,5 @@ def server_config_from_metadata(server: dict[str, str] | None) -> ServerConfig:
                                         realtime=False),
                         device=data["device"], devices=devices, safety=SafetyConfig(**data["safety"]),
                         device_limits=tuple(data.get("device_limits", {}).items()),
+                        device_stiffness=tuple(data.get("device_stiffness", {}).items()),
                         link_devices=tuple(data.get("link_devices", [])))

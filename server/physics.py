@@ -166,6 +166,8 @@ class PhysicsLoop:
         self.driver_error: dict[str, int] = {}       # device -> the last device error code reported
         self.phase_device: str | None = None         # the live linked device whose servo clock the loop follows
         self.max_step: dict[str, float] = {}         # device -> the most its grasp target moves per tick (m)
+        self.stiffness_limit = dict(cfg.device_stiffness)   # device -> its nominal max stiffness (N/m)
+        self.coupling_limited: list[tuple] = []      # (device, asked, applied N/m), reported at start
         self.goal: dict[str, np.ndarray] = {}        # device -> where its stylus is (m): its grasps follow
         self.replay = None                           # device -> haptics.replay.PoseTrack (backend replay)
         if cfg.replay:
@@ -190,6 +192,14 @@ class PhysicsLoop:
         self.state = scenario.new_state() if state is None else state
         self.stepper = Stepper(self.model, self.state)
         self.grasps: list[GraspSpec] = list(scenario.grasps)
+        self.coupling_limited = []
+        for k, g in enumerate(self.grasps):
+            k_max = self.stiffness_limit.get(g.device)
+            if k_max is not None and g.stiffness > k_max:
+                # a coupling stiffer than the device renders makes it buzz: the device's own limit applies
+                self.grasps[k] = replace(g, stiffness=k_max)
+                self.state.grasp_k[g.slot] = k_max
+                self.coupling_limited.append((g.device, g.stiffness, k_max))
         devices = self.all_devices([g.device for g in self.grasps])
         self.builder = MessageBuilder(scenario, self.grasps, safety=self.cfg.safety,
                                       limits=dict(self.cfg.device_limits), devices=devices)
@@ -360,6 +370,7 @@ class PhysicsLoop:
                 not 0.0 < max_force <= MAX_GRASP_FORCE:
             raise ValueError(f"stiffness must be in (0, {MAX_GRASP_STIFFNESS:g}] N/m, damping in [0, "
                              f"{MAX_GRASP_DAMPING:g}] N s/m, max_force in (0, {MAX_GRASP_FORCE:g}] N")
+        stiffness = min(stiffness, self.stiffness_limit.get(device, stiffness))   # what the device can render
         spec = GraspSpec(id=gid, slot=free[0], vertex=vertex, device=device, stiffness=stiffness,
                          damping=damping, max_force=max_force)
         st = self.state
@@ -470,6 +481,10 @@ class PhysicsLoop:
         if on_ready is not None:
             on_ready()
         self.event("start", scenario=self.scenario.name, realtime=self.realtime, cpu=self.cpu)
+        for device, asked, applied in self.coupling_limited:
+            self.event("coupling_limited", device=device, stiffness=asked, applied=applied)
+            print(f"suturesim physics: {device}: coupling stiffness {asked:g} N/m is above what the device renders "
+                  f"({applied:g} N/m): limited to it", flush=True)
         tick_ns = self.tick_ns
         spin_ns = int(self.cfg.loop.spin_us * 1000)
         stats_every = self.stats.capacity

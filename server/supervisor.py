@@ -89,11 +89,12 @@ class DeviceDriver:
                 json.dump(self.summary, f, indent=1)
 
 
-def start_driver(ctx, cfg: ServerConfig, link: DeviceLink, devices: list[str], out=print
+def start_driver(ctx, cfg: ServerConfig, link: DeviceLink, devices: list[str], out=print, stiffness: dict | None = None
                  ) -> tuple[DeviceDriver | None, dict[str, float]]:
     """Start the driver process for the devices on the openhaptics backend (link slot = index in ``devices``;
     ``ctx``: a multiprocessing context). Returns it (None if no device needs one) and device -> nominal max
-    continuous force (N). Raises DeviceStartError with the driver's reason."""
+    continuous force (N); ``stiffness``, if given, receives device -> nominal max stiffness (N/m). Raises
+    DeviceStartError with the driver's reason."""
     specs = []
     for slot, name in enumerate(devices):
         if cfg.backend_of(name) == "openhaptics":
@@ -124,6 +125,8 @@ def start_driver(ctx, cfg: ServerConfig, link: DeviceLink, devices: list[str], o
             f"calibration {info['calibration']}")
         if info["max_continuous_force_n"] > 0:
             limits[info["device"]] = float(info["max_continuous_force_n"])
+        if stiffness is not None and info.get("max_stiffness_n_per_m", 0.0) > 0:
+            stiffness[info["device"]] = float(info["max_stiffness_n_per_m"])
     return driver, limits
 
 
@@ -199,7 +202,8 @@ class Supervisor:
         self.link = DeviceLink.create(max(1, len(devices)))
         self.link.zero_forces(0, time.monotonic_ns())   # zero force on start
         try:
-            self.driver, limits = start_driver(self.mp, cfg, self.link, devices, self.out)
+            stiffness: dict[str, float] = {}
+            self.driver, limits = start_driver(self.mp, cfg, self.link, devices, self.out, stiffness)
         except DeviceStartError as exc:
             if cfg.device_fallback != "simulated":
                 print(f"suturesim: {exc}", file=sys.stderr, flush=True)
@@ -211,8 +215,9 @@ class Supervisor:
             cfg = replace(cfg, device="simulated" if cfg.device == "openhaptics" else cfg.device,
                           devices=tuple(replace(d, backend=None if d.backend == "openhaptics" else d.backend)
                                         for d in cfg.devices))
-            limits = {}
-        cfg = replace(cfg, link_devices=tuple(devices), device_limits=tuple(limits.items()))
+            limits, stiffness = {}, {}
+        cfg = replace(cfg, link_devices=tuple(devices), device_limits=tuple(limits.items()),
+                      device_stiffness=tuple(stiffness.items()))
         self.cfg = cfg
         previous = {s: signal.signal(s, lambda *_: self.stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
         restarts = 0

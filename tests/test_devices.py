@@ -350,3 +350,17 @@ devices:
         assert len(live) == 300 and hits > 0.95, (device, hits)
         # pulled apart: each hand is pulled back toward the other (device frame: -x for both)
         assert sign * vec[-400:-300, 0].mean() > 0.5, (device, vec[-400:-300].mean(axis=0))
+
+
+def test_coupling_is_limited_to_the_device_stiffness(tmp_path, lib_dir):
+    """A device that renders 0.5 N/mm gets a 500 N/m coupling, not the scenario's 1000 N/m."""
+    cfg = tmp_path / "server.yaml"
+    cfg.write_text(CONFIG)
+    env = emu.emulator_env(lib_dir, emu.write_script(tmp_path / "script.txt", PULL), max_stiffness=0.5)
+    d = Daemon("--config", str(cfg), env=env)
+    try:
+        d.wait_serving()
+        line = d.wait_line(r"coupling stiffness", 10.0)
+        assert "1000 N/m" in line and "(500 N/m)" in line
+    finally:
+        d.close()
