@@ -1,10 +1,9 @@
 // The force plot: the last WINDOW_S of simulated time, one colour per device, |force| solid and axial dashed.
 // Points arrive already decimated by the bridge: [t (s), |force| (N), axial (N), flags].
 
-import { fmt, isNum, niceCeil } from './util.js';
+import { clearCanvas, fmt, isNum, niceCeil } from './util.js';
 
 const WINDOW_S = 10;
-const BG = '#101216';
 const MARGIN = { left: 64, right: 14, top: 26, bottom: 24 };
 
 export class ForcePlot {
@@ -43,16 +42,10 @@ export class ForcePlot {
   }
 
   draw() {
-    const c = this.canvas, ctx = this.ctx, dpr = window.devicePixelRatio || 1;
-    const w = Math.max(1, Math.round(c.clientWidth * dpr)), h = Math.max(1, Math.round(c.clientHeight * dpr));
-    if (c.width !== w || c.height !== h) { c.width = w; c.height = h; }
-    ctx.setTransform(1, 0, 0, 1, 0, 0);
-    ctx.fillStyle = BG;
-    ctx.fillRect(0, 0, w, h);
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    const ctx = this.ctx;
+    const [cw, ch] = clearCanvas(this.canvas, ctx);
     ctx.font = '11px system-ui, sans-serif';
     this.dirty = false;
-    const cw = w / dpr, ch = h / dpr;
     const pw = cw - MARGIN.left - MARGIN.right, ph = ch - MARGIN.top - MARGIN.bottom;
     if (this.tLatest === null || pw < 10 || ph < 10) {
       ctx.fillStyle = '#8a909c';

@@ -2,10 +2,9 @@
 // metres, right-handed, z up. Hand-written on purpose: a hundred segments need no WebGL, and a 2D canvas draws
 // the same in every browser, headless ones included.
 
-import { clamp, fmt, fmtLength, isNum, niceCeil, niceFloor } from './util.js';
+import { clamp, clearCanvas, fmt, fmtLength, isNum, niceCeil, niceFloor } from './util.js';
 
 const FOV = 40 * Math.PI / 180;     // vertical field of view
-const BG = '#101216';
 const Z_UP = [0, 0, 1];
 
 const sub = (a, b) => [a[0] - b[0], a[1] - b[1], a[2] - b[2]];
@@ -148,14 +147,9 @@ export class Scene {
   }
 
   draw() {
-    const c = this.canvas, ctx = this.ctx, dpr = window.devicePixelRatio || 1;
-    const w = Math.max(1, Math.round(c.clientWidth * dpr)), h = Math.max(1, Math.round(c.clientHeight * dpr));
-    if (c.width !== w || c.height !== h) { c.width = w; c.height = h; }
-    ctx.setTransform(1, 0, 0, 1, 0, 0);
-    ctx.fillStyle = BG;
-    ctx.fillRect(0, 0, w, h);
-    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);     // everything below in CSS pixels
-    const cw = w / dpr, ch = h / dpr, cam = this.camera(cw, ch);
+    const ctx = this.ctx;
+    const [cw, ch] = clearCanvas(this.canvas, ctx);   // everything below in CSS pixels
+    const cam = this.camera(cw, ch);
     ctx.font = '12px system-ui, sans-serif';
     const step = this.drawGrid(cam);
     this.drawAxes(cam, step);

@@ -4,6 +4,22 @@ export const clamp = (v, lo, hi) => Math.min(hi, Math.max(lo, v));
 
 export const isNum = v => typeof v === 'number' && Number.isFinite(v);
 
+// The page's background, under both canvases.
+const BG = '#101216';
+
+// Size a canvas's backing store to its CSS size times the device pixel ratio, fill it with the background and
+// leave the context drawing in CSS pixels; returns the CSS width and height.
+export function clearCanvas(canvas, ctx) {
+  const dpr = window.devicePixelRatio || 1;
+  const w = Math.max(1, Math.round(canvas.clientWidth * dpr)), h = Math.max(1, Math.round(canvas.clientHeight * dpr));
+  if (canvas.width !== w || canvas.height !== h) { canvas.width = w; canvas.height = h; }
+  ctx.setTransform(1, 0, 0, 1, 0, 0);
+  ctx.fillStyle = BG;
+  ctx.fillRect(0, 0, w, h);
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  return [w / dpr, h / dpr];
+}
+
 // The smallest 1, 2 or 5 x 10^k that is >= v (axis and colour-scale limits that read well).
 export function niceCeil(v) {
   const p = Math.pow(10, Math.floor(Math.log10(v)));
