@@ -347,38 +347,32 @@ def _timeline(entries: list[Section], n: int, x0: np.ndarray, kinematic: list[in
         modes = [m for m in ("velocity", "move_to", "waypoints", "path") if es.has(m)]
         if len(modes) != 1:
             raise es.error("velocity", "give exactly one of: velocity, move_to, waypoints, path")
-        if modes[0] == "path":
-            a = es.get("from", float, 0.0, minval=0.0)
-            b = es.get("to", float, above=a)
-            arr = _scripted_path(es, position_at(k, i, a, start), a, b)
+        if modes[0] in ("path", "waypoints"):
+            if modes[0] == "path":
+                a = es.get("from", float, 0.0, minval=0.0)
+                b = es.get("to", float, above=a)
+                arr = _scripted_path(es, position_at(k, i, a, start), a, b)
+            else:
+                wps = es.raw("waypoints")
+                try:
+                    arr = np.asarray(wps, dtype=np.float64) if isinstance(wps, list) else np.zeros((0,))
+                except (TypeError, ValueError):
+                    arr = np.zeros((0,))
+                if arr.ndim != 2 or arr.shape[1] != 4 or arr.shape[0] < 2 or not np.all(np.isfinite(arr)):
+                    raise es.error("waypoints", "must be a list of at least two [t, x, y, z] (s, m)")
+                if np.any(np.diff(arr[:, 0]) <= 0) or arr[0, 0] < 0:
+                    raise es.error("waypoints", "times must start >= 0 and increase")
+                here = position_at(k, i, arr[0, 0], start)
+                if np.linalg.norm(here - arr[0, 1:]) > 1e-6:
+                    raise es.error("waypoints", f"the first waypoint must be where the {subj} is at t={arr[0, 0]} "
+                                   f"s: {np.round(here, 6).tolist()}")
+            # each consecutive pair of [t, x, y, z] is one segment of constant velocity
             for p, q in zip(arr[:-1], arr[1:]):
                 kind.append(k)
                 index.append(i)
                 t0.append(p[0])
                 t1.append(q[0])
                 vel.append(list((q[1:] - p[1:]) / (q[0] - p[0])))
-            es.finish()
-            continue
-        if modes[0] == "waypoints":
-            wps = es.raw("waypoints")
-            try:
-                arr = np.asarray(wps, dtype=np.float64) if isinstance(wps, list) else np.zeros((0,))
-            except (TypeError, ValueError):
-                arr = np.zeros((0,))
-            if arr.ndim != 2 or arr.shape[1] != 4 or arr.shape[0] < 2 or not np.all(np.isfinite(arr)):
-                raise es.error("waypoints", "must be a list of at least two [t, x, y, z] (s, m)")
-            if np.any(np.diff(arr[:, 0]) <= 0) or arr[0, 0] < 0:
-                raise es.error("waypoints", "times must start >= 0 and increase")
-            here = position_at(k, i, arr[0, 0], start)
-            if np.linalg.norm(here - arr[0, 1:]) > 1e-6:
-                raise es.error("waypoints", f"the first waypoint must be where the {subj} is at t={arr[0, 0]} s: "
-                               f"{np.round(here, 6).tolist()}")
-            for a, b in zip(arr[:-1], arr[1:]):
-                kind.append(k)
-                index.append(i)
-                t0.append(a[0])
-                t1.append(b[0])
-                vel.append(list((b[1:] - a[1:]) / (b[0] - a[0])))
             es.finish()
             continue
         a = es.get("from", float, 0.0, minval=0.0)
