@@ -154,7 +154,6 @@ class PhysicsLoop:
         self.stats = LoopStats(capacity=max(1, int(round(1.0 / cfg.loop.stats_hz / cfg.loop.tick_s))))
         self._pose = np.zeros(3)
         self._quat = np.zeros(4)
-        self._zero3 = np.zeros(3)
         self.last_stats: dict = {}
         self.device_live: dict[str, float] = {}      # device -> last time (s, monotonic) a pose arrived
         self.link_devices = list(cfg.link_devices)   # link slot i carries device link_devices[i], for the run
