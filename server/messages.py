@@ -7,6 +7,7 @@ import numpy as np
 from ..haptics.safety import ForceSafety, SafetyConfig
 from ..solver import diagnostics
 from ..solver.forces import constraint_force_at
+from ..solver.contact_response import CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS
 from ..solver.integrator import STAT_MAX_ITERS, STAT_MAX_RESIDUAL, STAT_SUBSTEPS
 from ..solver.scenario import Scenario
 from ..solver.model import ThreadState
@@ -70,15 +71,19 @@ class MessageBuilder:
         """Magnitude (N) of the thread's net axial constraint force at ``vertex``."""
         return constraint_force_at(state.x, state.tension, vertex, self._axial)
 
-    def state(self, seq: int, state: ThreadState, contacts: int = 0) -> bytes:
-        """The `state` payload (DESIGN.md): positions, tensions (N), twist (rad), grasps, energies (J)."""
+    def state(self, seq: int, state: ThreadState) -> bytes:
+        """The `state` payload (DESIGN.md): positions, tensions (N), twist (rad), grasps, energies (J), and the
+        last tick's solver and self-contact statistics."""
         grasps = [{"id": g.id, "vertex": g.vertex, "device": g.device,
                    "pos": state.grasp_target[g.slot], "force": state.grasp_force[g.slot]}
                   for g in self.grasps]
+        cs = state.contact_stats
         solver = {"iters": int(state.stats[STAT_MAX_ITERS]), "residual": float(state.stats[STAT_MAX_RESIDUAL]),
-                  "substeps": int(state.stats[STAT_SUBSTEPS])}
+                  "substeps": int(state.stats[STAT_SUBSTEPS]), "penetration": float(cs[CS_PENETRATION]),
+                  "projections": int(cs[CS_PROJECTIONS]), "candidates": int(cs[CS_COUNT])}
         return protocol.encode_state(seq, float(state.time[0]), state.x, state.tension, float(state.twist[0]),
-                                     grasps, contacts, diagnostics.energies(self.scenario.model, state), solver)
+                                     grasps, int(cs[CS_CONTACTS]), diagnostics.energies(self.scenario.model, state),
+                                     solver)
 
     def forces(self, seq: int, state: ThreadState, extra_flags: dict[str, int] | None = None) -> list[bytes]:
         """One `force` payload per device and per externally loaded vertex.

@@ -21,6 +21,9 @@ import numpy as np
 from numba import njit
 
 from .constraints import solve_multipliers
+from .contact_response import (CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS, CS_REBUILDS, CS_STICKING,
+                               CP_SKIN, apply_friction, enforce_min_gap, neighbours_stale, penalty_forces,
+                               rebuild_neighbours)
 from .forces import accumulate_forces, edge_vectors
 from .model import ThreadModel, ThreadState
 from .motion import apply_motions
@@ -38,6 +41,23 @@ STAT_SCALED = 7         # vertices whose mass was scaled in the last tick
 STAT_MASS_FACTOR = 8    # largest mass scale factor of the last tick (1 = none)
 
 
+MIN_GAP_ROUNDS = 8   # rounds of (no-crossing floor, constraint solve) per substep
+
+
+@njit(cache=True, error_model="numpy")
+def constraint_displace(xbar: np.ndarray, w_eff: np.ndarray, alpha: np.ndarray, edges: np.ndarray) -> None:
+    """xbar += the constraint displacement W (alpha_j e_j - alpha_{j-1} e_{j-1}) (m; Wang 2017 Eq. D.3)."""
+    m = edges.shape[0]
+    for i in range(xbar.shape[0]):
+        for d in range(3):
+            xn = xbar[i, d]
+            if i < m:
+                xn += w_eff[i] * alpha[i] * edges[i, d]
+            if i > 0:
+                xn -= w_eff[i] * alpha[i - 1] * edges[i - 1, d]
+            xbar[i, d] = xn
+
+
 @njit(cache=True, error_model="numpy")
 def substep(h: float, t: float,
             rest, mass, inv_mass, kinematic, hinge_k, k_d, drag_quad, drag_lin, compliance, gravity, twist_k,
@@ -45,8 +65,12 @@ def substep(h: float, t: float,
             x, x_prev, tension, twist, kin_target, ext_force,
             grasp_vertex, grasp_k, grasp_c, grasp_fmax, grasp_target, grasp_target_prev, grasp_vel, grasp_force,
             grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
-            lo, di, up, rhs, cp, delta):
-    """Advance the state by one substep h (s) starting at time t (s). Returns (iterations, residual)."""
+            lo, di, up, rhs, cp, delta,
+            contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_n, cand_f, cand_fp, contact_k,
+            alpha_extra, cstats, cscratch):
+    """Advance the state by one substep h (s) starting at time t (s). Returns (iterations, residual).
+    With ``contact_on``, the first ``n_cand`` pairs of the neighbour list get the contact response
+    (solver/contact_response.py) and ``cstats`` its per-tick statistics."""
     n = x.shape[0]
     m = n - 1
     g_count = grasp_vertex.shape[0]
@@ -79,6 +103,13 @@ def substep(h: float, t: float,
         for i in range(n):
             for d in range(3):
                 force[i, d] += ft * twist_grad[i, d]
+    if contact_on:
+        touching, pen = penalty_forces(x, x_prev, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_n, cand_f,
+                                       cand_fp, cscratch, force, contact_k)
+        if touching > cstats[CS_CONTACTS]:
+            cstats[CS_CONTACTS] = touching
+        if pen > cstats[CS_PENETRATION]:
+            cstats[CS_PENETRATION] = pen
 
     h2 = h * h
     # Eq. D.1 in displacement form, x + (x - x_prev) + h^2 F / m, which rounds at the size of the step rather
@@ -127,18 +158,35 @@ def substep(h: float, t: float,
     for j in range(m):
         alpha[j] = h2 * tension[j] / elen[j] if w_eff[j] + w_eff[j + 1] > 0.0 else 0.0
 
+    if contact_on:
+        cstats[CS_STICKING] = apply_friction(x, xbar, w_eff, h, cpar, n_cand, cand_i, cand_j, cand_s, cand_t,
+                                             cand_n, cand_f)
+
     iters, residual = solve_multipliers(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_iters,
                                         alpha, new_edges, lo, di, up, rhs, cp, delta)
+    # x^{k+1} = xbar + constraint displacement (Eq. D.3), built in xbar
+    constraint_displace(xbar, w_eff, alpha, edges)
+    if contact_on:
+        # the no-crossing floor, then the constraints again: a few rounds meet both (contact_response.py)
+        for _ in range(MIN_GAP_ROUNDS):
+            raised = enforce_min_gap(xbar, w_eff, h, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_n, cand_fp)
+            if raised == 0:
+                break
+            cstats[CS_PROJECTIONS] += raised
+            for j in range(m):
+                alpha_extra[j] = 0.0
+            it2, residual = solve_multipliers(xbar, edges, elen, w_eff, rest, compliance, h, method, tol,
+                                              max_iters, alpha_extra, new_edges, lo, di, up, rhs, cp, delta)
+            iters += it2
+            constraint_displace(xbar, w_eff, alpha_extra, edges)
+            for j in range(m):
+                alpha[j] += alpha_extra[j]
 
-    # x^{k+1} (Eq. D.3), the twist change along the displacement, and the shift of the history
+    # the twist change along the displacement, and the shift of the history
     dtheta = 0.0
     for i in range(n):
         for d in range(3):
             xn = xbar[i, d]
-            if i < m:
-                xn += w_eff[i] * alpha[i] * edges[i, d]
-            if i > 0:
-                xn -= w_eff[i] * alpha[i - 1] * edges[i - 1, d]
             dtheta += twist_grad[i, d] * (xn - x[i, d])
             x_prev[i, d] = x[i, d]
             x[i, d] = xn
@@ -166,12 +214,27 @@ def advance(n_sub: int, h: float, t: float,
             grasp_vertex, grasp_k, grasp_c, grasp_fmax, grasp_target, grasp_target_prev, grasp_vel, grasp_force,
             grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
             lo, di, up, rhs, cp, delta, stats,
-            scale, base_inv_mass, bend_gersh, fold, tension_floor, tension_margin, target):
+            scale, base_inv_mass, bend_gersh, fold, tension_floor, tension_margin, target,
+            contact_on, cpar, cexclude, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, x_ref,
+            contact_k, alpha_extra, cstats, grid_head, grid_next, grid_cells, grid_scratch, old_j, old_n, old_fp,
+            old_next, seg_head, trace):
     """Run n_sub substeps of h (s) from time t (s); write iteration statistics into ``stats``.
 
     With ``scale``, ``inv_mass`` is rewritten before every substep from ``base_inv_mass`` by selective mass
     scaling (stability.scale_masses) with the tensions of the substep before, so the scaling follows a tension
-    that rises within the tick (a thread snapping taut)."""
+    that rises within the tick (a thread snapping taut).
+
+    With ``contact_on``, the neighbour list is rebuilt before any substep at which a vertex has moved more than
+    half its skin since it was built (a Verlet list: every pair within the contact distance is then in it), and
+    ``cstats`` gets the tick's contact statistics (contact_response.CS_*).
+
+    ``trace`` (k, n, 3), if k >= n_sub, gets the positions after every substep (tests follow every state the
+    integrator went through); pass a (0, n, 3) array otherwise."""
+    if contact_on:
+        cstats[CS_REBUILDS] = 0.0
+        cstats[CS_CONTACTS] = 0.0
+        cstats[CS_PENETRATION] = 0.0
+        cstats[CS_PROJECTIONS] = 0.0
     max_it = 0
     max_res = 0.0
     total = 0
@@ -179,12 +242,18 @@ def advance(n_sub: int, h: float, t: float,
     res = 0.0
     n_scaled = 0
     worst = 1.0
+    n_cand = int(cstats[CS_COUNT])
     for s in range(n_sub):
+        if contact_on and neighbours_stale(x, x_ref, cpar[CP_SKIN]):
+            rebuild_neighbours(x, cpar, cexclude, grid_head, grid_next, grid_cells, grid_scratch,
+                               cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_fp, old_j, old_n, old_fp,
+                               old_next, seg_head, x_ref, cstats)
+            n_cand = int(cstats[CS_COUNT])
         if scale:
             if s > 0:
                 fold = fold_factor(x)  # hinges can fold within a tick (a whip); their stiffness grows fast
             ns, f = scale_masses(mass, base_inv_mass, bend_gersh, fold, rest, tension, tension_floor,
-                                 tension_margin, h, target, inv_mass)
+                                 tension_margin, h, target, contact_k, inv_mass)
             if ns > n_scaled:
                 n_scaled = ns
             if f > worst:
@@ -194,7 +263,13 @@ def advance(n_sub: int, h: float, t: float,
                           max_iters, x, x_prev, tension, twist, kin_target, ext_force,
                           grasp_vertex, grasp_k, grasp_c, grasp_fmax, grasp_target, grasp_target_prev,
                           grasp_vel, grasp_force, grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
-                          lo, di, up, rhs, cp, delta)
+                          lo, di, up, rhs, cp, delta,
+                          contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_n, cand_f, cand_fp,
+                          contact_k, alpha_extra, cstats, grid_scratch)
+        if trace.shape[0] > s:
+            for i in range(x.shape[0]):
+                for d in range(3):
+                    trace[s, i, d] = x[i, d]
         total += it
         if it > max_it:
             max_it = it
@@ -218,11 +293,15 @@ def rescale_history(x: np.ndarray, x_prev: np.ndarray, ratio: float) -> None:
             x_prev[i, d] = x[i, d] - ratio * (x[i, d] - x_prev[i, d])
 
 
+_NO_TRACE = np.zeros((0, 0, 3))
+
+
 def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, scale: bool = False,
-         tension_floor: float = 0.0, tension_margin: float = 1.5) -> None:
+         tension_floor: float = 0.0, tension_margin: float = 1.5, trace: np.ndarray | None = None) -> None:
     """Advance ``state`` by n_sub substeps of h seconds (one kernel call). With ``scale``, masses are scaled
     before every substep wherever the substep is too long for the local stiffness (docs/PHYSICS.md Sec. 6),
-    counting every segment's tension as at least ``tension_floor`` (N)."""
+    counting every segment's tension as at least ``tension_floor`` (N). ``trace`` (k >= n_sub, n, 3), if
+    given, gets the positions (m) after each substep."""
     fold = fold_factor(state.x) if scale else 1.0
     if h != state.h[0]:
         rescale_history(state.x, state.x_prev, h / state.h[0])
@@ -242,7 +321,12 @@ def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, scale: bo
             state.edges, state.elen, state.new_edges, state.alpha, state.tri_lo, state.tri_di, state.tri_up,
             state.tri_rhs, state.tri_cp, state.tri_delta, state.stats,
             scale, model.inv_mass, model.bend_gersh, fold, tension_floor, tension_margin,
-            model.solver.stability_target)
+            model.solver.stability_target,
+            model.contact.enabled, model.contact_par, model.contact.exclude, state.cand_i, state.cand_j,
+            state.cand_s, state.cand_t, state.cand_d, state.cand_n, state.cand_f, state.cand_fp, state.x_ref,
+            state.contact_k, state.alpha_extra, state.contact_stats, state.grid_head, state.grid_next,
+            state.grid_cells, state.grid_scratch, state.old_j, state.old_n, state.old_fp, state.old_next,
+            state.seg_head, _NO_TRACE if trace is None else trace)
     state.time[0] += n_sub * h
 
 
@@ -279,7 +363,8 @@ def choose_substeps(model: ThreadModel, state: ThreadState, tension: np.ndarray 
     if s.substeps > 0:
         return s.substeps, s.substeps
     t_est = state.tension if tension is None else tension
-    omega = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length, t_est, 1.5)
+    omega = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length, t_est, 1.5,
+                        state.contact_k)
     state.stats[STAT_OMEGA] = omega
     needed = substeps_for(omega, s.tick, s.stability_target, 1 << 30)
     n = min(needed, s.max_substeps)
@@ -320,6 +405,7 @@ class Stepper:
         self._backup = state.copy()
         self._tension = state.tension.copy()   # the tension estimate of the tick being run (N)
         self.retries = 0          # ticks run again since this stepper was made
+        self.trace: np.ndarray | None = None   # (k, n, 3): if set, each tick writes its substeps' positions
 
     def tick(self) -> int:
         """Advance one tick; returns the substeps of the run that was kept. Raises SolverDivergence if the
@@ -327,7 +413,7 @@ class Stepper:
         model, state, s = self.model, self.state, self.model.solver
         if s.substeps > 0:
             n = s.substeps
-            step(model, state, n, s.tick / n)
+            step(model, state, n, s.tick / n, trace=self.trace)
             self._check_finite(n)
             return n
         est = self._tension
@@ -338,11 +424,11 @@ class Stepper:
         floor = grasp_tension_floor(state)
         for attempt in range(self.MAX_RETRIES + 1):
             h = s.tick / n
-            step(model, state, n, h, scale=needed > n, tension_floor=floor)
+            step(model, state, n, h, scale=needed > n, tension_floor=floor, trace=self.trace)
             ok = state.stats[STAT_MAX_RESIDUAL] <= self.CONVERGED  # False for NaN too
             if ok:
                 omega = omega_bound(state.x, state.inv_mass_tick, model.bend_gersh, model.rest_length,
-                                    state.tension, 1.0)
+                                    state.tension, 1.0, state.contact_k)
                 ok = h * omega < 2.0
             if ok or attempt == self.MAX_RETRIES:
                 self._check_finite(n)
@@ -357,7 +443,8 @@ class Stepper:
             np.maximum(est, floor, out=est)
             self._backup.copy_into(state)
             self.retries += 1
-            omega_new = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length, est, 1.5)
+            omega_new = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length, est, 1.5,
+                                    state.contact_k)
             needed = max(substeps_for(omega_new, s.tick, s.stability_target, 1 << 30), 2 * n)
             # past the real-time budget if need be: mass scaling tames tension from loads, not the inertial
             # tension of a whip (it grows with the added mass), so a violent tick gets real substeps
@@ -391,6 +478,6 @@ def warm_up(model: ThreadModel, state: ThreadState) -> None:
     h = model.solver.tick
     step(model, s, 1, h)
     step(model, s, 2, h / 2, scale=True, tension_floor=0.0)
-    omega_bound(s.x, model.inv_mass, model.bend_gersh, model.rest_length, s.tension, 1.0)
+    omega_bound(s.x, model.inv_mass, model.bend_gersh, model.rest_length, s.tension, 1.0, s.contact_k)
     energies(model, s)
     Stepper(model, state.copy()).tick()

@@ -32,6 +32,9 @@ class ThreadParams:
     diameter: float = 0.0         # m (0 = not given)
     extensible: bool = False
     stretch_stiffness: float = math.inf  # EA, N (inf when inextensible)
+    friction_static: float = 0.0  # Coulomb coefficient of the thread on itself, sticking
+    friction_kinetic: float = 0.0  # and sliding (<= static)
+    contact_stiffness: float = 0.0  # N/m, the self-contact penalty k_s a scenario uses by default (0: none given)
 
     @property
     def mass(self) -> float:
@@ -52,6 +55,26 @@ class SolverSettings:
     stability_target: float = 1.0  # h * omega_max aimed for (the explicit limit is 2)
 
 
+@dataclass(frozen=True)
+class ContactSettings:
+    """Self-contact (solver/contact_response.py); off unless a scenario turns it on. SI units."""
+    enabled: bool = False
+    stiffness: float = 0.0        # k_s, N/m (Wang 2017 Eq. 14)
+    distance: float = 0.0         # Delta d, m: centre-line distance at which strands touch
+    smooth: float = 0.0           # m, the rounded onset of the penalty
+    min_gap: float = 0.0          # m, the no-crossing floor
+    friction_static: float = 0.0
+    friction_kinetic: float = 0.0
+    skin: float = 0.0             # m, the neighbour list's margin beyond Delta d
+    exclude: int = 1              # segments within this many of each other along the thread never pair
+    max_pairs: int = 0            # neighbour-list capacity (0: 8 per segment)
+
+    def par(self) -> np.ndarray:
+        """The kernels' parameter vector (solver/contact_response.CP_*)."""
+        return np.array([self.stiffness, self.distance, self.smooth, self.min_gap, self.friction_static,
+                         self.friction_kinetic, self.skin])
+
+
 @dataclass
 class ThreadModel:
     """Immutable during a run. Arrays are float64 unless noted; vertex arrays have n = segments + 1 rows."""
@@ -69,6 +92,8 @@ class ThreadModel:
     gravity: np.ndarray           # (3,) m/s^2
     twist_k: float                # N*m, GJ / L_bar with 2 L_bar = sum of (l_{i-1} + l_i) over hinges
     bending_dissipation: float    # J*s
+    contact: ContactSettings = field(default_factory=ContactSettings)
+    contact_par: np.ndarray = field(default_factory=lambda: ContactSettings().par())
     # scripted timeline (solver/motion.py): kind, index, start, end (s), velocity (m/s or rad/s)
     mot_kind: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     mot_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -111,6 +136,28 @@ class ThreadState:
     grasp_sat: np.ndarray         # (G,) int8, 1 while the coupling force is at its limit
     stats: np.ndarray             # (10,) see STAT_* in solver/integrator.py
     inv_mass_tick: np.ndarray     # (n,) 1/kg, the inverse masses of the current tick (mass-scaled if needed)
+    # self-contact (solver/contact_response.py): the neighbour list and what each pair carries between kernels
+    cand_i: np.ndarray            # (P,) int64, first segment of each candidate pair
+    cand_j: np.ndarray            # (P,) int64, second segment
+    cand_s: np.ndarray            # (P,) closest-point parameter on cand_i, frozen at the substep's start
+    cand_t: np.ndarray            # (P,) on cand_j
+    cand_d: np.ndarray            # (P,) m, distance when the list was built
+    cand_n: np.ndarray            # (P,3) unit normal from cand_j to cand_i, frozen at the substep's start
+    cand_f: np.ndarray            # (P,) N, normal force of the pair this substep (for friction)
+    cand_fp: np.ndarray           # (P,) N, the no-crossing floor's force this substep
+    x_ref: np.ndarray             # (n,3) m, positions the list was built at (inf: build before the next substep)
+    contact_k: np.ndarray         # (n,) N/m, contact springs' Gershgorin row sums (stability bound)
+    contact_stats: np.ndarray     # (8,) see CS_* in solver/contact_response.py
+    grid_head: np.ndarray
+    grid_next: np.ndarray
+    grid_cells: np.ndarray
+    grid_scratch: np.ndarray
+    alpha_extra: np.ndarray       # (n-1,) multipliers of the re-solve after the no-crossing floor
+    old_j: np.ndarray             # (P,) int64, scratch of a neighbour-list rebuild (contact_response.py)
+    old_n: np.ndarray
+    old_fp: np.ndarray
+    old_next: np.ndarray
+    seg_head: np.ndarray          # (n-1,) int64
     # scratch
     force: np.ndarray
     twist_grad: np.ndarray
@@ -148,7 +195,7 @@ def lumped_masses(rest_length: np.ndarray, linear_density: float) -> np.ndarray:
 
 def build_model(params: ThreadParams, solver: SolverSettings, gravity=(0.0, 0.0, -9.81),
                 kinematic_vertices=(), rest_length: np.ndarray | None = None,
-                timeline: dict | None = None) -> ThreadModel:
+                timeline: dict | None = None, contact: ContactSettings | None = None) -> ThreadModel:
     """Make the model of a thread with equal segments (or the given rest lengths, m)."""
     ns = params.segments
     if rest_length is None:
@@ -186,12 +233,13 @@ def build_model(params: ThreadParams, solver: SolverSettings, gravity=(0.0, 0.0,
     compliance = np.zeros(ns) if not params.extensible else np.full(ns, 1.0 / params.stretch_stiffness)
 
     tl = timeline or {}
+    contact = contact or ContactSettings()
     return ThreadModel(
         params=params, solver=solver, rest_length=rest_length, mass=mass, inv_mass=inv_mass, kinematic=kin,
         hinge_k=hinge_k, bend_gersh=bend_gersh, drag_quad=params.air_drag * vor,
         drag_lin=params.air_drag_linear * vor, compliance=compliance,
         gravity=np.asarray(gravity, dtype=np.float64), twist_k=twist_k,
-        bending_dissipation=params.bending_dissipation,
+        bending_dissipation=params.bending_dissipation, contact=contact, contact_par=contact.par(),
         mot_kind=np.asarray(tl.get("kind", np.zeros(0)), np.int64),
         mot_index=np.asarray(tl.get("index", np.zeros(0)), np.int64),
         mot_t0=np.asarray(tl.get("t0", np.zeros(0)), np.float64),
@@ -210,6 +258,8 @@ def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
     v = np.zeros((n, 3)) if v0 is None else np.asarray(v0, np.float64).reshape(n, 3)
     v = np.where(model.kinematic[:, None] == 1, 0.0, v)
     z = lambda *s: np.zeros(s)  # noqa: E731
+    c = model.contact
+    cap = (c.max_pairs or 8 * ns) if c.enabled else 0
     return ThreadState(
         x=x0.copy(), x_prev=x0 - v * h0, h=np.array([h0]), time=np.zeros(1), tension=z(ns),
         twist=np.array([twist0, 0.0]), kin_target=x0.copy(), ext_force=z(n, 3),
@@ -221,4 +271,10 @@ def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
         force=z(n, 3), twist_grad=z(n, 3), xbar=z(n, 3), w_eff=z(n), edges=z(ns, 3), elen=z(ns),
         new_edges=z(ns, 3), alpha=z(ns), tri_lo=z(ns), tri_di=z(ns), tri_up=z(ns), tri_rhs=z(ns),
         tri_cp=z(ns), tri_delta=z(ns),
+        cand_i=np.zeros(cap, np.int64), cand_j=np.zeros(cap, np.int64), cand_s=z(cap), cand_t=z(cap),
+        cand_d=z(cap), cand_n=z(cap, 3), cand_f=z(cap), cand_fp=z(cap), x_ref=np.full((n, 3), np.inf),
+        contact_k=z(n), contact_stats=z(8), grid_head=np.zeros(2 * ns + 1, np.int64),
+        grid_next=np.zeros(ns, np.int64), grid_cells=np.zeros((ns, 3), np.int64), grid_scratch=z(3),
+        alpha_extra=z(ns), old_j=np.zeros(cap, np.int64), old_n=z(cap, 3), old_fp=z(cap),
+        old_next=np.zeros(cap, np.int64), seg_head=np.zeros(ns, np.int64),
     )

@@ -30,7 +30,7 @@ GROUPS = {
 KEYS = ("name", "description", "length", "segments", "diameter", "linear_density", "mass", "density",
         "bending_stiffness", "youngs_modulus", "paper_kb", "twisting_stiffness", "shear_modulus",
         "poisson_ratio", "paper_kt", "air_drag", "air_drag_linear", "bending_dissipation", "contact_radius",
-        "extensible", "stretch_stiffness")
+        "extensible", "stretch_stiffness", "friction_static", "friction_kinetic", "contact_stiffness")
 
 
 def preset_names() -> list[str]:
@@ -155,13 +155,21 @@ def resolve_thread(sec: Section) -> ThreadParams:
         sec.get("stretch_stiffness", float, None)
         ea = math.inf
 
+    # Coulomb friction of the thread on itself (solver/contact_response.py); kinetic <= static
+    mu_s = sec.get("friction_static", float, 0.0, minval=0.0, maxval=10.0)
+    mu_k = sec.get("friction_kinetic", float, mu_s, minval=0.0, maxval=10.0)
+    if mu_k > mu_s:
+        raise sec.error("friction_kinetic", f"{mu_k} exceeds friction_static {mu_s}: kinetic friction is at "
+                                            "most static")
     params = ThreadParams(
         name=name, length=length, segments=segments, linear_density=rho_a, bending_stiffness=ei,
         twisting_stiffness=gj, air_drag=sec.get("air_drag", float, 0.0, minval=0.0),
         air_drag_linear=sec.get("air_drag_linear", float, 0.0, minval=0.0),
         bending_dissipation=sec.get("bending_dissipation", float, 0.0, minval=0.0),
         contact_radius=sec.get("contact_radius", float, diameter / 2.0, minval=0.0),
-        diameter=diameter, extensible=extensible, stretch_stiffness=ea)
+        diameter=diameter, extensible=extensible, stretch_stiffness=ea,
+        friction_static=mu_s, friction_kinetic=mu_k,
+        contact_stiffness=sec.get("contact_stiffness", float, 0.0, minval=0.0))
     sec.finish()
     return params
 

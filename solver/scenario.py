@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from .config import ConfigError, Section, load_yaml
-from .model import MAX_GRASPS, SolverSettings, ThreadModel, ThreadState, build_model, make_state
+from .model import MAX_GRASPS, ContactSettings, SolverSettings, ThreadModel, ThreadState, build_model, make_state
 from .motion import MOTION_GRASP, MOTION_TWIST, MOTION_VERTEX
+from .knots import KNOT_KINDS, knot_curve, lay_chords
 from .presets import CONFIG_DIR, merged_thread_section, resolve_thread
 
 SCENARIOS_DIR = CONFIG_DIR / "scenarios"
@@ -94,7 +95,9 @@ def _vertex(sec: Section, key: str, n: int, value=None) -> int:
 
 
 def _shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
-    kind = sec.get("kind", str, "straight", choices=("straight", "helix", "points"))
+    kind = sec.get("kind", str, "straight", choices=("straight", "helix", "points", "knot"))
+    if kind == "knot":
+        return _knot_shape(sec, n_seg, length)
     if kind == "points":
         pts = sec.raw("points")
         try:
@@ -141,6 +144,23 @@ def _shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
         lo, hi = (mid, hi) if chord(mid) < target else (lo, mid)
     phi = np.arange(n_seg + 1) * 0.5 * (lo + hi)
     return start + radius * (np.outer(np.cos(phi), u) + np.outer(np.sin(phi), w) - u) + np.outer(c * phi, axis)
+
+
+def _knot_shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
+    """A loose open knot (solver/knots.py) laid in equal chords, its knotted part in the middle of the thread,
+    the tails along x, the whole shifted by `start`."""
+    kind = sec.get("knot", str, choices=KNOT_KINDS)
+    big = sec.get("radius", float, above=0.0, maxval=10.0)
+    tube = sec.get("tube", float, 0.5 * big, above=0.0, below=big)
+    start = np.array(sec.vector("start", 3, [0.0, 0.0, 0.0]))
+    sec.finish()
+    core = knot_curve(kind, big, tube, 0.0)
+    core_len = float(np.linalg.norm(np.diff(core, axis=0), axis=1).sum())
+    if core_len >= length:
+        raise sec.error("radius", f"the knot needs {core_len:.4g} m of thread but the thread is {length:.4g} m: "
+                                  f"make the knot smaller")
+    pts = lay_chords(knot_curve(kind, big, tube, 0.5 * (length - core_len)), n_seg, length / n_seg)
+    return pts - pts[0] + start
 
 
 def build_scenario(data: dict, file: str) -> Scenario:
@@ -212,11 +232,13 @@ def build_scenario(data: dict, file: str) -> Scenario:
     twist0 = bsec.get("initial_twist", float, 0.0)
     bsec.finish()
 
+    contact = _contact(top.section("contact", None), params, rest)
+
     # -- timeline --------------------------------------------------------------------------------------
     timeline = _timeline(top.sections("timeline"), n, x0, kinematic, {g.id: g for g in grasps}, grasp_targets)
 
     model = build_model(params, settings, gravity=gravity, kinematic_vertices=kinematic, rest_length=rest,
-                        timeline=timeline)
+                        timeline=timeline, contact=contact)
 
     # -- initial velocity ------------------------------------------------------------------------------
     vsec = top.section("initial_velocity", None)
@@ -249,6 +271,38 @@ def build_scenario(data: dict, file: str) -> Scenario:
     return Scenario(name=name, description=description, file=file, duration=duration, state_rate=state_rate,
                     model=model, initial=state, grasps=grasps, force_vertices=[v for v, _ in forces],
                     source=data)
+
+
+def _contact(sec: Section | None, params, rest: np.ndarray) -> ContactSettings:
+    """The `contact:` section (docs/SCENARIOS.md): self-contact on, and how stiff, thick and rough."""
+    if sec is None:
+        return ContactSettings()
+    enabled = sec.get("enabled", bool, True)
+    distance = sec.get("distance", float, 2.0 * params.contact_radius, minval=0.0)
+    if enabled and distance <= 0.0:
+        raise sec.error("distance", "self-contact needs a contact distance (m): give contact.distance, or the "
+                                    "thread's contact_radius or diameter")
+    stiffness = sec.get("stiffness", float, params.contact_stiffness, minval=0.0, maxval=1e7)
+    mu_s = sec.get("friction_static", float, params.friction_static, minval=0.0, maxval=10.0)
+    mu_k = sec.get("friction_kinetic", float, min(params.friction_kinetic, mu_s), minval=0.0, maxval=10.0)
+    if mu_k > mu_s:
+        raise sec.error("friction_kinetic", f"{mu_k} exceeds friction_static {mu_s}: kinetic friction is at "
+                                            "most static")
+    min_gap = sec.get("min_gap", float, 0.5 * distance, minval=0.0)
+    if enabled and not 0.0 < min_gap <= distance:
+        raise sec.error("min_gap", f"must be in (0, distance = {distance:g}] m, got {min_gap:g}")
+    settings = ContactSettings(
+        enabled=enabled, stiffness=stiffness, distance=distance,
+        smooth=sec.get("smooth", float, 0.1 * distance, minval=0.0, maxval=max(distance, 0.0)),
+        min_gap=min_gap, friction_static=mu_s, friction_kinetic=mu_k,
+        skin=sec.get("skin", float, max(distance, 0.5 * float(np.mean(rest))), above=0.0),
+        # a pair closer along the thread than the contact distance touches only by folding within the thread's
+        # own thickness, which bending resists: not a contact
+        exclude=sec.get("exclude", int, max(1, math.ceil(distance / float(np.mean(rest)) - 1e-9)), minval=1,
+                        maxval=max(1, rest.shape[0] - 2)),
+        max_pairs=sec.get("max_pairs", int, 8 * rest.shape[0], minval=1, maxval=10_000_000))
+    sec.finish()
+    return settings
 
 
 PATH_POINTS_PER_TURN = 48   # a circle as a 48-gon: the chord sits 0.2 % of the radius inside the arc

@@ -13,6 +13,8 @@ count:
   that explicit Verlet follows at its physical rate, r + 1/r = 2 + h^2 |lambda|) and sets no step limit. Counting
   it would slow a compressed thread's buckling by mass scaling, so a thread pushed back along itself, as by a
   stylus easing off a taut pull, would stay straight and keep pushing for seconds.
+- self-contact penalty springs (solver/contact_response.py), whose row sums the contact kernel leaves in the
+  state per vertex (``contact_k``; zeros without contact).
 Grasp couplings are integrated implicitly and the stretch of extensible threads is a compliant constraint, so
 neither limits the step. Light, stiff sutures need many substeps (bench-suture: docs/BENCHMARKS.md).
 """
@@ -45,11 +47,12 @@ def fold_factor(x: np.ndarray) -> float:
 
 @njit(cache=True, error_model="numpy")
 def vertex_stiffness(i: int, bend_gersh: np.ndarray, fac: float, rest: np.ndarray, tension: np.ndarray,
-                     tension_margin: float) -> float:
+                     tension_margin: float, contact_k: np.ndarray) -> float:
     """Gershgorin row sum (N/m) of vertex i: bending scaled by the fold factor, plus the geometric stiffness
-    2 (T_{i-1}/l_{i-1} + T_i/l_i) of the tensions (times tension_margin; compression counts 0)."""
+    2 (T_{i-1}/l_{i-1} + T_i/l_i) of the tensions (times tension_margin; compression counts 0), plus the
+    contact springs' row sum ``contact_k[i]``."""
     n = bend_gersh.shape[0]
-    k = bend_gersh[i] * fac
+    k = bend_gersh[i] * fac + contact_k[i]
     if i > 0:
         k += 2.0 * max(tension[i - 1], 0.0) * tension_margin / rest[i - 1]
     if i < n - 1:
@@ -59,14 +62,15 @@ def vertex_stiffness(i: int, bend_gersh: np.ndarray, fac: float, rest: np.ndarra
 
 @njit(cache=True, error_model="numpy")
 def omega_bound(x: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray, rest: np.ndarray,
-                tension: np.ndarray, tension_margin: float) -> float:
+                tension: np.ndarray, tension_margin: float, contact_k: np.ndarray) -> float:
     """Upper bound (rad/s) of the highest natural frequency at configuration x (m) with tensions (N)
-    multiplied by ``tension_margin`` (tension can grow within a tick)."""
+    multiplied by ``tension_margin`` (tension can grow within a tick) and the contact springs ``contact_k``
+    (N/m per vertex)."""
     n = x.shape[0]
     fac_max = fold_factor(x)
     worst = 0.0
     for i in range(n):
-        w2 = inv_mass[i] * vertex_stiffness(i, bend_gersh, fac_max, rest, tension, tension_margin)
+        w2 = inv_mass[i] * vertex_stiffness(i, bend_gersh, fac_max, rest, tension, tension_margin, contact_k)
         if w2 > worst:
             worst = w2
     return math.sqrt(worst)
@@ -82,12 +86,12 @@ def substeps_for(omega: float, tick: float, target: float, max_substeps: int) ->
 @njit(cache=True, error_model="numpy")
 def scale_masses(mass: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray, fold: float, rest: np.ndarray,
                  tension: np.ndarray, tension_floor: float, tension_margin: float, h: float, target: float,
-                 out: np.ndarray) -> tuple:
+                 contact_k: np.ndarray, out: np.ndarray) -> tuple:
     """Selective mass scaling: the inverse masses (1/kg) for a substep h (s) such that every vertex's Gershgorin
     bound meets h * omega_i <= target. A vertex that already does keeps its mass; a stiffer one (a taut or
     sharply bent stretch of a light suture) gets just enough extra inertia, m_i' = h^2 K_i / target^2, with K_i
-    from the bending row sum times ``fold`` plus the geometric stiffness of the tensions (at least
-    ``tension_floor`` N, times ``tension_margin``). Kinematic vertices keep 0. Static forces are unchanged, so
+    from the bending row sum times ``fold``, the contact springs ``contact_k`` (N/m per vertex) and the
+    geometric stiffness of the tensions (at least ``tension_floor`` N, times ``tension_margin``). Kinematic vertices keep 0. Static forces are unchanged, so
     equilibria and their tensions are exact; only the dynamics of the scaled vertices slow down.
 
     ``out`` holds the inverse masses the tensions were computed with. Under scaled masses the inertial part of
@@ -107,7 +111,7 @@ def scale_masses(mass: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray,
         if inv_mass[i] == 0.0:
             out[i] = 0.0
         else:
-            k = bend_gersh[i] * fold
+            k = bend_gersh[i] * fold + contact_k[i]
             if i > 0:
                 k += 2.0 * max(tension[i - 1] / max(f_left, f_here), tension_floor) * tension_margin / rest[i - 1]
             if i < n - 1:

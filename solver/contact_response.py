@@ -1,0 +1,305 @@
+"""Self-contact response inside a substep: continuous penalty force, Coulomb friction and a no-crossing floor.
+
+Per substep, on the candidate pairs of the neighbour list (solver/contact.py, rebuilt by the integrator when
+any vertex has moved more than half the list's skin since it was built):
+
+1. **Continuous penalty force** (Wang 2017 Sec. 6.2, Eq. 14 and App. E.7, after Tang et al. 2012): the penalty
+   k_s phi(d - g) along the pair's normal, averaged by the trapezoidal rule over the substep, with the gap g
+   at its start and at the free-flight prediction 2 x^k - x^{k-1} of its end. The closest-point parameters
+   (s, t) and the normal n are frozen at the start (App. E's w_c^app, n_E^app: for a 1 ms tick they barely
+   move). The average makes the force start to act before the pair touches when it approaches fast, which is
+   what keeps it from jittering. Printed E.7 lacks the k_s of E.5; it is restored here. phi is Wang's linear
+   penalty with its kink at first touch rounded into a parabola over the first ``smooth`` metres
+   (phi = p^2 / (2 delta) for p < delta, p - delta / 2 beyond), so the force is C^1 in the penetration: a
+   stylus dragging one strand over another feels no step (the haptic signal must not buzz).
+2. **Coulomb friction**, static and kinetic, at the position level (as Macklin et al. 2014 do for particles):
+   the relative tangential slip Delta_t of the two contact points over the substep, predicted from xbar, would
+   be stopped by a force |Delta_t| / (W h^2), W the pair's effective inverse mass. If that is within mu_s f_n
+   the pair sticks (the slip is removed, split by inverse mass); otherwise it slides and the force mu_k f_n
+   opposes the slip. f_n is the penalty force plus the floor's force of the substep before.
+3. **The no-crossing floor** (continuous collision over the substep): after the constraint solve, each pair's
+   gap at the end of the substep is measured along the normal frozen at its start, at the start's (s, t). A
+   gap below ``min_gap`` is projected back to ``min_gap`` (an inelastic contact impulse, split by inverse mass
+   and barycentric weight), and the inextensibility constraints are solved again; a few rounds of both meet
+   them together. Because the normal is frozen at the start of the substep, a strand that would pass through
+   the other within one substep (0.5 mm per tick at 0.5 m/s, more than a suture's diameter) shows a negative
+   gap, not a healthy one on the far side, and is stopped.
+
+Every kernel works on flat arrays and writes explicit outputs; units are SI (m, N, s).
+Parameter vector ``cpar`` (float64): see the CP_* indices below.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from .contact import find_contacts, segment_closest
+
+CP_STIFFNESS = 0    # k_s, N/m (Wang 2017 Eq. 14)
+CP_DISTANCE = 1     # Delta d, m: centre-line distance at which strands touch (twice the contact radius)
+CP_SMOOTH = 2       # delta, m: width of the rounded onset of the penalty
+CP_MIN_GAP = 3      # m: the floor below which the gap is projected back
+CP_MU_S = 4         # static friction coefficient
+CP_MU_K = 5         # kinetic friction coefficient
+CP_SKIN = 6         # m: the neighbour list holds pairs closer than Delta d + skin
+CP_SIZE = 7
+
+# contact_stats slots (per tick, filled by the integrator)
+CS_COUNT = 0        # candidate pairs in the neighbour list
+CS_REBUILDS = 1     # neighbour-list rebuilds in the last tick
+CS_CONTACTS = 2     # pairs closer than Delta d (most over the substeps of the last tick)
+CS_PENETRATION = 3  # largest Delta d - gap (m) over the substeps of the last tick (<= 0: nothing touches)
+CS_PROJECTIONS = 4  # gaps the no-crossing floor had to restore in the last tick
+CS_OVERFLOW = 5     # 1 if the neighbour list was too small for every candidate (contacts may be missed)
+CS_STICKING = 6     # pairs in static friction in the last substep
+CS_SIZE = 8
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _penalty(p: float, delta: float) -> float:
+    """phi(p): Wang's linear penalty max(p, 0) with its kink rounded over [0, delta] (C^1)."""
+    if p <= 0.0:
+        return 0.0
+    if p < delta:
+        return 0.5 * p * p / delta
+    return p - 0.5 * delta
+
+
+@njit(cache=True, error_model="numpy")
+def rebuild_neighbours(x: np.ndarray, cpar: np.ndarray, exclude: int, head, nxt, cells, scratch,
+                       cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_fp, old_j, old_n, old_fp, old_next,
+                       seg_head, x_ref, cstats) -> None:
+    """Rebuild the neighbour list: every pair closer than Delta d + skin (m), and remember the positions it was
+    built at (``x_ref``). A pair that was in the old list keeps its normal (the side each strand is on) and
+    its floor force; old_* (P) and seg_head (segments) are scratch for carrying them over."""
+    m = seg_head.shape[0]
+    n_old = int(cstats[CS_COUNT])
+    for k in range(m):
+        seg_head[k] = -1
+    for c in range(n_old):   # the old pairs, chained by their first segment
+        old_j[c] = cand_j[c]
+        old_fp[c] = cand_fp[c]
+        for d in range(3):
+            old_n[c, d] = cand_n[c, d]
+        old_next[c] = seg_head[cand_i[c]]
+        seg_head[cand_i[c]] = c
+    count = find_contacts(x, cpar[CP_DISTANCE] + cpar[CP_SKIN], exclude, head, nxt, cells, scratch,
+                          cand_i, cand_j, cand_s, cand_t, cand_d)
+    cap = cand_i.shape[0]
+    n_new = min(count, cap)
+    for c in range(n_new):
+        k = seg_head[cand_i[c]]
+        while k >= 0 and old_j[k] != cand_j[c]:
+            k = old_next[k]
+        for d in range(3):
+            cand_n[c, d] = old_n[k, d] if k >= 0 else 0.0
+        cand_fp[c] = old_fp[k] if k >= 0 else 0.0
+    cstats[CS_COUNT] = n_new
+    cstats[CS_OVERFLOW] = 1.0 if count > cap else 0.0
+    cstats[CS_REBUILDS] += 1.0
+    for i in range(x.shape[0]):
+        for d in range(3):
+            x_ref[i, d] = x[i, d]
+
+
+@njit(cache=True, error_model="numpy")
+def neighbours_stale(x: np.ndarray, x_ref: np.ndarray, skin: float) -> bool:
+    """True once any vertex has moved more than skin / 2 since the list was built: two vertices approaching
+    each other could then have closed the skin, so the list may miss a pair within Delta d."""
+    lim = 0.25 * skin * skin
+    for i in range(x.shape[0]):
+        dx = x[i, 0] - x_ref[i, 0]
+        dy = x[i, 1] - x_ref[i, 1]
+        dz = x[i, 2] - x_ref[i, 2]
+        if dx * dx + dy * dy + dz * dz > lim:
+            return True
+    return False
+
+
+@njit(cache=True, error_model="numpy")
+def penalty_forces(x: np.ndarray, x_prev: np.ndarray, cpar: np.ndarray, n_cand: int, cand_i, cand_j,
+                   cand_s, cand_t, cand_n, cand_f, cand_fp, scratch, force: np.ndarray,
+                   contact_k: np.ndarray) -> tuple:
+    """Add the continuous penalty forces (N) of every candidate pair to ``force`` and freeze each pair's
+    (s, t) and normal for the rest of the substep. ``cand_f`` gets the pair's normal force (N): penalty plus
+    the floor's force of the substep before (``cand_fp``), for friction. ``contact_k`` (N/m per vertex) gets
+    the Gershgorin row sum of the active penalty springs, for the stability bound.
+    Returns (pairs closer than Delta d, largest penetration Delta d - gap in m)."""
+    k_s = cpar[CP_STIFFNESS]
+    dd = cpar[CP_DISTANCE]
+    delta = cpar[CP_SMOOTH]
+    for i in range(contact_k.shape[0]):
+        contact_k[i] = 0.0
+    touching = 0
+    worst = -math.inf
+    for c in range(n_cand):
+        a = cand_i[c]
+        b = cand_j[c]
+        segment_closest(x[a, 0], x[a, 1], x[a, 2], x[a + 1, 0], x[a + 1, 1], x[a + 1, 2],
+                        x[b, 0], x[b, 1], x[b, 2], x[b + 1, 0], x[b + 1, 1], x[b + 1, 2], scratch)
+        s = scratch[0]
+        t = scratch[1]
+        gap = math.sqrt(scratch[2])
+        cand_s[c] = s
+        cand_t[c] = t
+        wx = (x[a, 0] + s * (x[a + 1, 0] - x[a, 0])) - (x[b, 0] + t * (x[b + 1, 0] - x[b, 0]))
+        wy = (x[a, 1] + s * (x[a + 1, 1] - x[a, 1])) - (x[b, 1] + t * (x[b + 1, 1] - x[b, 1]))
+        wz = (x[a, 2] + s * (x[a + 1, 2] - x[a, 2])) - (x[b, 2] + t * (x[b + 1, 2] - x[b, 2]))
+        # the side each strand is on is remembered: a pair whose separation has turned more than 90 degrees
+        # from its normal of the substep before has been pushed past the other's centre line (the floor lost
+        # a round to a stronger pull); its gap is then negative along the old normal, which pushes it back
+        # the way it came instead of on through
+        px, py, pz = cand_n[c, 0], cand_n[c, 1], cand_n[c, 2]
+        known = px != 0.0 or py != 0.0 or pz != 0.0
+        if known and wx * px + wy * py + wz * pz < 0.0:
+            nx, ny, nz = px, py, pz
+            gap = wx * px + wy * py + wz * pz
+        elif gap > 1e-300:
+            nx, ny, nz = wx / gap, wy / gap, wz / gap
+        else:
+            nx, ny, nz = px, py, pz   # the centre lines meet: keep the normal of the substep before
+        cand_n[c, 0] = nx
+        cand_n[c, 1] = ny
+        cand_n[c, 2] = nz
+        if dd - gap > worst:
+            worst = dd - gap
+        if gap < dd:
+            touching += 1
+        # the gap at the free-flight end of the substep, same (s, t) and normal (Wang 2017 App. E, w_c^app)
+        g1 = 0.0
+        for d in range(3):
+            pa = 2.0 * x[a, d] - x_prev[a, d]
+            pb = 2.0 * x[a + 1, d] - x_prev[a + 1, d]
+            qa = 2.0 * x[b, d] - x_prev[b, d]
+            qb = 2.0 * x[b + 1, d] - x_prev[b + 1, d]
+            nd = nx if d == 0 else (ny if d == 1 else nz)
+            g1 += nd * ((pa + s * (pb - pa)) - (qa + t * (qb - qa)))
+        # Wang 2017 Eq. E.7 (with E.5's k_s): the trapezoidal mean of the penalty at both ends of the substep
+        f = 0.5 * k_s * (_penalty(dd - gap, delta) + _penalty(dd - g1, delta))
+        cand_f[c] = f + cand_fp[c]
+        cand_fp[c] = 0.0   # enforce_min_gap refills it for this substep
+        if f <= 0.0:
+            continue
+        fx, fy, fz = f * nx, f * ny, f * nz
+        force[a, 0] += (1.0 - s) * fx
+        force[a, 1] += (1.0 - s) * fy
+        force[a, 2] += (1.0 - s) * fz
+        force[a + 1, 0] += s * fx
+        force[a + 1, 1] += s * fy
+        force[a + 1, 2] += s * fz
+        force[b, 0] -= (1.0 - t) * fx
+        force[b, 1] -= (1.0 - t) * fy
+        force[b, 2] -= (1.0 - t) * fz
+        force[b + 1, 0] -= t * fx
+        force[b + 1, 1] -= t * fy
+        force[b + 1, 2] -= t * fz
+        # the spring k_s acts on g = sum_v c_v n . x_v with |c| summing to 2: row sums k_s |c_v| * 2
+        contact_k[a] += 2.0 * k_s * (1.0 - s)
+        contact_k[a + 1] += 2.0 * k_s * s
+        contact_k[b] += 2.0 * k_s * (1.0 - t)
+        contact_k[b + 1] += 2.0 * k_s * t
+    return touching, worst
+
+
+@njit(cache=True, error_model="numpy")
+def apply_friction(x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h: float, cpar: np.ndarray, n_cand: int,
+                   cand_i, cand_j, cand_s, cand_t, cand_n, cand_f) -> int:
+    """Coulomb friction on the predicted positions ``xbar`` (m), pair by pair (Gauss-Seidel): stick within the
+    static cone mu_s f_n, else slide against mu_k f_n. Returns the number of sticking pairs."""
+    mu_s = cpar[CP_MU_S]
+    mu_k = cpar[CP_MU_K]
+    if mu_s <= 0.0 and mu_k <= 0.0:
+        return 0
+    h2 = h * h
+    sticking = 0
+    for c in range(n_cand):
+        fn = cand_f[c]
+        if fn <= 0.0:
+            continue
+        a = cand_i[c]
+        b = cand_j[c]
+        s = cand_s[c]
+        t = cand_t[c]
+        ca0, ca1, cb0, cb1 = 1.0 - s, s, -(1.0 - t), -t   # weights of the relative point P(s) - Q(t)
+        wa0, wa1, wb0, wb1 = w_eff[a], w_eff[a + 1], w_eff[b], w_eff[b + 1]
+        W = ca0 * ca0 * wa0 + ca1 * ca1 * wa1 + cb0 * cb0 * wb0 + cb1 * cb1 * wb1
+        if W <= 0.0:
+            continue
+        nx, ny, nz = cand_n[c, 0], cand_n[c, 1], cand_n[c, 2]
+        # relative displacement of the contact points over the substep, as predicted
+        ux = (ca0 * (xbar[a, 0] - x[a, 0]) + ca1 * (xbar[a + 1, 0] - x[a + 1, 0])
+              + cb0 * (xbar[b, 0] - x[b, 0]) + cb1 * (xbar[b + 1, 0] - x[b + 1, 0]))
+        uy = (ca0 * (xbar[a, 1] - x[a, 1]) + ca1 * (xbar[a + 1, 1] - x[a + 1, 1])
+              + cb0 * (xbar[b, 1] - x[b, 1]) + cb1 * (xbar[b + 1, 1] - x[b + 1, 1]))
+        uz = (ca0 * (xbar[a, 2] - x[a, 2]) + ca1 * (xbar[a + 1, 2] - x[a + 1, 2])
+              + cb0 * (xbar[b, 2] - x[b, 2]) + cb1 * (xbar[b + 1, 2] - x[b + 1, 2]))
+        un = ux * nx + uy * ny + uz * nz
+        tx, ty, tz = ux - un * nx, uy - un * ny, uz - un * nz
+        slip = math.sqrt(tx * tx + ty * ty + tz * tz)
+        if slip <= 0.0:
+            continue
+        # the change of the relative point that stops the slip is -slip; a force F on the pair changes it by
+        # h^2 W F, so stopping needs F = slip / (h^2 W)
+        if slip <= mu_s * fn * h2 * W:
+            lam = 1.0                        # static: remove the whole slip
+            sticking += 1
+        else:
+            lam = mu_k * fn * h2 * W / slip  # kinetic: mu_k f_n against the slip (< 1 since mu_k <= mu_s)
+            if lam > 1.0:
+                lam = 1.0
+        gx = -lam * tx / W
+        gy = -lam * ty / W
+        gz = -lam * tz / W
+        xbar[a, 0] += ca0 * wa0 * gx
+        xbar[a, 1] += ca0 * wa0 * gy
+        xbar[a, 2] += ca0 * wa0 * gz
+        xbar[a + 1, 0] += ca1 * wa1 * gx
+        xbar[a + 1, 1] += ca1 * wa1 * gy
+        xbar[a + 1, 2] += ca1 * wa1 * gz
+        xbar[b, 0] += cb0 * wb0 * gx
+        xbar[b, 1] += cb0 * wb0 * gy
+        xbar[b, 2] += cb0 * wb0 * gz
+        xbar[b + 1, 0] += cb1 * wb1 * gx
+        xbar[b + 1, 1] += cb1 * wb1 * gy
+        xbar[b + 1, 2] += cb1 * wb1 * gz
+    return sticking
+
+
+@njit(cache=True, error_model="numpy")
+def enforce_min_gap(xn: np.ndarray, w_eff: np.ndarray, h: float, cpar: np.ndarray, n_cand: int,
+                    cand_i, cand_j, cand_s, cand_t, cand_n, cand_fp) -> int:
+    """The no-crossing floor on the end-of-substep positions ``xn`` (m): every candidate's gap, measured along
+    the normal and at the (s, t) frozen at the substep's start, is raised to at least min_gap by moving the four
+    vertices along the normal in proportion to inverse mass and weight. ``cand_fp`` accumulates the force
+    (N) each projection stands for (its impulse over the substep). Returns how many gaps were raised."""
+    gmin = cpar[CP_MIN_GAP]
+    inv_h2 = 1.0 / (h * h)
+    raised = 0
+    for c in range(n_cand):
+        a = cand_i[c]
+        b = cand_j[c]
+        s = cand_s[c]
+        t = cand_t[c]
+        nx, ny, nz = cand_n[c, 0], cand_n[c, 1], cand_n[c, 2]
+        g = 0.0
+        for d in range(3):
+            nd = nx if d == 0 else (ny if d == 1 else nz)
+            g += nd * ((xn[a, d] + s * (xn[a + 1, d] - xn[a, d])) - (xn[b, d] + t * (xn[b + 1, d] - xn[b, d])))
+        if g >= gmin:
+            continue
+        ca0, ca1, cb0, cb1 = 1.0 - s, s, -(1.0 - t), -t
+        W = ca0 * ca0 * w_eff[a] + ca1 * ca1 * w_eff[a + 1] + cb0 * cb0 * w_eff[b] + cb1 * cb1 * w_eff[b + 1]
+        if W <= 0.0:
+            continue
+        lam = (gmin - g) / W
+        cand_fp[c] += lam * inv_h2
+        for d in range(3):
+            nd = nx if d == 0 else (ny if d == 1 else nz)
+            xn[a, d] += ca0 * w_eff[a] * lam * nd
+            xn[a + 1, d] += ca1 * w_eff[a + 1] * lam * nd
+            xn[b, d] += cb0 * w_eff[b] * lam * nd
+            xn[b + 1, d] += cb1 * w_eff[b + 1] * lam * nd
+        raised += 1
+    return raised

@@ -1,0 +1,271 @@
+"""Self-contact response (solver/contact_response.py) and its place in the integrator: the penalty force,
+Coulomb friction, the no-crossing floor, and whole scenes checked for tunnelling by tests/crossing.py, which
+shares no code with the solver."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from suturesim.tools.crossings import crossings, segment_distance
+from suturesim.solver.config import ConfigError
+from suturesim.solver.contact_response import (CP_SIZE, CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS,
+                                               CS_REBUILDS, apply_friction, enforce_min_gap, penalty_forces)
+from suturesim.solver.integrator import Stepper
+from suturesim.solver.model import ContactSettings
+from suturesim.solver.scenario import build_scenario, load_scenario
+
+DD = 0.01          # m, contact distance of the unit cases
+KS = 100.0         # N/m
+
+
+def _par(mu_s=0.0, mu_k=0.0, smooth=0.0, min_gap=0.005):
+    c = ContactSettings(enabled=True, stiffness=KS, distance=DD, smooth=smooth, min_gap=min_gap,
+                        friction_static=mu_s, friction_kinetic=mu_k, skin=DD)
+    p = c.par()
+    assert p.shape == (CP_SIZE,)
+    return p
+
+
+def _cross(gap: float) -> np.ndarray:
+    """Two perpendicular segments, 0-1 along x at z = gap, 2-3 along y at z = 0 (a 4-vertex 'thread' whose
+    middle segment 1-2 joins them)."""
+    return np.array([[-0.05, 0.0, gap], [0.05, 0.0, gap], [0.0, -0.05, 0.0], [0.0, 0.05, 0.0]])
+
+
+def _pair_arrays(n_pairs=1):
+    z = np.zeros
+    return (np.array([0]), np.array([2]), z(n_pairs), z(n_pairs), z((n_pairs, 3)), z(n_pairs), z(n_pairs),
+            z(3))
+
+
+def _penalty(x, x_prev, par):
+    ci, cj, cs, ct, cn, cf, cfp, scratch = _pair_arrays()
+    force = np.zeros_like(x)
+    ck = np.zeros(x.shape[0])
+    touching, pen = penalty_forces(x, x_prev, par, 1, ci, cj, cs, ct, cn, cf, cfp, scratch, force, ck)
+    return force, touching, pen, cs, ct, cn, cf
+
+
+def test_penalty_is_wang_eq14_at_rest_and_conserves_momentum():
+    gap = 0.004
+    x = _cross(gap)
+    force, touching, pen, s, t, n, f = _penalty(x, x.copy(), _par())
+    assert touching == 1
+    assert pen == pytest.approx(DD - gap)
+    # at rest both ends of the substep have the same gap: E.7 reduces to k_s (dd - |d|) along d / |d|
+    assert f[0] == pytest.approx(KS * (DD - gap))
+    np.testing.assert_allclose(n[0], [0.0, 0.0, 1.0])
+    np.testing.assert_allclose(force[0] + force[1], [0.0, 0.0, KS * (DD - gap)])
+    np.testing.assert_allclose(force.sum(axis=0), 0.0, atol=1e-15)          # action = reaction
+    # and no torque about any point: the forces act at the same contact point, equal and opposite
+    torque = sum(np.cross(x[i], force[i]) for i in range(4))
+    np.testing.assert_allclose(torque, 0.0, atol=1e-15)
+
+
+def test_penalty_averages_over_the_substep_so_an_approach_is_felt_before_touching():
+    # approaching at 3 mm per substep from 11 mm: the free-flight end of the substep is at 8 mm, inside dd
+    x = _cross(0.011)
+    x_prev = _cross(0.014)
+    _, touching, _, _, _, _, f = _penalty(x, x_prev, _par())
+    assert touching == 0
+    assert f[0] == pytest.approx(0.5 * KS * (DD - 0.008))     # Wang 2017 Eq. E.7: half of the end's penalty
+
+
+def test_penalty_onset_is_smooth():
+    delta = 0.002
+    par = _par(smooth=delta)
+    gaps = np.linspace(DD + 0.001, DD - 3 * delta, 400)
+    f = np.array([_penalty(_cross(g), _cross(g), par)[6][0] for g in gaps])
+    assert f[0] == 0.0 and np.all(np.diff(f) >= -1e-12)
+    slope = np.diff(f) / -np.diff(gaps)
+    # C1: the slope grows from 0 to k_s without a jump (the largest step between samples is one sample's worth)
+    assert slope[0] == pytest.approx(0.0, abs=1e-9)
+    assert slope[-1] == pytest.approx(KS)
+    assert np.max(np.abs(np.diff(slope))) < 2.0 * KS * (gaps[0] - gaps[1]) / delta
+    # beyond the rounded onset the penalty is Wang's linear one, shifted by delta / 2
+    assert f[-1] == pytest.approx(KS * (3 * delta - delta / 2))
+
+
+def _friction_case(slip: float, fn: float, mu_s: float, mu_k: float, h: float = 1e-3):
+    """Pair (0-1, 2-3) touching; the upper segment's predicted positions slip by ``slip`` along x."""
+    x = _cross(0.004)
+    xbar = x.copy()
+    xbar[0:2, 0] += slip
+    w = np.full(4, 1.0 / 0.001)            # 1 g vertices
+    ci, cj, cs, ct, cn, cf, _, _ = _pair_arrays()
+    cs[0], ct[0] = 0.5, 0.5
+    cn[0] = [0.0, 0.0, 1.0]
+    cf[0] = fn
+    sticking = apply_friction(x, xbar, w, h, _par(mu_s, mu_k), 1, ci, cj, cs, ct, cn, cf)
+    rel = 0.5 * (xbar[0] + xbar[1]) - 0.5 * (xbar[2] + xbar[3]) - (0.5 * (x[0] + x[1]) - 0.5 * (x[2] + x[3]))
+    return sticking, rel, xbar
+
+
+def test_static_friction_holds_within_the_cone():
+    # W = 4 * 0.25 / 1 g = 1000 /kg; stopping a 1 um slip over 1 ms takes 1e-6 / (1e-6 * 1000) = 1 mN
+    sticking, rel, xbar = _friction_case(slip=1e-6, fn=0.1, mu_s=0.02, mu_k=0.01)   # cone: 2 mN
+    assert sticking == 1
+    np.testing.assert_allclose(rel, 0.0, atol=1e-18)
+    # the friction impulse is internal: the pair's momentum is unchanged
+    np.testing.assert_allclose(xbar.sum(axis=0), _cross(0.004).sum(axis=0) + [2e-6, 0, 0], atol=1e-15)
+
+
+def test_kinetic_friction_opposes_the_slip_with_mu_k_fn():
+    h = 1e-3
+    sticking, rel, _ = _friction_case(slip=1e-5, fn=0.1, mu_s=0.02, mu_k=0.01, h=h)   # needs 10 mN > 2 mN
+    assert sticking == 0
+    # the slip shrinks by h^2 W mu_k f_n = 1e-6 * 1000 * 1e-3 = 1 um
+    assert rel[0] == pytest.approx(1e-5 - 1e-6)
+    assert rel[1] == pytest.approx(0.0, abs=1e-18) and rel[2] == pytest.approx(0.0, abs=1e-18)
+
+
+def test_floor_restores_min_gap_and_keeps_momentum():
+    x = _cross(0.001)
+    w = np.array([1000.0, 1000.0, 500.0, 500.0])
+    m = 1.0 / w
+    ci, cj, cs, ct, cn, _, cfp, _ = _pair_arrays()
+    cs[0], ct[0] = 0.5, 0.5
+    cn[0] = [0.0, 0.0, 1.0]
+    p0 = (m[:, None] * x).sum(axis=0)
+    raised = enforce_min_gap(x, w, 1e-3, _par(min_gap=0.005), 1, ci, cj, cs, ct, cn, cfp)
+    assert raised == 1
+    assert 0.5 * (x[0, 2] + x[1, 2]) - 0.5 * (x[2, 2] + x[3, 2]) == pytest.approx(0.005)
+    np.testing.assert_allclose((m[:, None] * x).sum(axis=0), p0, atol=1e-18)
+    assert cfp[0] > 0.0
+
+
+def test_the_crossing_checker_sees_a_crossing_and_only_a_crossing():
+    x0 = np.array([[0, 0, 0], [1, 0, 0], [2, 0, 0], [3, 0, 0], [1.5, -1, 0.1], [1.5, 1, 0.1]], float)
+    through = x0.copy()
+    through[4:, 2] -= 0.2
+    short = x0.copy()
+    short[4:, 2] -= 0.05
+    beside = x0.copy()
+    beside[4:, 0] += 5.0
+    beside[4:, 2] -= 0.2
+    assert [c[:2] for c in crossings(x0, through, 1)] == [(1, 4)]
+    assert crossings(x0, short, 1) == [] and crossings(x0, beside, 1) == []
+    d = segment_distance(x0[[1]], x0[[2]], x0[[4]], x0[[5]])
+    assert d[0] == pytest.approx(0.1)
+
+
+def _run(sc, seconds: float, check: bool = True, exclude: int = 1):
+    """Run ``sc`` for ``seconds``; with ``check``, look for crossings between every two consecutive states the
+    integrator went through (substeps, traced by the stepper)."""
+    st = sc.new_state()
+    stepper = Stepper(sc.model, st)
+    s = sc.model.solver
+    if check:
+        stepper.trace = np.zeros((max(s.max_substeps, s.retry_substeps) + 1, st.x.shape[0], 3))
+    found = []
+    for _ in range(int(round(seconds / s.tick))):
+        x0 = st.x.copy()
+        n = stepper.tick()
+        if check:
+            for k in range(n):
+                found += crossings(x0, stepper.trace[k], exclude)
+                x0 = stepper.trace[k]
+    return st, found
+
+
+def _drag_through(speed: float, contact: bool) -> dict:
+    """A 3-0 silk suture (diameter 0.225 mm) laid as two strands: a lower one along x and an upper one along y
+    crossing 2 mm above it, both pinned at their ends, the upper one's middle dragged 10 mm straight down
+    through the lower one by a grasp at ``speed`` (m/s; 0.5 m/s is 0.5 mm per tick, twice the suture's
+    diameter)."""
+    # each strand sags 5 mm sideways: a straight string between two pins cannot move across (its constraints
+    # would be singular)
+    lower = [[-0.03 + 0.003 * i, -0.005 * math.sin(math.pi * i / 20), 0.0] for i in range(21)]
+    bend = [[0.03 - 0.003 * k, -0.003 * k, 0.0002 * k + 0.004 * math.sin(math.pi * k / 10)] for k in range(1, 11)]
+    upper = [[0.005 * math.sin(math.pi * k / 20), -0.03 + 0.003 * k, 0.002] for k in range(1, 21)]
+    pts = np.array(lower + bend + upper)
+    grasped = len(lower) + len(bend) + 9          # the upper strand's vertex above (0, 0, 0)
+    assert np.allclose(pts[grasped], [0.005, 0.0, 0.002])
+    data = {
+        "name": "drag-through", "duration": 1.0,
+        "thread": {"preset": "silk-3-0", "length": float(np.linalg.norm(np.diff(pts, axis=0), axis=1).sum()),
+                   "segments": len(pts) - 1},
+        "gravity": [0.0, 0.0, 0.0],
+        "shape": {"kind": "points", "points": pts.tolist()},
+        # both strands pinned at both ends: no free end can swing round the other strand, nor can the crossing
+        # slide off through the bend that joins them
+        "boundary": {"pinned": [0, 20, len(lower) + len(bend) - 1, len(pts) - 1],
+                     "grasps": [{"id": "g", "vertex": grasped, "stiffness": 500.0, "max_force": 1.0}]},
+        "timeline": [{"grasp": "g", "velocity": [0.0, 0.0, -speed], "from": 0.0, "to": 0.01 / speed}],
+    }
+    if contact:
+        data["contact"] = {"stiffness": 1.0}
+    return data
+
+
+@pytest.mark.parametrize("speed", [0.5, 2.0])
+def test_a_strand_dragged_fast_never_passes_through_another(speed):
+    sc = build_scenario(_drag_through(speed, contact=True), "drag-through")
+    st, found = _run(sc, 0.01 / speed + 0.05)
+    assert found == []
+    cs = st.contact_stats
+    assert cs[CS_CONTACTS] >= 1
+    # the floor (half the contact distance) held, up to what the last constraint solve after it moved (a few
+    # per cent of the distance)
+    c = sc.model.contact
+    assert cs[CS_PENETRATION] <= c.distance - c.min_gap + 0.05 * c.distance
+    # the grasp target went 10 mm down, more than the slack of both strands: the upper strand carried the lower
+    # one down with it and now presses on it
+    assert st.x[:21, 2].min() < -2e-3
+
+
+def test_without_contact_the_same_drag_passes_through():
+    sc = build_scenario(_drag_through(0.5, contact=False), "drag-through")
+    _, found = _run(sc, 0.05)
+    assert found, "the checker must see the strand pass through when nothing stops it"
+
+
+def test_neighbour_list_follows_the_motion():
+    sc = build_scenario(_drag_through(2.0, contact=True), "drag-through")
+    st, _ = _run(sc, 0.02, check=False)
+    assert st.contact_stats[CS_COUNT] >= 1
+    # 2 m/s is 2 mm per tick, far more than half the skin: the list was rebuilt within ticks
+    assert st.contact_stats[CS_REBUILDS] >= 1
+
+
+def test_square_knot_tightens_without_tunnelling():
+    sc = load_scenario("wang2017-square-knot")
+    st, found = _run(sc, 3.0)
+    assert found == []
+    assert st.contact_stats[CS_CONTACTS] > 5
+    c = sc.model.contact
+    assert st.contact_stats[CS_PENETRATION] <= c.distance - c.min_gap + 0.05 * c.distance
+
+
+def test_contact_is_reported_in_the_state_topic():
+    from suturesim.server import protocol
+    from suturesim.server.messages import MessageBuilder
+    sc = load_scenario("wang2017-square-knot")
+    st, _ = _run(sc, 0.01, check=False)
+    msg = protocol.decode(MessageBuilder(sc).state(1, st), protocol.TOPIC_STATE)
+    assert msg["contacts"] == int(st.contact_stats[CS_CONTACTS]) > 0
+    assert msg["solver"]["penetration"] == pytest.approx(st.contact_stats[CS_PENETRATION])
+    assert msg["solver"]["projections"] == int(st.contact_stats[CS_PROJECTIONS])
+
+
+@pytest.mark.parametrize("section, key, message", [
+    ({"distance": 0.0}, "distance", "contact distance"),
+    ({"min_gap": 0.05}, "min_gap", "must be in"),
+    ({"friction_static": 0.1, "friction_kinetic": 0.2}, "friction_kinetic", "at most static"),
+    ({"stifness": 1.0}, "stifness", ""),
+])
+def test_contact_section_errors_name_the_key(section, key, message):
+    data = {"name": "c", "thread": {"preset": "wang2017-square-knot", "contact_radius": 0.0125},
+            "contact": dict({"stiffness": 50.0}, **section)}
+    with pytest.raises(ConfigError) as err:
+        build_scenario(data, "c.yaml")
+    assert key in str(err.value) and message in str(err.value)
+
+
+def test_contact_off_by_default_and_zero_cost_arrays():
+    sc = load_scenario("default")
+    assert not sc.model.contact.enabled
+    st = sc.new_state()
+    assert st.cand_i.shape == (0,)
