@@ -7,7 +7,7 @@ import numpy as np
 from ..haptics.safety import ForceSafety, SafetyConfig
 from ..solver import diagnostics
 from ..solver.forces import constraint_force_at
-from ..solver.contact_response import CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS
+from ..solver.contact_response import CS_CONTACTS, CS_COUNT, CS_OVERFLOW, CS_PENETRATION, CS_PROJECTIONS
 from ..solver.integrator import STAT_MAX_ITERS, STAT_MAX_RESIDUAL, STAT_SUBSTEPS
 from ..solver.scenario import Scenario
 from ..solver.model import ThreadState
@@ -80,7 +80,8 @@ class MessageBuilder:
         cs = state.contact_stats
         solver = {"iters": int(state.stats[STAT_MAX_ITERS]), "residual": float(state.stats[STAT_MAX_RESIDUAL]),
                   "substeps": int(state.stats[STAT_SUBSTEPS]), "penetration": float(cs[CS_PENETRATION]),
-                  "projections": int(cs[CS_PROJECTIONS]), "candidates": int(cs[CS_COUNT])}
+                  "projections": int(cs[CS_PROJECTIONS]), "candidates": int(cs[CS_COUNT]),
+                  "list_overflow": bool(cs[CS_OVERFLOW])}
         return protocol.encode_state(seq, float(state.time[0]), state.x, state.tension, float(state.twist[0]),
                                      grasps, int(cs[CS_CONTACTS]), diagnostics.energies(self.scenario.model, state),
                                      solver)

@@ -13,10 +13,13 @@ any vertex has moved more than half the list's skin since it was built):
    (phi = p^2 / (2 delta) for p < delta, p - delta / 2 beyond), so the force is C^1 in the penetration: a
    stylus dragging one strand over another feels no step (the haptic signal must not buzz).
 2. **Coulomb friction**, static and kinetic, at the position level (as Macklin et al. 2014 do for particles):
-   the relative tangential slip Delta_t of the two contact points over the substep, predicted from xbar, would
-   be stopped by a force |Delta_t| / (W h^2), W the pair's effective inverse mass. If that is within mu_s f_n
-   the pair sticks (the slip is removed, split by inverse mass); otherwise it slides and the force mu_k f_n
-   opposes the slip. f_n is the penalty force plus the floor's force of the substep before.
+   the relative tangential slip Delta_t of the two contact points over the substep would be stopped by a force
+   |Delta_t| / (W h^2), W the pair's effective inverse mass. If that is within mu_s f_n the pair sticks (the
+   slip is removed, split by inverse mass); otherwise it slides and the force mu_k f_n opposes the slip. f_n
+   is the penalty force plus the floor's force of the substep before. It acts before the constraint solve and
+   again after each solve, whose displacement along the edges is itself sliding along the strands (a strand
+   drawn round another would otherwise slip through the constraints); the total it makes per substep is
+   tracked, so it is applied once, not once per round.
 3. **The no-crossing floor** (continuous collision over the substep): after the constraint solve, each pair's
    gap at the end of the substep is measured along the normal frozen at its start, at the start's (s, t). A
    gap below ``min_gap`` is projected back to ``min_gap`` (an inelastic contact impulse, split by inverse mass
@@ -44,7 +47,8 @@ CP_MIN_GAP = 3      # m: the floor below which the gap is projected back
 CP_MU_S = 4         # static friction coefficient
 CP_MU_K = 5         # kinetic friction coefficient
 CP_SKIN = 6         # m: the neighbour list holds pairs closer than Delta d + skin
-CP_SIZE = 7
+CP_RECOVER = 7      # m/s: how fast the floor may push apart a pair that started the substep below it
+CP_SIZE = 8
 
 # contact_stats slots (per tick, filled by the integrator)
 CS_COUNT = 0        # candidate pairs in the neighbour list
@@ -54,7 +58,10 @@ CS_PENETRATION = 3  # largest Delta d - gap (m) over the substeps of the last ti
 CS_PROJECTIONS = 4  # gaps the no-crossing floor had to restore in the last tick
 CS_OVERFLOW = 5     # 1 if the neighbour list was too small for every candidate (contacts may be missed)
 CS_STICKING = 6     # pairs in static friction in the last substep
+CS_REVERTED = 7     # vertices the last-resort guard put back to the start of their substep in the last tick
 CS_SIZE = 8
+
+GUARD = 0.25        # fraction of min_gap below which a gap left after the floor's rounds is unsafe
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -105,25 +112,29 @@ def rebuild_neighbours(x: np.ndarray, cpar: np.ndarray, exclude: int, head, nxt,
 
 
 @njit(cache=True, error_model="numpy")
-def neighbours_stale(x: np.ndarray, x_ref: np.ndarray, skin: float) -> bool:
-    """True once any vertex has moved more than skin / 2 since the list was built: two vertices approaching
-    each other could then have closed the skin, so the list may miss a pair within Delta d."""
-    lim = 0.25 * skin * skin
+def neighbours_stale(x: np.ndarray, x_prev: np.ndarray, x_ref: np.ndarray, skin: float) -> bool:
+    """True once any vertex may move more than skin / 2 from where the list was built by the end of the coming
+    substep (its distance from there plus its last substep's step): two vertices approaching each other could
+    then close the skin, so the list could miss a pair within Delta d."""
+    lim = 0.5 * skin
     for i in range(x.shape[0]):
         dx = x[i, 0] - x_ref[i, 0]
         dy = x[i, 1] - x_ref[i, 1]
         dz = x[i, 2] - x_ref[i, 2]
-        if dx * dx + dy * dy + dz * dz > lim:
+        vx = x[i, 0] - x_prev[i, 0]
+        vy = x[i, 1] - x_prev[i, 1]
+        vz = x[i, 2] - x_prev[i, 2]
+        if math.sqrt(dx * dx + dy * dy + dz * dz) + 2.0 * math.sqrt(vx * vx + vy * vy + vz * vz) > lim:
             return True
     return False
 
 
 @njit(cache=True, error_model="numpy")
 def penalty_forces(x: np.ndarray, x_prev: np.ndarray, cpar: np.ndarray, n_cand: int, cand_i, cand_j,
-                   cand_s, cand_t, cand_n, cand_f, cand_fp, scratch, force: np.ndarray,
+                   cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa, scratch, force: np.ndarray,
                    contact_k: np.ndarray) -> tuple:
     """Add the continuous penalty forces (N) of every candidate pair to ``force`` and freeze each pair's
-    (s, t) and normal for the rest of the substep. ``cand_f`` gets the pair's normal force (N): penalty plus
+    (s, t), normal and gap (``cand_d``, m) for the rest of the substep. ``cand_f`` gets the pair's normal force (N): penalty plus
     the floor's force of the substep before (``cand_fp``), for friction. ``contact_k`` (N/m per vertex) gets
     the Gershgorin row sum of the active penalty springs, for the stability bound.
     Returns (pairs closer than Delta d, largest penetration Delta d - gap in m)."""
@@ -163,6 +174,7 @@ def penalty_forces(x: np.ndarray, x_prev: np.ndarray, cpar: np.ndarray, n_cand: 
         cand_n[c, 0] = nx
         cand_n[c, 1] = ny
         cand_n[c, 2] = nz
+        cand_d[c] = gap
         if dd - gap > worst:
             worst = dd - gap
         if gap < dd:
@@ -180,6 +192,9 @@ def penalty_forces(x: np.ndarray, x_prev: np.ndarray, cpar: np.ndarray, n_cand: 
         f = 0.5 * k_s * (_penalty(dd - gap, delta) + _penalty(dd - g1, delta))
         cand_f[c] = f + cand_fp[c]
         cand_fp[c] = 0.0   # enforce_min_gap refills it for this substep
+        cand_fa[c, 0] = 0.0   # and apply_friction this
+        cand_fa[c, 1] = 0.0
+        cand_fa[c, 2] = 0.0
         if f <= 0.0:
             continue
         fx, fy, fz = f * nx, f * ny, f * nz
@@ -205,15 +220,19 @@ def penalty_forces(x: np.ndarray, x_prev: np.ndarray, cpar: np.ndarray, n_cand: 
 
 @njit(cache=True, error_model="numpy")
 def apply_friction(x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h: float, cpar: np.ndarray, n_cand: int,
-                   cand_i, cand_j, cand_s, cand_t, cand_n, cand_f) -> int:
-    """Coulomb friction on the predicted positions ``xbar`` (m), pair by pair (Gauss-Seidel): stick within the
-    static cone mu_s f_n, else slide against mu_k f_n. Returns the number of sticking pairs."""
+                   cand_i, cand_j, cand_s, cand_t, cand_n, cand_f, cand_fa) -> tuple:
+    """Coulomb friction on the positions ``xbar`` (m) the substep is heading to, pair by pair (Gauss-Seidel):
+    stick within the static cone mu_s f_n, else slide against mu_k f_n. Called before the constraint solve and
+    again after each solve (whose displacement along the edges is sliding along the strands), so ``cand_fa``
+    (P, 3) accumulates the change of the pair's relative point that friction has made this substep, and each
+    call sets the total, not adds another share. Returns (sticking pairs, largest change made, m)."""
     mu_s = cpar[CP_MU_S]
     mu_k = cpar[CP_MU_K]
     if mu_s <= 0.0 and mu_k <= 0.0:
-        return 0
+        return 0, 0.0
     h2 = h * h
     sticking = 0
+    moved = 0.0
     for c in range(n_cand):
         fn = cand_f[c]
         if fn <= 0.0:
@@ -228,7 +247,7 @@ def apply_friction(x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h: float,
         if W <= 0.0:
             continue
         nx, ny, nz = cand_n[c, 0], cand_n[c, 1], cand_n[c, 2]
-        # relative displacement of the contact points over the substep, as predicted
+        # relative displacement of the contact points over the substep so far, friction's share included
         ux = (ca0 * (xbar[a, 0] - x[a, 0]) + ca1 * (xbar[a + 1, 0] - x[a + 1, 0])
               + cb0 * (xbar[b, 0] - x[b, 0]) + cb1 * (xbar[b + 1, 0] - x[b + 1, 0]))
         uy = (ca0 * (xbar[a, 1] - x[a, 1]) + ca1 * (xbar[a + 1, 1] - x[a + 1, 1])
@@ -236,22 +255,27 @@ def apply_friction(x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h: float,
         uz = (ca0 * (xbar[a, 2] - x[a, 2]) + ca1 * (xbar[a + 1, 2] - x[a + 1, 2])
               + cb0 * (xbar[b, 2] - x[b, 2]) + cb1 * (xbar[b + 1, 2] - x[b + 1, 2]))
         un = ux * nx + uy * ny + uz * nz
-        tx, ty, tz = ux - un * nx, uy - un * ny, uz - un * nz
-        slip = math.sqrt(tx * tx + ty * ty + tz * tz)
-        if slip <= 0.0:
+        # the slip friction has to answer for: the tangential displacement without friction's share
+        fx, fy, fz = ux - un * nx - cand_fa[c, 0], uy - un * ny - cand_fa[c, 1], uz - un * nz - cand_fa[c, 2]
+        free = math.sqrt(fx * fx + fy * fy + fz * fz)
+        if free <= 0.0:
             continue
-        # the change of the relative point that stops the slip is -slip; a force F on the pair changes it by
-        # h^2 W F, so stopping needs F = slip / (h^2 W)
-        if slip <= mu_s * fn * h2 * W:
-            lam = 1.0                        # static: remove the whole slip
+        # stopping the slip is a change -free of the relative point; a force F on the pair changes it by
+        # h^2 W F, so it needs F = |free| / (h^2 W)
+        if free <= mu_s * fn * h2 * W:
+            lam = 1.0                         # static: friction takes the whole slip
             sticking += 1
         else:
-            lam = mu_k * fn * h2 * W / slip  # kinetic: mu_k f_n against the slip (< 1 since mu_k <= mu_s)
-            if lam > 1.0:
-                lam = 1.0
-        gx = -lam * tx / W
-        gy = -lam * ty / W
-        gz = -lam * tz / W
+            lam = mu_k * fn * h2 * W / free   # kinetic: mu_k f_n against the slip (< 1 since mu_k <= mu_s)
+        # the change still to make: the new total -lam * free minus what friction already made
+        dx = -lam * fx - cand_fa[c, 0]
+        dy = -lam * fy - cand_fa[c, 1]
+        dz = -lam * fz - cand_fa[c, 2]
+        cand_fa[c, 0] += dx
+        cand_fa[c, 1] += dy
+        cand_fa[c, 2] += dz
+        moved = max(moved, math.sqrt(dx * dx + dy * dy + dz * dz))
+        gx, gy, gz = dx / W, dy / W, dz / W
         xbar[a, 0] += ca0 * wa0 * gx
         xbar[a, 1] += ca0 * wa0 * gy
         xbar[a, 2] += ca0 * wa0 * gz
@@ -264,17 +288,33 @@ def apply_friction(x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h: float,
         xbar[b + 1, 0] += cb1 * wb1 * gx
         xbar[b + 1, 1] += cb1 * wb1 * gy
         xbar[b + 1, 2] += cb1 * wb1 * gz
-    return sticking
+    return sticking, moved
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _frozen_gap(x: np.ndarray, c: int, cand_i, cand_j, cand_s, cand_t, cand_n) -> float:
+    """Pair c's gap (m) at positions x, along its frozen normal, between its frozen closest points."""
+    a = cand_i[c]
+    b = cand_j[c]
+    s = cand_s[c]
+    t = cand_t[c]
+    g = 0.0
+    for d in range(3):
+        g += cand_n[c, d] * ((x[a, d] + s * (x[a + 1, d] - x[a, d])) - (x[b, d] + t * (x[b + 1, d] - x[b, d])))
+    return g
 
 
 @njit(cache=True, error_model="numpy")
 def enforce_min_gap(xn: np.ndarray, w_eff: np.ndarray, h: float, cpar: np.ndarray, n_cand: int,
-                    cand_i, cand_j, cand_s, cand_t, cand_n, cand_fp) -> int:
+                    cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_fp) -> int:
     """The no-crossing floor on the end-of-substep positions ``xn`` (m): every candidate's gap, measured along
     the normal and at the (s, t) frozen at the substep's start, is raised to at least min_gap by moving the four
-    vertices along the normal in proportion to inverse mass and weight. ``cand_fp`` accumulates the force
-    (N) each projection stands for (its impulse over the substep). Returns how many gaps were raised."""
+    vertices along the normal in proportion to inverse mass and weight. A pair that started the substep below
+    min_gap (``cand_d``: an initial shape, or a squeeze the rounds could not undo) is raised only to its start
+    gap plus recover_speed * h: pushing it out in one substep would fire it apart. ``cand_fp`` accumulates the
+    force (N) each projection stands for (its impulse over the substep). Returns how many gaps were raised."""
     gmin = cpar[CP_MIN_GAP]
+    recover = cpar[CP_RECOVER] * h
     inv_h2 = 1.0 / (h * h)
     raised = 0
     for c in range(n_cand):
@@ -283,17 +323,15 @@ def enforce_min_gap(xn: np.ndarray, w_eff: np.ndarray, h: float, cpar: np.ndarra
         s = cand_s[c]
         t = cand_t[c]
         nx, ny, nz = cand_n[c, 0], cand_n[c, 1], cand_n[c, 2]
-        g = 0.0
-        for d in range(3):
-            nd = nx if d == 0 else (ny if d == 1 else nz)
-            g += nd * ((xn[a, d] + s * (xn[a + 1, d] - xn[a, d])) - (xn[b, d] + t * (xn[b + 1, d] - xn[b, d])))
-        if g >= gmin:
+        g = _frozen_gap(xn, c, cand_i, cand_j, cand_s, cand_t, cand_n)
+        target = min(gmin, max(cand_d[c], 0.0) + recover)
+        if g >= target:
             continue
         ca0, ca1, cb0, cb1 = 1.0 - s, s, -(1.0 - t), -t
         W = ca0 * ca0 * w_eff[a] + ca1 * ca1 * w_eff[a + 1] + cb0 * cb0 * w_eff[b] + cb1 * cb1 * w_eff[b + 1]
         if W <= 0.0:
             continue
-        lam = (gmin - g) / W
+        lam = (target - g) / W
         cand_fp[c] += lam * inv_h2
         for d in range(3):
             nd = nx if d == 0 else (ny if d == 1 else nz)
@@ -303,3 +341,43 @@ def enforce_min_gap(xn: np.ndarray, w_eff: np.ndarray, h: float, cpar: np.ndarra
             xn[b + 1, d] += cb1 * w_eff[b + 1] * lam * nd
         raised += 1
     return raised
+
+
+@njit(cache=True, error_model="numpy")
+def _mark_unsafe(x: np.ndarray, xn: np.ndarray, limit: float, n_cand: int, cand_i, cand_j, cand_s, cand_t,
+                 cand_n, mark: np.ndarray) -> int:
+    """Mark the four vertices of every pair whose frozen-normal gap at ``xn`` is below ``limit`` (m) and
+    below what it was at ``x`` (a pair that started that close and got no closer is the floor's business)."""
+    bad = 0
+    for c in range(n_cand):
+        g = _frozen_gap(xn, c, cand_i, cand_j, cand_s, cand_t, cand_n)
+        if g < limit and g < _frozen_gap(x, c, cand_i, cand_j, cand_s, cand_t, cand_n) - 1e-15:
+            a = cand_i[c]
+            b = cand_j[c]
+            bad += 1
+            mark[a] = 1
+            mark[a + 1] = 1
+            mark[b] = 1
+            mark[b + 1] = 1
+    return bad
+
+
+@njit(cache=True, error_model="numpy")
+def guard_crossings(x: np.ndarray, xn: np.ndarray, kinematic: np.ndarray, cpar: np.ndarray, n_cand: int,
+                    cand_i, cand_j, cand_s, cand_t, cand_n, mark: np.ndarray) -> int:
+    """The last resort when the floor's rounds did not converge (strands squeezed together by several grasps
+    at once): if any pair is still closer than GUARD * min_gap along its frozen normal, and closer than at the
+    start of the substep, the whole thread is put back where it was at the start (``x``), where it met every
+    constraint and no pair was that close: the substep becomes an inelastic stop of the thread instead of a
+    strand passing through another. Putting back only the vertices of the offending pairs would leave their
+    segments to the unmoved ones stretched, and the next constraint solve would kick them apart. Returns how
+    many vertices were put back (0 almost always)."""
+    if _mark_unsafe(x, xn, GUARD * cpar[CP_MIN_GAP], n_cand, cand_i, cand_j, cand_s, cand_t, cand_n, mark) == 0:
+        return 0
+    total = 0
+    for i in range(x.shape[0]):
+        if kinematic[i] == 0:
+            for d in range(3):
+                xn[i, d] = x[i, d]
+            total += 1
+    return total

@@ -21,9 +21,9 @@ import numpy as np
 from numba import njit
 
 from .constraints import solve_multipliers
-from .contact_response import (CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS, CS_REBUILDS, CS_STICKING,
-                               CP_SKIN, apply_friction, enforce_min_gap, neighbours_stale, penalty_forces,
-                               rebuild_neighbours)
+from .contact_response import (CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS, CS_REBUILDS,
+                               CS_REVERTED, CS_STICKING, CP_MIN_GAP, CP_SKIN, apply_friction, enforce_min_gap, guard_crossings,
+                               neighbours_stale, penalty_forces, rebuild_neighbours)
 from .forces import accumulate_forces, edge_vectors
 from .model import ThreadModel, ThreadState
 from .motion import apply_motions
@@ -41,7 +41,8 @@ STAT_SCALED = 7         # vertices whose mass was scaled in the last tick
 STAT_MASS_FACTOR = 8    # largest mass scale factor of the last tick (1 = none)
 
 
-MIN_GAP_ROUNDS = 8   # rounds of (no-crossing floor, constraint solve) per substep
+MIN_GAP_ROUNDS = 32  # rounds of (no-crossing floor, friction, constraint solve) per substep
+FRICTION_TOL = 1e-3  # friction has settled when a round changes no contact point by more than this x min_gap
 
 
 @njit(cache=True, error_model="numpy")
@@ -66,8 +67,8 @@ def substep(h: float, t: float,
             grasp_vertex, grasp_k, grasp_c, grasp_fmax, grasp_target, grasp_target_prev, grasp_vel, grasp_force,
             grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
             lo, di, up, rhs, cp, delta,
-            contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_n, cand_f, cand_fp, contact_k,
-            alpha_extra, cstats, cscratch):
+            contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa,
+            contact_k, alpha_extra, cstats, cscratch, contact_mark):
     """Advance the state by one substep h (s) starting at time t (s). Returns (iterations, residual).
     With ``contact_on``, the first ``n_cand`` pairs of the neighbour list get the contact response
     (solver/contact_response.py) and ``cstats`` its per-tick statistics."""
@@ -104,8 +105,8 @@ def substep(h: float, t: float,
             for d in range(3):
                 force[i, d] += ft * twist_grad[i, d]
     if contact_on:
-        touching, pen = penalty_forces(x, x_prev, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_n, cand_f,
-                                       cand_fp, cscratch, force, contact_k)
+        touching, pen = penalty_forces(x, x_prev, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n,
+                                       cand_f, cand_fp, cand_fa, cscratch, force, contact_k)
         if touching > cstats[CS_CONTACTS]:
             cstats[CS_CONTACTS] = touching
         if pen > cstats[CS_PENETRATION]:
@@ -159,8 +160,9 @@ def substep(h: float, t: float,
         alpha[j] = h2 * tension[j] / elen[j] if w_eff[j] + w_eff[j + 1] > 0.0 else 0.0
 
     if contact_on:
-        cstats[CS_STICKING] = apply_friction(x, xbar, w_eff, h, cpar, n_cand, cand_i, cand_j, cand_s, cand_t,
-                                             cand_n, cand_f)
+        stick, _ = apply_friction(x, xbar, w_eff, h, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_n, cand_f,
+                                  cand_fa)
+        cstats[CS_STICKING] = stick
 
     iters, residual = solve_multipliers(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_iters,
                                         alpha, new_edges, lo, di, up, rhs, cp, delta)
@@ -168,9 +170,14 @@ def substep(h: float, t: float,
     constraint_displace(xbar, w_eff, alpha, edges)
     if contact_on:
         # the no-crossing floor, then the constraints again: a few rounds meet both (contact_response.py)
+        # friction again after each solve (the solve's slide along the edges is slip), until both settle
+        raised = 0
         for _ in range(MIN_GAP_ROUNDS):
-            raised = enforce_min_gap(xbar, w_eff, h, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_n, cand_fp)
-            if raised == 0:
+            raised = enforce_min_gap(xbar, w_eff, h, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n,
+                                     cand_fp)
+            stick, slid = apply_friction(x, xbar, w_eff, h, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_n,
+                                         cand_f, cand_fa)
+            if raised == 0 and slid <= FRICTION_TOL * cpar[CP_MIN_GAP]:
                 break
             cstats[CS_PROJECTIONS] += raised
             for j in range(m):
@@ -181,6 +188,9 @@ def substep(h: float, t: float,
             constraint_displace(xbar, w_eff, alpha_extra, edges)
             for j in range(m):
                 alpha[j] += alpha_extra[j]
+        if raised > 0:
+            cstats[CS_REVERTED] += guard_crossings(x, xbar, kinematic, cpar, n_cand, cand_i, cand_j, cand_s,
+                                                   cand_t, cand_n, contact_mark)
 
     # the twist change along the displacement, and the shift of the history
     dtheta = 0.0
@@ -215,9 +225,9 @@ def advance(n_sub: int, h: float, t: float,
             grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
             lo, di, up, rhs, cp, delta, stats,
             scale, base_inv_mass, bend_gersh, fold, tension_floor, tension_margin, target,
-            contact_on, cpar, cexclude, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, x_ref,
+            contact_on, cpar, cexclude, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa, x_ref,
             contact_k, alpha_extra, cstats, grid_head, grid_next, grid_cells, grid_scratch, old_j, old_n, old_fp,
-            old_next, seg_head, trace):
+            old_next, seg_head, contact_mark, trace):
     """Run n_sub substeps of h (s) from time t (s); write iteration statistics into ``stats``.
 
     With ``scale``, ``inv_mass`` is rewritten before every substep from ``base_inv_mass`` by selective mass
@@ -235,6 +245,7 @@ def advance(n_sub: int, h: float, t: float,
         cstats[CS_CONTACTS] = 0.0
         cstats[CS_PENETRATION] = 0.0
         cstats[CS_PROJECTIONS] = 0.0
+        cstats[CS_REVERTED] = 0.0
     max_it = 0
     max_res = 0.0
     total = 0
@@ -244,7 +255,7 @@ def advance(n_sub: int, h: float, t: float,
     worst = 1.0
     n_cand = int(cstats[CS_COUNT])
     for s in range(n_sub):
-        if contact_on and neighbours_stale(x, x_ref, cpar[CP_SKIN]):
+        if contact_on and neighbours_stale(x, x_prev, x_ref, cpar[CP_SKIN]):
             rebuild_neighbours(x, cpar, cexclude, grid_head, grid_next, grid_cells, grid_scratch,
                                cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_fp, old_j, old_n, old_fp,
                                old_next, seg_head, x_ref, cstats)
@@ -264,8 +275,8 @@ def advance(n_sub: int, h: float, t: float,
                           grasp_vertex, grasp_k, grasp_c, grasp_fmax, grasp_target, grasp_target_prev,
                           grasp_vel, grasp_force, grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
                           lo, di, up, rhs, cp, delta,
-                          contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_n, cand_f, cand_fp,
-                          contact_k, alpha_extra, cstats, grid_scratch)
+                          contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f,
+                          cand_fp, cand_fa, contact_k, alpha_extra, cstats, grid_scratch, contact_mark)
         if trace.shape[0] > s:
             for i in range(x.shape[0]):
                 for d in range(3):
@@ -323,10 +334,11 @@ def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, scale: bo
             scale, model.inv_mass, model.bend_gersh, fold, tension_floor, tension_margin,
             model.solver.stability_target,
             model.contact.enabled, model.contact_par, model.contact.exclude, state.cand_i, state.cand_j,
-            state.cand_s, state.cand_t, state.cand_d, state.cand_n, state.cand_f, state.cand_fp, state.x_ref,
+            state.cand_s, state.cand_t, state.cand_d, state.cand_n, state.cand_f, state.cand_fp, state.cand_fa,
+            state.x_ref,
             state.contact_k, state.alpha_extra, state.contact_stats, state.grid_head, state.grid_next,
             state.grid_cells, state.grid_scratch, state.old_j, state.old_n, state.old_fp, state.old_next,
-            state.seg_head, _NO_TRACE if trace is None else trace)
+            state.seg_head, state.contact_mark, _NO_TRACE if trace is None else trace)
     state.time[0] += n_sub * h
 
 

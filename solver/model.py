@@ -66,13 +66,14 @@ class ContactSettings:
     friction_static: float = 0.0
     friction_kinetic: float = 0.0
     skin: float = 0.0             # m, the neighbour list's margin beyond Delta d
+    recover_speed: float = 0.1    # m/s, how fast the floor pushes apart strands that start a substep below it
     exclude: int = 1              # segments within this many of each other along the thread never pair
-    max_pairs: int = 0            # neighbour-list capacity (0: 8 per segment)
+    max_pairs: int = 0            # neighbour-list capacity (0: 32 per segment)
 
     def par(self) -> np.ndarray:
         """The kernels' parameter vector (solver/contact_response.CP_*)."""
         return np.array([self.stiffness, self.distance, self.smooth, self.min_gap, self.friction_static,
-                         self.friction_kinetic, self.skin])
+                         self.friction_kinetic, self.skin, self.recover_speed])
 
 
 @dataclass
@@ -141,10 +142,11 @@ class ThreadState:
     cand_j: np.ndarray            # (P,) int64, second segment
     cand_s: np.ndarray            # (P,) closest-point parameter on cand_i, frozen at the substep's start
     cand_t: np.ndarray            # (P,) on cand_j
-    cand_d: np.ndarray            # (P,) m, distance when the list was built
+    cand_d: np.ndarray            # (P,) m, the pair's gap at the substep's start (at a rebuild: its distance)
     cand_n: np.ndarray            # (P,3) unit normal from cand_j to cand_i, frozen at the substep's start
     cand_f: np.ndarray            # (P,) N, normal force of the pair this substep (for friction)
     cand_fp: np.ndarray           # (P,) N, the no-crossing floor's force this substep
+    cand_fa: np.ndarray           # (P,3) m, the change friction made to the pair's relative point this substep
     x_ref: np.ndarray             # (n,3) m, positions the list was built at (inf: build before the next substep)
     contact_k: np.ndarray         # (n,) N/m, contact springs' Gershgorin row sums (stability bound)
     contact_stats: np.ndarray     # (8,) see CS_* in solver/contact_response.py
@@ -158,6 +160,7 @@ class ThreadState:
     old_fp: np.ndarray
     old_next: np.ndarray
     seg_head: np.ndarray          # (n-1,) int64
+    contact_mark: np.ndarray      # (n,) int8, scratch of contact_response.guard_crossings
     # scratch
     force: np.ndarray
     twist_grad: np.ndarray
@@ -259,7 +262,7 @@ def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
     v = np.where(model.kinematic[:, None] == 1, 0.0, v)
     z = lambda *s: np.zeros(s)  # noqa: E731
     c = model.contact
-    cap = (c.max_pairs or 8 * ns) if c.enabled else 0
+    cap = (c.max_pairs or 32 * ns) if c.enabled else 0
     return ThreadState(
         x=x0.copy(), x_prev=x0 - v * h0, h=np.array([h0]), time=np.zeros(1), tension=z(ns),
         twist=np.array([twist0, 0.0]), kin_target=x0.copy(), ext_force=z(n, 3),
@@ -272,9 +275,9 @@ def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
         new_edges=z(ns, 3), alpha=z(ns), tri_lo=z(ns), tri_di=z(ns), tri_up=z(ns), tri_rhs=z(ns),
         tri_cp=z(ns), tri_delta=z(ns),
         cand_i=np.zeros(cap, np.int64), cand_j=np.zeros(cap, np.int64), cand_s=z(cap), cand_t=z(cap),
-        cand_d=z(cap), cand_n=z(cap, 3), cand_f=z(cap), cand_fp=z(cap), x_ref=np.full((n, 3), np.inf),
+        cand_d=z(cap), cand_n=z(cap, 3), cand_f=z(cap), cand_fp=z(cap), cand_fa=z(cap, 3), x_ref=np.full((n, 3), np.inf),
         contact_k=z(n), contact_stats=z(8), grid_head=np.zeros(2 * ns + 1, np.int64),
         grid_next=np.zeros(ns, np.int64), grid_cells=np.zeros((ns, 3), np.int64), grid_scratch=z(3),
         alpha_extra=z(ns), old_j=np.zeros(cap, np.int64), old_n=z(cap, 3), old_fp=z(cap),
-        old_next=np.zeros(cap, np.int64), seg_head=np.zeros(ns, np.int64),
+        old_next=np.zeros(cap, np.int64), seg_head=np.zeros(ns, np.int64), contact_mark=np.zeros(n, np.int8),
     )

@@ -152,14 +152,15 @@ def _knot_shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
     kind = sec.get("knot", str, choices=KNOT_KINDS)
     big = sec.get("radius", float, above=0.0, maxval=10.0)
     tube = sec.get("tube", float, 0.5 * big, above=0.0, below=big)
+    n = sec.get("n", int, 1, minval=1, maxval=10) if kind == "overhand" else 1
     start = np.array(sec.vector("start", 3, [0.0, 0.0, 0.0]))
     sec.finish()
-    core = knot_curve(kind, big, tube, 0.0)
+    core = knot_curve(kind, big, tube, 0.0, n=n)
     core_len = float(np.linalg.norm(np.diff(core, axis=0), axis=1).sum())
     if core_len >= length:
         raise sec.error("radius", f"the knot needs {core_len:.4g} m of thread but the thread is {length:.4g} m: "
                                   f"make the knot smaller")
-    pts = lay_chords(knot_curve(kind, big, tube, 0.5 * (length - core_len)), n_seg, length / n_seg)
+    pts = lay_chords(knot_curve(kind, big, tube, 0.5 * (length - core_len), n=n), n_seg, length / n_seg)
     return pts - pts[0] + start
 
 
@@ -295,12 +296,13 @@ def _contact(sec: Section | None, params, rest: np.ndarray) -> ContactSettings:
         enabled=enabled, stiffness=stiffness, distance=distance,
         smooth=sec.get("smooth", float, 0.1 * distance, minval=0.0, maxval=max(distance, 0.0)),
         min_gap=min_gap, friction_static=mu_s, friction_kinetic=mu_k,
-        skin=sec.get("skin", float, max(distance, 0.5 * float(np.mean(rest))), above=0.0),
+        skin=sec.get("skin", float, max(distance, 0.25 * float(np.median(rest))), above=0.0),
+        recover_speed=sec.get("recover_speed", float, 0.1, above=0.0, maxval=100.0),
         # a pair closer along the thread than the contact distance touches only by folding within the thread's
         # own thickness, which bending resists: not a contact
-        exclude=sec.get("exclude", int, max(1, math.ceil(distance / float(np.mean(rest)) - 1e-9)), minval=1,
+        exclude=sec.get("exclude", int, max(1, math.ceil(distance / float(np.median(rest)) - 1e-9)), minval=1,
                         maxval=max(1, rest.shape[0] - 2)),
-        max_pairs=sec.get("max_pairs", int, 8 * rest.shape[0], minval=1, maxval=10_000_000))
+        max_pairs=sec.get("max_pairs", int, 32 * rest.shape[0], minval=1, maxval=10_000_000))
     sec.finish()
     return settings
 

@@ -22,7 +22,7 @@ KS = 100.0         # N/m
 
 def _par(mu_s=0.0, mu_k=0.0, smooth=0.0, min_gap=0.005):
     c = ContactSettings(enabled=True, stiffness=KS, distance=DD, smooth=smooth, min_gap=min_gap,
-                        friction_static=mu_s, friction_kinetic=mu_k, skin=DD)
+                        friction_static=mu_s, friction_kinetic=mu_k, skin=DD, recover_speed=100.0)
     p = c.par()
     assert p.shape == (CP_SIZE,)
     return p
@@ -44,7 +44,9 @@ def _penalty(x, x_prev, par):
     ci, cj, cs, ct, cn, cf, cfp, scratch = _pair_arrays()
     force = np.zeros_like(x)
     ck = np.zeros(x.shape[0])
-    touching, pen = penalty_forces(x, x_prev, par, 1, ci, cj, cs, ct, cn, cf, cfp, scratch, force, ck)
+    cd = np.zeros(1)
+    touching, pen = penalty_forces(x, x_prev, par, 1, ci, cj, cs, ct, cd, cn, cf, cfp, np.zeros((1, 3)), scratch,
+                                   force, ck)
     return force, touching, pen, cs, ct, cn, cf
 
 
@@ -98,7 +100,7 @@ def _friction_case(slip: float, fn: float, mu_s: float, mu_k: float, h: float = 
     cs[0], ct[0] = 0.5, 0.5
     cn[0] = [0.0, 0.0, 1.0]
     cf[0] = fn
-    sticking = apply_friction(x, xbar, w, h, _par(mu_s, mu_k), 1, ci, cj, cs, ct, cn, cf)
+    sticking, _ = apply_friction(x, xbar, w, h, _par(mu_s, mu_k), 1, ci, cj, cs, ct, cn, cf, np.zeros((1, 3)))
     rel = 0.5 * (xbar[0] + xbar[1]) - 0.5 * (xbar[2] + xbar[3]) - (0.5 * (x[0] + x[1]) - 0.5 * (x[2] + x[3]))
     return sticking, rel, xbar
 
@@ -129,7 +131,8 @@ def test_floor_restores_min_gap_and_keeps_momentum():
     cs[0], ct[0] = 0.5, 0.5
     cn[0] = [0.0, 0.0, 1.0]
     p0 = (m[:, None] * x).sum(axis=0)
-    raised = enforce_min_gap(x, w, 1e-3, _par(min_gap=0.005), 1, ci, cj, cs, ct, cn, cfp)
+    cd = np.array([0.001])   # started the substep 1 mm apart: raised by at most recover_speed * h = 0.1 m
+    raised = enforce_min_gap(x, w, 1e-3, _par(min_gap=0.005), 1, ci, cj, cs, ct, cd, cn, cfp)
     assert raised == 1
     assert 0.5 * (x[0, 2] + x[1, 2]) - 0.5 * (x[2, 2] + x[3, 2]) == pytest.approx(0.005)
     np.testing.assert_allclose((m[:, None] * x).sum(axis=0), p0, atol=1e-18)
@@ -264,8 +267,14 @@ def test_contact_section_errors_name_the_key(section, key, message):
     assert key in str(err.value) and message in str(err.value)
 
 
-def test_contact_off_by_default_and_zero_cost_arrays():
-    sc = load_scenario("default")
+def test_contact_off_without_a_contact_section_and_zero_cost_arrays():
+    sc = load_scenario("wang2017-energy")
     assert not sc.model.contact.enabled
     st = sc.new_state()
     assert st.cand_i.shape == (0,)
+
+
+def test_the_served_scenes_have_contact_on():
+    for name in ("default", "two-hand-knot"):
+        c = load_scenario(name).model.contact
+        assert c.enabled and c.stiffness == 1000.0 and c.friction_static == 0.3

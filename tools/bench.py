@@ -15,6 +15,8 @@ Three measurements (docs/BENCHMARKS.md shows a full run and explains the method)
    first tick with a cold and a warm numba cache.
 5. ``haptics``: ``suturesim serve --device openhaptics`` through the libHD emulator (tools/bench_haptics.py):
    pose-to-force latency, the servo callback's time, and what the motors were given.
+6. ``contact``: self-contact (tools/bench_contact.py): tick time of a tightening 200-segment square knot, the
+   contact cost against segment count and against the number of contacts, and the smoothness of the force.
 
 Every timing is repeated; tables give the best (min) and the median of the repeats. The garbage collector
 is off inside timed regions (as in ``timeit``). Entry point: ``main(argv) -> int``.
@@ -611,12 +613,14 @@ NOTES = [
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="suturesim bench",
-        description="Time the solver against segment count, scenarios' real-time factors, PyElastica and the "
-                    "1 kHz loop of `suturesim serve`.")
-    parser.add_argument("what", nargs="?", choices=("solver", "suture", "loop", "haptics", "all"), default="all",
+        description="Time the solver against segment count, scenarios' real-time factors, PyElastica, the "
+                    "1 kHz loop of `suturesim serve`, the haptic device path and self-contact.")
+    parser.add_argument("what", nargs="?", choices=("solver", "suture", "loop", "haptics", "contact", "all"),
+                        default="all",
                         help="solver: step time against N; suture: scenarios and PyElastica; loop: the 1 kHz "
                              "loop of `suturesim serve` (lateness, subscribers, start-up); haptics: pose-to-force "
-                             "latency and servo callback time through the OpenHaptics emulator; all: every one")
+                             "latency and servo callback time through the OpenHaptics emulator; contact: "
+                             "self-contact cost and force smoothness; all: every one")
     parser.add_argument("--quick", action="store_true", help="short measurements (a smoke test)")
     parser.add_argument("--out", metavar="FILE", help="(re)write this markdown file, e.g. docs/BENCHMARKS.md")
     parser.add_argument("--no-elastica", action="store_true", help="skip the PyElastica comparison")
@@ -673,6 +677,13 @@ def main(argv: list[str] | None = None) -> int:
         log("haptics ...")
         haptics_lines = render_haptics(measure_haptics(args.quick, log))
         emit(haptics_lines)
+    contact_lines = None
+    if args.what in ("contact", "all"):
+        from .bench_contact import measure_contact, render_contact
+
+        log("self-contact ...")
+        contact_lines = render_contact(measure_contact(args.quick, log))
+        emit(contact_lines)
     emit(NOTES)
     log(f"done in {time.perf_counter() - t_start:.0f} s")
 
@@ -680,12 +691,12 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         text = "\n".join(doc)
-        if args.what in ("loop", "haptics") and out.exists():
-            # `bench loop|haptics --out` updates its own section of an existing document and keeps the others
+        if args.what in ("loop", "haptics", "contact") and out.exists():
+            # `bench loop|haptics|contact --out` updates its own section of an existing document, keeps the others
             from .bench_loop import splice_section
 
-            text = splice_section(out.read_text(), loop_lines if args.what == "loop" else haptics_lines,
-                                  f"{command.strip()}", info["date"])
+            section = {"loop": loop_lines, "haptics": haptics_lines, "contact": contact_lines}[args.what]
+            text = splice_section(out.read_text(), section, f"{command.strip()}", info["date"])
         out.write_text(text.rstrip() + "\n")
         log(f"wrote {out}")
     return 0

@@ -70,16 +70,35 @@ def _triple(x0, x1, i, j, tau):
     return v.reshape(shape)
 
 
+_PAIRS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _pairs(m: int, exclude: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every (i, j) with j - i > exclude among m segments (cached)."""
+    key = (m, exclude)
+    if key not in _PAIRS:
+        _PAIRS[key] = np.triu_indices(m, k=exclude + 1)
+    return _PAIRS[key]
+
+
 def crossings(x0: np.ndarray, x1: np.ndarray, exclude: int = 1) -> list[tuple[int, int, float]]:
     """Every pair of segments (i, j), j - i > exclude, that passes through each other while the vertices move
     linearly from x0 to x1 (n, 3; m), with the fraction tau of the interval where it happens."""
     n = x0.shape[0]
-    m = n - 1
-    ii, jj = np.triu_indices(m, k=exclude + 1)
+    ii, jj = _pairs(n - 1, exclude)
     if len(ii) == 0:
         return []
     move = np.linalg.norm(x1 - x0, axis=1)
     seg_move = np.maximum(move[:-1], move[1:])
+    # first by bounding spheres (midpoint, half length), then by the exact distance at tau = 0
+    mid = 0.5 * (x0[1:] + x0[:-1])
+    half = 0.5 * np.linalg.norm(x0[1:] - x0[:-1], axis=1) + seg_move + TOUCH
+    dm = mid[ii] - mid[jj]
+    reach = half[ii] + half[jj]
+    maybe = np.einsum("ij,ij->i", dm, dm) <= reach * reach
+    ii, jj = ii[maybe], jj[maybe]
+    if len(ii) == 0:
+        return []
     d0 = segment_distance(x0[ii], x0[ii + 1], x0[jj], x0[jj + 1])
     near = d0 <= seg_move[ii] + seg_move[jj] + TOUCH
     ii, jj = ii[near], jj[near]

@@ -2,8 +2,9 @@
 each printed as measured against expected. tests/test_validation.py runs the same functions.
 
 Cases: energy conservation (Fig. 4), momentum conservation (Fig. 6), axial force against the static solution
-(Fig. 8), hanging thread, inextensibility at every step of all of these, contraction mapping vs Newton, and a
-stability sweep of every thread preset dragged by a random smooth grasp motion.
+(Fig. 8), hanging thread, inextensibility at every step of all of these, contraction mapping vs Newton, a
+stability sweep of every thread preset dragged by a random smooth grasp motion, and the self-contact cases of
+tools/validate_contact.py (square knot, plectoneme, Fig. 17 load, crumple).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import argparse
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -226,8 +228,9 @@ def sweep_case(preset: str, seed: int = 1, duration: float = 10.0) -> Case:
                 f"{stepper.retries} ticks redone")
 
 
-def run_all(quick: bool = False, out=print) -> list[Case]:
-    """Run every case (``quick``: shorter runs) and print a table; returns the cases."""
+def run_all(quick: bool = False, out=print, contact: bool = True, plots: Path | None = None) -> list[Case]:
+    """Run every case (``quick``: shorter runs; ``contact``: with the self-contact cases, whose plots go to
+    ``plots``) and print a table; returns the cases."""
     long_t = 50.0 if quick else 1000.0
     cases: list[Case] = []
     residuals: dict[str, float] = {}
@@ -256,6 +259,10 @@ def run_all(quick: bool = False, out=print) -> list[Case]:
         add(c)
     for name in preset_names():
         add(sweep_case(name, seed=1, duration=2.0 if quick else 10.0))
+    if contact:
+        from .validate_contact import run_contact
+
+        run_contact(quick=quick, plots=plots, add=add)
     n_fail = sum(not c.passed for c in cases)
     out(f"{len(cases) - n_fail} passed, {n_fail} failed ({time.perf_counter() - t0:.0f} s)")
     return cases
@@ -263,10 +270,15 @@ def run_all(quick: bool = False, out=print) -> list[Case]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="suturesim validate",
-                                     description="Run the validation cases (Wang et al. 2017 Sec. 6.1 and the "
-                                                 "solver's guarantees) and print measured against expected.")
+                                     description="Run the validation cases (Wang et al. 2017 Sec. 6.1 and 6.2, "
+                                                 "the solver's guarantees, self-contact) and print measured "
+                                                 "against expected.")
     parser.add_argument("--quick", action="store_true",
-                        help="shorter runs (50 s instead of 1000 s for energy and momentum, 2 s sweeps)")
+                        help="shorter runs (50 s instead of 1000 s for energy and momentum, 2 s sweeps, a 5 s "
+                             "crumple instead of 30 s)")
+    parser.add_argument("--plots", metavar="DIR", type=Path, default=None,
+                        help="write the plots of the self-contact cases here (plectoneme-torque.png)")
+    parser.add_argument("--no-contact", action="store_true", help="skip the self-contact cases")
     args = parser.parse_args(argv)
-    cases = run_all(quick=args.quick)
+    cases = run_all(quick=args.quick, contact=not args.no_contact, plots=args.plots)
     return 0 if all(c.passed for c in cases) else 1

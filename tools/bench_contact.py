@@ -1,0 +1,185 @@
+"""`suturesim bench contact`: what self-contact costs and how smooth the force it makes is (section 6 of
+docs/BENCHMARKS.md).
+
+1. Tick time (1 ms of simulation, all its substeps, as the server's loop calls it) of the square knot of
+   Wang 2017 Fig. 15 with 200 segments while it is pulled tight: p50, p99 and max.
+2. Contact cost against segment count: the same knot with N segments, the time of one neighbour-list rebuild
+   and of one substep's contact response (penalty, friction and floor over the list), per call.
+3. Contact cost against the number of contacts: two parallel strands pressed together over k segments.
+4. Force smoothness: the force at the pulled end of the tightening knot, its content above 50 Hz (the RMS of
+   the force minus its 20 ms moving average), for Wang's plain penalty (linear onset, no floor) and for the
+   response as built (rounded onset, floor, friction as configured).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..solver.contact_response import (CS_CONTACTS, CS_COUNT, apply_friction, enforce_min_gap, penalty_forces,
+                                       rebuild_neighbours)
+from ..solver.integrator import Stepper
+from ..solver.scenario import Scenario, load_scenario
+
+
+def knot(segments: int, contact: dict | None = None, duration: float | None = None) -> Scenario:
+    """The square knot of Fig. 15 with ``segments`` segments and a contact distance of L / N."""
+    over: dict = {"thread": {"segments": segments}, "contact": {"distance": 1.0 / segments}}
+    if contact:
+        over["contact"].update(contact)
+    if duration:
+        over["duration"] = duration
+    return load_scenario("wang2017-square-knot", over)
+
+
+def tick_times(sc: Scenario, seconds: float) -> tuple[np.ndarray, np.ndarray, Stepper]:
+    """Wall time of every tick (us) and the end force (N) after it."""
+    st = sc.new_state()
+    stepper = Stepper(sc.model, st)
+    ticks = int(round(seconds / sc.model.solver.tick))
+    times = np.empty(ticks)
+    force = np.empty(ticks)
+    stepper.tick()
+    for k in range(ticks):
+        t0 = time.perf_counter_ns()
+        stepper.tick()
+        times[k] = (time.perf_counter_ns() - t0) / 1e3
+        force[k] = np.linalg.norm(st.grasp_force[0])
+    return times, force, stepper
+
+
+@dataclass
+class ContactBench:
+    knot_ticks: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    knot_contacts: int = 0
+    knot_substeps: float = 0.0
+    knot_retries: int = 0
+    by_n: list[tuple[int, int, float, float]] = field(default_factory=list)      # N, pairs, rebuild us, response us
+    by_contacts: list[tuple[int, float]] = field(default_factory=list)            # contacts, response us
+    smooth: list[tuple[str, float, float, float]] = field(default_factory=list)   # label, RMS > 50 Hz, mean, max
+
+
+def _per_call_us(fn, repeats: int) -> float:
+    fn()
+    best = np.inf
+    for _ in range(3):
+        t0 = time.perf_counter_ns()
+        for _ in range(repeats):
+            fn()
+        best = min(best, (time.perf_counter_ns() - t0) / 1e3 / repeats)
+    return float(best)
+
+
+def response_cost(sc: Scenario, st) -> tuple[int, float, float]:
+    """(pairs in the list, us per rebuild, us per substep of penalty + friction + floor) at state ``st``."""
+    m = sc.model
+    par = m.contact_par
+    force = np.zeros_like(st.x)
+    xbar = st.x.copy()
+
+    def rebuild():
+        st.contact_stats[CS_COUNT] = 0
+        rebuild_neighbours(st.x, par, m.contact.exclude, st.grid_head, st.grid_next, st.grid_cells,
+                           st.grid_scratch, st.cand_i, st.cand_j, st.cand_s, st.cand_t, st.cand_d, st.cand_n,
+                           st.cand_fp, st.old_j, st.old_n, st.old_fp, st.old_next, st.seg_head, st.x_ref,
+                           st.contact_stats)
+
+    rebuild()
+    n = int(st.contact_stats[CS_COUNT])
+    h = m.solver.tick
+
+    def respond():
+        penalty_forces(st.x, st.x_prev, par, n, st.cand_i, st.cand_j, st.cand_s, st.cand_t, st.cand_d, st.cand_n,
+                       st.cand_f, st.cand_fp, st.cand_fa, st.grid_scratch, force, st.contact_k)
+        apply_friction(st.x, xbar, m.inv_mass, h, par, n, st.cand_i, st.cand_j, st.cand_s, st.cand_t, st.cand_n,
+                       st.cand_f, st.cand_fa)
+        enforce_min_gap(xbar, m.inv_mass, h, par, n, st.cand_i, st.cand_j, st.cand_s, st.cand_t, st.cand_d,
+                        st.cand_n, st.cand_fp)
+
+    return n, _per_call_us(rebuild, 200), _per_call_us(respond, 500)
+
+
+def pressed_strands(k: int) -> tuple[Scenario, object]:
+    """Two parallel strands of k segments each, at 0.8 contact distances apart: k to 3k touching pairs."""
+    n_seg = 2 * k + 1
+    l = 0.01
+    lower = [[i * l, 0.0, 0.0] for i in range(k + 1)]
+    upper = [[(k - i) * l, 0.0, 0.008] for i in range(k + 1)]
+    pts = np.array(lower + upper)
+    from ..solver.scenario import build_scenario
+    sc = build_scenario({"name": "strands", "thread": {"preset": "wang2017-square-knot", "length":
+                                                      float(np.linalg.norm(np.diff(pts, axis=0), axis=1).sum()),
+                                                      "segments": n_seg},
+                         "gravity": [0, 0, 0], "shape": {"kind": "points", "points": pts.tolist()},
+                         "contact": {"stiffness": 50.0, "distance": 0.01, "exclude": 1}}, "strands")
+    return sc, sc.new_state()
+
+
+def high_frequency_rms(force: np.ndarray, tick: float, window_s: float = 0.02) -> float:
+    """RMS (N) of the force minus its moving average over ``window_s``: its content above ~1/window_s Hz."""
+    w = max(1, int(round(window_s / tick)))
+    smooth = np.convolve(force, np.ones(w) / w, mode="same")
+    core = slice(w, len(force) - w)
+    return float(np.sqrt(np.mean((force[core] - smooth[core]) ** 2)))
+
+
+def measure_contact(quick: bool, log) -> ContactBench:
+    out = ContactBench()
+    sim = 2.0 if quick else 10.0
+    log("contact: square knot, 200 segments ...")
+    sc = knot(200)
+    times, _, stepper = tick_times(sc, sim)
+    out.knot_ticks = times
+    out.knot_contacts = int(stepper.state.contact_stats[CS_CONTACTS])
+    out.knot_retries = stepper.retries
+    log("contact: cost against segments ...")
+    for n in ((100, 200, 400) if quick else (100, 200, 400, 800, 1600)):
+        s = knot(n)
+        st = s.new_state()
+        Stepper(s.model, st)   # (warm) the knot as laid: every strand near its neighbours
+        pairs, reb, resp = response_cost(s, st)
+        out.by_n.append((n, pairs, reb, resp))
+    log("contact: cost against contacts ...")
+    for k in ((10, 100) if quick else (10, 30, 100, 300, 1000)):
+        s, st = pressed_strands(k)
+        pairs, _, resp = response_cost(s, st)
+        out.by_contacts.append((pairs, resp))
+    log("contact: force smoothness ...")
+    for label, contact in (("Wang's penalty (linear onset, no floor)", {"smooth": 0.0, "min_gap": 1e-9}),
+                           ("as built (rounded onset, floor)", None)):
+        s40 = load_scenario("wang2017-square-knot", {"contact": contact} if contact else None)
+        _, force, _ = tick_times(s40, sim)
+        out.smooth.append((label, high_frequency_rms(force, s40.model.solver.tick), float(force.mean()),
+                           float(force.max())))
+    return out
+
+
+def render_contact(res: ContactBench) -> list[str]:
+    t = res.knot_ticks
+    lines = ["## 6. Self-contact", "",
+             "Tick time (one 1 ms tick, all its substeps, `Stepper.tick`) of the square knot of Wang 2017 Fig. 15 "
+             "with 200 segments (contact distance L/N = 5 mm, 50 N/m) pulled tight at 0.1 m/s by a 1 N hand, "
+             f"{len(t)} ticks:", "",
+             "| p50 (µs) | p99 (µs) | max (µs) | contacts at the end | ticks redone |",
+             "|---|---|---|---|---|",
+             f"| {np.percentile(t, 50):.0f} | {np.percentile(t, 99):.0f} | {t.max():.0f} | {res.knot_contacts} "
+             f"| {res.knot_retries} |", "",
+             "Contact cost against segment count (the knot as laid, every strand near others; best of 3 runs of "
+             "many calls):", "",
+             "| N | pairs in the list | rebuild (µs) | response per substep (µs) | response per pair (ns) |",
+             "|---|---|---|---|---|"]
+    for n, pairs, reb, resp in res.by_n:
+        lines.append(f"| {n} | {pairs} | {reb:.1f} | {resp:.1f} | {1e3 * resp / max(pairs, 1):.0f} |")
+    lines += ["", "Contact cost against the number of contacts (two parallel strands pressed together):", "",
+              "| pairs in the list | response per substep (µs) | per pair (ns) |", "|---|---|---|"]
+    for pairs, resp in res.by_contacts:
+        lines.append(f"| {pairs} | {resp:.1f} | {1e3 * resp / max(pairs, 1):.0f} |")
+    lines += ["", "Force smoothness at the pulled end of the 40-segment square knot (Fig. 15) while it tightens: "
+              "the RMS of the force minus its 20 ms moving average (content above ~50 Hz, what a stylus would "
+              "buzz with):", "",
+              "| response | RMS above 50 Hz (N) | mean force (N) | max force (N) |", "|---|---|---|---|"]
+    for label, rms, mean, mx in res.smooth:
+        lines.append(f"| {label} | {rms:.4f} | {mean:.3f} | {mx:.3f} |")
+    lines.append("")
+    return lines
