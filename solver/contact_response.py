@@ -59,7 +59,8 @@ CS_PROJECTIONS = 4  # gaps the no-crossing floor had to restore in the last tick
 CS_OVERFLOW = 5     # 1 if the neighbour list was too small for every candidate (contacts may be missed)
 CS_STICKING = 6     # pairs in static friction in the last substep
 CS_REVERTED = 7     # vertices the last-resort guard put back to the start of their substep in the last tick
-CS_SIZE = 8
+CS_SKIN = 8         # m, the skin the neighbour list was built with
+CS_SIZE = 9
 
 GUARD = 0.25        # fraction of min_gap below which a gap left after the floor's rounds is unsafe
 
@@ -74,12 +75,24 @@ def _penalty(p: float, delta: float) -> float:
     return p - 0.5 * delta
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _move_pair(x: np.ndarray, a: int, b: int, s: float, t: float, w: np.ndarray, gx: float, gy: float,
+               gz: float) -> None:
+    """Change the relative point P(s) - Q(t) of segments a and b by W g (W their effective inverse mass), each
+    vertex moving by its weight times its inverse mass times g: an impulse g / h^2 that keeps momentum."""
+    for v, c in ((a, 1.0 - s), (a + 1, s), (b, -(1.0 - t)), (b + 1, -t)):
+        k = c * w[v]
+        x[v, 0] += k * gx
+        x[v, 1] += k * gy
+        x[v, 2] += k * gz
+
+
 @njit(cache=True, error_model="numpy")
-def rebuild_neighbours(x: np.ndarray, cpar: np.ndarray, exclude: int, head, nxt, cells, scratch,
+def rebuild_neighbours(x: np.ndarray, cpar: np.ndarray, skin: float, exclude: int, head, nxt, cells, scratch,
                        cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_fp, old_j, old_n, old_fp, old_next,
                        seg_head, x_ref, cstats) -> None:
-    """Rebuild the neighbour list: every pair closer than Delta d + skin (m), and remember the positions it was
-    built at (``x_ref``). A pair that was in the old list keeps its normal (the side each strand is on) and
+    """Rebuild the neighbour list: every pair closer than Delta d + ``skin`` (m), and remember the positions it
+    was built at (``x_ref``). A pair that was in the old list keeps its normal (the side each strand is on) and
     its floor force; old_* (P) and seg_head (segments) are scratch for carrying them over."""
     m = seg_head.shape[0]
     n_old = int(cstats[CS_COUNT])
@@ -92,7 +105,7 @@ def rebuild_neighbours(x: np.ndarray, cpar: np.ndarray, exclude: int, head, nxt,
             old_n[c, d] = cand_n[c, d]
         old_next[c] = seg_head[cand_i[c]]
         seg_head[cand_i[c]] = c
-    count = find_contacts(x, cpar[CP_DISTANCE] + cpar[CP_SKIN], exclude, head, nxt, cells, scratch,
+    count = find_contacts(x, cpar[CP_DISTANCE] + skin, exclude, head, nxt, cells, scratch,
                           cand_i, cand_j, cand_s, cand_t, cand_d)
     cap = cand_i.shape[0]
     n_new = min(count, cap)
@@ -104,6 +117,7 @@ def rebuild_neighbours(x: np.ndarray, cpar: np.ndarray, exclude: int, head, nxt,
             cand_n[c, d] = old_n[k, d] if k >= 0 else 0.0
         cand_fp[c] = old_fp[k] if k >= 0 else 0.0
     cstats[CS_COUNT] = n_new
+    cstats[CS_SKIN] = skin
     cstats[CS_OVERFLOW] = 1.0 if count > cap else 0.0
     cstats[CS_REBUILDS] += 1.0
     for i in range(x.shape[0]):
@@ -112,19 +126,31 @@ def rebuild_neighbours(x: np.ndarray, cpar: np.ndarray, exclude: int, head, nxt,
 
 
 @njit(cache=True, error_model="numpy")
-def neighbours_stale(x: np.ndarray, x_prev: np.ndarray, x_ref: np.ndarray, skin: float) -> bool:
-    """True once any vertex may move more than skin / 2 from where the list was built by the end of the coming
-    substep (its distance from there plus its last substep's step): two vertices approaching each other could
-    then close the skin, so the list could miss a pair within Delta d."""
-    lim = 0.5 * skin
+def largest_step(x: np.ndarray, x_prev: np.ndarray) -> float:
+    """The largest distance (m) a vertex moved in the last substep."""
+    worst = 0.0
+    for i in range(x.shape[0]):
+        dx = x[i, 0] - x_prev[i, 0]
+        dy = x[i, 1] - x_prev[i, 1]
+        dz = x[i, 2] - x_prev[i, 2]
+        worst = max(worst, dx * dx + dy * dy + dz * dz)
+    return math.sqrt(worst)
+
+
+@njit(cache=True, error_model="numpy")
+def neighbours_stale(x: np.ndarray, x_ref: np.ndarray, skin: float, step: float) -> bool:
+    """True once any vertex may be more than skin / 2 from where the list was built by the end of the coming
+    substep (its distance from there plus twice ``step``, the largest last step): two vertices approaching each
+    other could then close the skin, so the list could miss a pair within Delta d."""
+    lim = 0.5 * skin - 2.0 * step
+    if lim <= 0.0:
+        return True
+    lim2 = lim * lim
     for i in range(x.shape[0]):
         dx = x[i, 0] - x_ref[i, 0]
         dy = x[i, 1] - x_ref[i, 1]
         dz = x[i, 2] - x_ref[i, 2]
-        vx = x[i, 0] - x_prev[i, 0]
-        vy = x[i, 1] - x_prev[i, 1]
-        vz = x[i, 2] - x_prev[i, 2]
-        if math.sqrt(dx * dx + dy * dy + dz * dz) + 2.0 * math.sqrt(vx * vx + vy * vy + vz * vz) > lim:
+        if dx * dx + dy * dy + dz * dz > lim2:
             return True
     return False
 
@@ -275,19 +301,7 @@ def apply_friction(x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h: float,
         cand_fa[c, 1] += dy
         cand_fa[c, 2] += dz
         moved = max(moved, math.sqrt(dx * dx + dy * dy + dz * dz))
-        gx, gy, gz = dx / W, dy / W, dz / W
-        xbar[a, 0] += ca0 * wa0 * gx
-        xbar[a, 1] += ca0 * wa0 * gy
-        xbar[a, 2] += ca0 * wa0 * gz
-        xbar[a + 1, 0] += ca1 * wa1 * gx
-        xbar[a + 1, 1] += ca1 * wa1 * gy
-        xbar[a + 1, 2] += ca1 * wa1 * gz
-        xbar[b, 0] += cb0 * wb0 * gx
-        xbar[b, 1] += cb0 * wb0 * gy
-        xbar[b, 2] += cb0 * wb0 * gz
-        xbar[b + 1, 0] += cb1 * wb1 * gx
-        xbar[b + 1, 1] += cb1 * wb1 * gy
-        xbar[b + 1, 2] += cb1 * wb1 * gz
+        _move_pair(xbar, a, b, s, t, w_eff, dx / W, dy / W, dz / W)
     return sticking, moved
 
 
@@ -333,12 +347,7 @@ def enforce_min_gap(xn: np.ndarray, w_eff: np.ndarray, h: float, cpar: np.ndarra
             continue
         lam = (target - g) / W
         cand_fp[c] += lam * inv_h2
-        for d in range(3):
-            nd = nx if d == 0 else (ny if d == 1 else nz)
-            xn[a, d] += ca0 * w_eff[a] * lam * nd
-            xn[a + 1, d] += ca1 * w_eff[a + 1] * lam * nd
-            xn[b, d] += cb0 * w_eff[b] * lam * nd
-            xn[b + 1, d] += cb1 * w_eff[b + 1] * lam * nd
+        _move_pair(xn, a, b, s, t, w_eff, lam * nx, lam * ny, lam * nz)
         raised += 1
     return raised
 

@@ -22,8 +22,8 @@ from numba import njit
 
 from .constraints import solve_multipliers
 from .contact_response import (CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS, CS_REBUILDS,
-                               CS_REVERTED, CS_STICKING, CP_MIN_GAP, CP_SKIN, apply_friction, enforce_min_gap, guard_crossings,
-                               neighbours_stale, penalty_forces, rebuild_neighbours)
+                               CS_REVERTED, CS_SKIN, CS_STICKING, CP_MIN_GAP, CP_SKIN, apply_friction, enforce_min_gap,
+                               guard_crossings, largest_step, neighbours_stale, penalty_forces, rebuild_neighbours)
 from .forces import accumulate_forces, edge_vectors
 from .model import ThreadModel, ThreadState
 from .motion import apply_motions
@@ -254,9 +254,18 @@ def advance(n_sub: int, h: float, t: float,
     n_scaled = 0
     worst = 1.0
     n_cand = int(cstats[CS_COUNT])
+    skin = cpar[CP_SKIN]
     for s in range(n_sub):
-        if contact_on and neighbours_stale(x, x_prev, x_ref, cpar[CP_SKIN]):
-            rebuild_neighbours(x, cpar, cexclude, grid_head, grid_next, grid_cells, grid_scratch,
+        # the list's skin grows with the motion: a thread whipping at metres per second moves a millimetre a
+        # substep, more than a suture's skin, and a pair further than the skin could cross within one substep
+        stale = False
+        if contact_on:
+            step_max = largest_step(x, x_prev)
+            skin = max(cpar[CP_SKIN], 8.0 * step_max)
+            # stale against the skin the list was built with; a rebuild takes the skin of now
+            stale = skin > cstats[CS_SKIN] or neighbours_stale(x, x_ref, cstats[CS_SKIN], step_max)
+        if stale:
+            rebuild_neighbours(x, cpar, skin, cexclude, grid_head, grid_next, grid_cells, grid_scratch,
                                cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_fp, old_j, old_n, old_fp,
                                old_next, seg_head, x_ref, cstats)
             n_cand = int(cstats[CS_COUNT])

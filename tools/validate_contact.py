@@ -164,15 +164,17 @@ def square_knot_case(duration: float | None = None) -> list[Case]:
                  f"{run.max_penetration * 1e3:.2f} mm of {sc.model.contact.distance * 1e3:.1f}; {run.tunnelling()}")]
 
 
-def crumple_scenario(seed: int, duration: float, speed: float = 0.5) -> Scenario:
-    """A weightless 3-0 silk suture (60 segments, 0.27 m) held at four vertices (0, 20, 40, 60); each grasp
-    makes random straight moves inside one 2 cm box at 0.2 to 1 times ``speed`` m/s, so the thread, thirteen
-    times longer than the box, is crumpled into itself again and again."""
+def crumple_scenario(seed: int, duration: float, speed: float = 0.5, hands: tuple = (0, 60),
+                     max_force: float = 2.0) -> Scenario:
+    """A weightless 3-0 silk suture (60 segments, 0.27 m) held at the vertices ``hands`` (default: both ends,
+    two styluses); each grasp makes random straight moves inside one 2 cm box at 0.2 to 1 times ``speed`` m/s,
+    pulling with at most ``max_force`` N, so the thread, thirteen times longer than the box, is crumpled into
+    itself again and again."""
     rng = np.random.default_rng(seed)
     n_seg, l = 60, 0.0045
     centre = np.array([n_seg * l / 2, 0.0, 0.0])
     timeline, grasps = [], []
-    for k, vertex in enumerate((0, 20, 40, 60)):
+    for k, vertex in enumerate(hands):
         p = np.array([vertex * l, 0.0, 0.0])
         t = 0.0
         wps = [[0.0, *p]]
@@ -182,7 +184,7 @@ def crumple_scenario(seed: int, duration: float, speed: float = 0.5) -> Scenario
             wps.append([t, *q])
             p = q
         gid = f"hand{k}"
-        grasps.append({"id": gid, "vertex": vertex, "stiffness": 500.0, "damping": 0.5, "max_force": 2.0})
+        grasps.append({"id": gid, "vertex": vertex, "stiffness": 500.0, "damping": 0.5, "max_force": max_force})
         timeline.append({"grasp": gid, "waypoints": wps})
     data = {
         "name": f"crumple-{seed}", "duration": duration,
@@ -197,13 +199,14 @@ def crumple_scenario(seed: int, duration: float, speed: float = 0.5) -> Scenario
 
 
 def crumple_case(duration: float = 30.0, seed: int = 1) -> list[Case]:
-    """The randomized stress test: no crossing between any two consecutive substeps."""
+    """The randomized stress test: a suture crumpled by both hands (grasps on its two ends), no crossing between
+    any two consecutive substeps."""
     sc = crumple_scenario(seed, duration)
     run = TracedRun(sc)
     run.run(duration)
     ok = not run.crossings and math.isfinite(float(run.state.x.sum()))
     return [Case(f"crumple {duration:.0f} s: no tunnelling", len(run.crossings), "0 crossings", ok,
-                 f"silk 3-0, 60 segments, 4 grasps at up to 0.5 m/s in a 2 cm box; most contacts {run.max_contacts}, max "
+                 f"silk 3-0, 60 segments, {len(sc.grasps)} grasps at up to 0.5 m/s in a 2 cm box; most contacts {run.max_contacts}, max "
                  f"penetration {run.max_penetration * 1e6:.0f} um of {sc.model.contact.distance * 1e6:.0f}; "
                  f"{run.stepper.retries} ticks redone; {run.tunnelling()}")]
 
