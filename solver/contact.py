@@ -1,6 +1,6 @@
-"""Self-contact detection: which non-adjacent segments of the thread are closer than the contact distance, and
-where (issue 3, groundwork: the contact response, continuous collision over a substep and friction build on
-these kernels).
+"""Self-contact detection: which non-adjacent segments of the thread are closer than a distance, and where. The
+integrator's neighbour list is built with these kernels (solver/contact_response.py rebuild_neighbours); what
+contacts do to the thread is solver/contact_response.py.
 
 * Narrow phase: the closest points of two segments, robust for parallel, collinear and zero-length segments
   (:func:`segment_closest`). The distance between segments P(s) = p0 + s (p1 - p0) and Q(t) = q0 + t (q1 - q0),

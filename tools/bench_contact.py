@@ -20,7 +20,7 @@ import numpy as np
 from ..solver.contact_response import (CS_CONTACTS, CS_COUNT, apply_friction, enforce_min_gap, penalty_forces,
                                        rebuild_neighbours)
 from ..solver.integrator import Stepper
-from ..solver.scenario import Scenario, load_scenario
+from ..solver.scenario import Scenario, build_scenario, load_scenario
 
 
 def knot(segments: int, contact: dict | None = None, duration: float | None = None) -> Scenario:
@@ -107,7 +107,6 @@ def pressed_strands(k: int) -> tuple[Scenario, object]:
     lower = [[i * l, 0.0, 0.0] for i in range(k + 1)]
     upper = [[(k - i) * l, 0.0, 0.008] for i in range(k + 1)]
     pts = np.array(lower + upper)
-    from ..solver.scenario import build_scenario
     sc = build_scenario({"name": "strands", "thread": {"preset": "wang2017-square-knot", "length":
                                                       float(np.linalg.norm(np.diff(pts, axis=0), axis=1).sum()),
                                                       "segments": n_seg},
