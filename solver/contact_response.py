@@ -353,27 +353,20 @@ def enforce_min_gap(xn: np.ndarray, w_eff: np.ndarray, h: float, cpar: np.ndarra
 
 
 @njit(cache=True, error_model="numpy")
-def _mark_unsafe(x: np.ndarray, xn: np.ndarray, limit: float, n_cand: int, cand_i, cand_j, cand_s, cand_t,
-                 cand_n, mark: np.ndarray) -> int:
-    """Mark the four vertices of every pair whose frozen-normal gap at ``xn`` is below ``limit`` (m) and
-    below what it was at ``x`` (a pair that started that close and got no closer is the floor's business)."""
-    bad = 0
+def _any_unsafe(x: np.ndarray, xn: np.ndarray, limit: float, n_cand: int, cand_i, cand_j, cand_s, cand_t,
+                cand_n) -> bool:
+    """Whether some pair's frozen-normal gap at ``xn`` is below ``limit`` (m) and below what it was at ``x``
+    (a pair that started that close and got no closer is the floor's business)."""
     for c in range(n_cand):
         g = _frozen_gap(xn, c, cand_i, cand_j, cand_s, cand_t, cand_n)
         if g < limit and g < _frozen_gap(x, c, cand_i, cand_j, cand_s, cand_t, cand_n) - 1e-15:
-            a = cand_i[c]
-            b = cand_j[c]
-            bad += 1
-            mark[a] = 1
-            mark[a + 1] = 1
-            mark[b] = 1
-            mark[b + 1] = 1
-    return bad
+            return True
+    return False
 
 
 @njit(cache=True, error_model="numpy")
 def guard_crossings(x: np.ndarray, xn: np.ndarray, kinematic: np.ndarray, cpar: np.ndarray, n_cand: int,
-                    cand_i, cand_j, cand_s, cand_t, cand_n, mark: np.ndarray) -> int:
+                    cand_i, cand_j, cand_s, cand_t, cand_n) -> int:
     """The last resort when the floor's rounds did not converge (strands squeezed together by several grasps
     at once): if any pair is still closer than GUARD * min_gap along its frozen normal, and closer than at the
     start of the substep, the whole thread is put back where it was at the start (``x``), where it met every
@@ -381,7 +374,7 @@ def guard_crossings(x: np.ndarray, xn: np.ndarray, kinematic: np.ndarray, cpar: 
     strand passing through another. Putting back only the vertices of the offending pairs would leave their
     segments to the unmoved ones stretched, and the next constraint solve would kick them apart. Returns how
     many vertices were put back (0 almost always)."""
-    if _mark_unsafe(x, xn, GUARD * cpar[CP_MIN_GAP], n_cand, cand_i, cand_j, cand_s, cand_t, cand_n, mark) == 0:
+    if not _any_unsafe(x, xn, GUARD * cpar[CP_MIN_GAP], n_cand, cand_i, cand_j, cand_s, cand_t, cand_n):
         return 0
     total = 0
     for i in range(x.shape[0]):

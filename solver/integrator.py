@@ -68,7 +68,7 @@ def substep(h: float, t: float,
             grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
             lo, di, up, rhs, cp, delta,
             contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa,
-            contact_k, alpha_extra, cstats, cscratch, contact_mark):
+            contact_k, alpha_extra, cstats, cscratch):
     """Advance the state by one substep h (s) starting at time t (s). Returns (iterations, residual).
     With ``contact_on``, the first ``n_cand`` pairs of the neighbour list get the contact response
     (solver/contact_response.py) and ``cstats`` its per-tick statistics."""
@@ -190,7 +190,7 @@ def substep(h: float, t: float,
                 alpha[j] += alpha_extra[j]
         if raised > 0:
             cstats[CS_REVERTED] += guard_crossings(x, xbar, kinematic, cpar, n_cand, cand_i, cand_j, cand_s,
-                                                   cand_t, cand_n, contact_mark)
+                                                   cand_t, cand_n)
 
     # the twist change along the displacement, and the shift of the history
     dtheta = 0.0
@@ -227,7 +227,7 @@ def advance(n_sub: int, h: float, t: float,
             scale, base_inv_mass, bend_gersh, fold, tension_floor, tension_margin, target,
             contact_on, cpar, cexclude, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa, x_ref,
             contact_k, alpha_extra, cstats, grid_head, grid_next, grid_cells, grid_scratch, old_j, old_n, old_fp,
-            old_next, seg_head, contact_mark, trace):
+            old_next, seg_head, trace):
     """Run n_sub substeps of h (s) from time t (s); write iteration statistics into ``stats``.
 
     With ``scale``, ``inv_mass`` is rewritten before every substep from ``base_inv_mass`` by selective mass
@@ -285,7 +285,7 @@ def advance(n_sub: int, h: float, t: float,
                           grasp_vel, grasp_force, grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
                           lo, di, up, rhs, cp, delta,
                           contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f,
-                          cand_fp, cand_fa, contact_k, alpha_extra, cstats, grid_scratch, contact_mark)
+                          cand_fp, cand_fa, contact_k, alpha_extra, cstats, grid_scratch)
         if trace.shape[0] > s:
             for i in range(x.shape[0]):
                 for d in range(3):
@@ -347,7 +347,7 @@ def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, scale: bo
             state.x_ref,
             state.contact_k, state.alpha_extra, state.contact_stats, state.grid_head, state.grid_next,
             state.grid_cells, state.grid_scratch, state.old_j, state.old_n, state.old_fp, state.old_next,
-            state.seg_head, state.contact_mark, _NO_TRACE if trace is None else trace)
+            state.seg_head, _NO_TRACE if trace is None else trace)
     state.time[0] += n_sub * h
 
 

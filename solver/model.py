@@ -160,7 +160,6 @@ class ThreadState:
     old_fp: np.ndarray
     old_next: np.ndarray
     seg_head: np.ndarray          # (n-1,) int64
-    contact_mark: np.ndarray      # (n,) int8, scratch of contact_response.guard_crossings
     # scratch
     force: np.ndarray
     twist_grad: np.ndarray
@@ -279,5 +278,5 @@ def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
         contact_k=z(n), contact_stats=z(9), grid_head=np.zeros(2 * ns + 1, np.int64),
         grid_next=np.zeros(ns, np.int64), grid_cells=np.zeros((ns, 3), np.int64), grid_scratch=z(3),
         alpha_extra=z(ns), old_j=np.zeros(cap, np.int64), old_n=z(cap, 3), old_fp=z(cap),
-        old_next=np.zeros(cap, np.int64), seg_head=np.zeros(ns, np.int64), contact_mark=np.zeros(n, np.int8),
+        old_next=np.zeros(cap, np.int64), seg_head=np.zeros(ns, np.int64),
     )
