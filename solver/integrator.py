@@ -68,7 +68,7 @@ def substep(h: float, t: float,
             grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
             lo, di, up, rhs, cp, delta,
             contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa,
-            contact_k, alpha_extra, cstats, cscratch):
+            contact_k, contact_k_act, alpha_extra, cstats, cscratch):
     """Advance the state by one substep h (s) starting at time t (s). Returns (iterations, residual).
     With ``contact_on``, the first ``n_cand`` pairs of the neighbour list get the contact response
     (solver/contact_response.py) and ``cstats`` its per-tick statistics."""
@@ -106,7 +106,8 @@ def substep(h: float, t: float,
                 force[i, d] += ft * twist_grad[i, d]
     if contact_on:
         touching, pen = penalty_forces(x, x_prev, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n,
-                                       cand_f, cand_fp, cand_fa, cscratch, force, contact_k)
+                                       cand_f, cand_fp, cand_fa, cscratch, force, contact_k,
+                                       contact_k_act)
         if touching > cstats[CS_CONTACTS]:
             cstats[CS_CONTACTS] = touching
         if pen > cstats[CS_PENETRATION]:
@@ -226,7 +227,7 @@ def advance(n_sub: int, h: float, t: float,
             lo, di, up, rhs, cp, delta, stats,
             scale, base_inv_mass, bend_gersh, fold, tension_floor, tension_margin, target,
             contact_on, cpar, cexclude, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa, x_ref,
-            contact_k, alpha_extra, cstats, grid_head, grid_next, grid_cells, grid_scratch, old_j, old_n, old_fp,
+            contact_k, contact_k_act, alpha_extra, cstats, grid_head, grid_next, grid_cells, grid_scratch, old_j, old_n, old_fp,
             old_next, seg_head, trace):
     """Run n_sub substeps of h (s) from time t (s); write iteration statistics into ``stats``.
 
@@ -285,7 +286,7 @@ def advance(n_sub: int, h: float, t: float,
                           grasp_vel, grasp_force, grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
                           lo, di, up, rhs, cp, delta,
                           contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f,
-                          cand_fp, cand_fa, contact_k, alpha_extra, cstats, grid_scratch)
+                          cand_fp, cand_fa, contact_k, contact_k_act, alpha_extra, cstats, grid_scratch)
         if trace.shape[0] > s:
             for i in range(x.shape[0]):
                 for d in range(3):
@@ -345,7 +346,7 @@ def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, scale: bo
             model.contact.enabled, model.contact_par, model.contact.exclude, state.cand_i, state.cand_j,
             state.cand_s, state.cand_t, state.cand_d, state.cand_n, state.cand_f, state.cand_fp, state.cand_fa,
             state.x_ref,
-            state.contact_k, state.alpha_extra, state.contact_stats, state.grid_head, state.grid_next,
+            state.contact_k, state.contact_k_act, state.alpha_extra, state.contact_stats, state.grid_head, state.grid_next,
             state.grid_cells, state.grid_scratch, state.old_j, state.old_n, state.old_fp, state.old_next,
             state.seg_head, _NO_TRACE if trace is None else trace)
     state.time[0] += n_sub * h
@@ -448,8 +449,9 @@ class Stepper:
             step(model, state, n, h, scale=needed > n, tension_floor=floor, trace=self.trace)
             ok = state.stats[STAT_MAX_RESIDUAL] <= self.CONVERGED  # False for NaN too
             if ok:
+                # the springs that acted, not those that may act next tick (contact_k), which set its substeps
                 omega = omega_bound(state.x, state.inv_mass_tick, model.bend_gersh, model.rest_length,
-                                    state.tension, 1.0, state.contact_k)
+                                    state.tension, 1.0, state.contact_k_act)
                 ok = h * omega < 2.0
             if ok or attempt == self.MAX_RETRIES:
                 self._check_finite(n)

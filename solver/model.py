@@ -148,7 +148,9 @@ class ThreadState:
     cand_fp: np.ndarray           # (P,) N, the no-crossing floor's force this substep
     cand_fa: np.ndarray           # (P,3) m, the change friction made to the pair's relative point this substep
     x_ref: np.ndarray             # (n,3) m, positions the list was built at (inf: build before the next substep)
-    contact_k: np.ndarray         # (n,) N/m, contact springs' Gershgorin row sums (stability bound)
+    contact_k: np.ndarray         # (n,) N/m, Gershgorin row sums of the contact springs that may act within the
+                                  # coming tick (stability bound and mass scaling before it)
+    contact_k_act: np.ndarray     # (n,) N/m, the same for the springs that acted in the last substep (the check after it)
     contact_stats: np.ndarray     # (9,) see CS_* in solver/contact_response.py
     grid_head: np.ndarray
     grid_next: np.ndarray
@@ -275,7 +277,7 @@ def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
         tri_cp=z(ns), tri_delta=z(ns),
         cand_i=np.zeros(cap, np.int64), cand_j=np.zeros(cap, np.int64), cand_s=z(cap), cand_t=z(cap),
         cand_d=z(cap), cand_n=z(cap, 3), cand_f=z(cap), cand_fp=z(cap), cand_fa=z(cap, 3), x_ref=np.full((n, 3), np.inf),
-        contact_k=z(n), contact_stats=z(9), grid_head=np.zeros(2 * ns + 1, np.int64),
+        contact_k=z(n), contact_k_act=z(n), contact_stats=z(9), grid_head=np.zeros(2 * ns + 1, np.int64),
         grid_next=np.zeros(ns, np.int64), grid_cells=np.zeros((ns, 3), np.int64), grid_scratch=z(3),
         alpha_extra=z(ns), old_j=np.zeros(cap, np.int64), old_n=z(cap, 3), old_fp=z(cap),
         old_next=np.zeros(cap, np.int64), seg_head=np.zeros(ns, np.int64),

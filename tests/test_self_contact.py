@@ -46,8 +46,12 @@ def _penalty(x, x_prev, par):
     ck = np.zeros(x.shape[0])
     cd = np.zeros(1)
     touching, pen = penalty_forces(x, x_prev, par, 1, ci, cj, cs, ct, cd, cn, cf, cfp, np.zeros((1, 3)), scratch,
-                                   force, ck)
+                                   force, ck, _penalty.k_act)
+    _penalty.k_near = ck
     return force, touching, pen, cs, ct, cn, cf
+
+
+_penalty.k_act = np.zeros(4)
 
 
 def test_penalty_is_wang_eq14_at_rest_and_conserves_momentum():
@@ -64,6 +68,19 @@ def test_penalty_is_wang_eq14_at_rest_and_conserves_momentum():
     # and no torque about any point: the forces act at the same contact point, equal and opposite
     torque = sum(np.cross(x[i], force[i]) for i in range(4))
     np.testing.assert_allclose(torque, 0.0, atol=1e-15)
+
+
+def test_springs_about_to_engage_count_for_the_stability_bound_before_they_act():
+    # 1.5 DD apart and at rest: no force, but within half a skin (DD / 2) of touching, so the bound set at the
+    # start of a tick already sees the spring that may engage within it (a silk vertex on k_s rings up otherwise)
+    force, touching, _, s, t, _, f = _penalty(_cross(1.4 * DD), _cross(1.4 * DD), _par())
+    assert touching == 0 and f[0] == 0.0 and not force.any()
+    assert _penalty.k_near.sum() == pytest.approx(4.0 * KS)      # 2 k_s on each strand, split by the weights
+    assert not _penalty.k_act.any()                                # nothing acted: the check after a tick ignores it
+    _penalty(_cross(1.6 * DD), _cross(1.6 * DD), _par())
+    assert not _penalty.k_near.any()
+    _penalty(_cross(0.5 * DD), _cross(0.5 * DD), _par())
+    assert _penalty.k_act.sum() == pytest.approx(4.0 * KS) and _penalty.k_near.sum() == pytest.approx(4.0 * KS)
 
 
 def test_penalty_averages_over_the_substep_so_an_approach_is_felt_before_touching():

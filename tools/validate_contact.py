@@ -1,7 +1,8 @@
 """The self-contact validation cases of `suturesim validate` (issue 3): Wang 2017's plectoneme (Fig. 11-13),
 its stiffness series (Fig. 17) and square knot (Fig. 15-16), a thread crumpled by fast random grasp motions,
-Coulomb friction by the capstan equation, and Choi et al. 2021's trefoil pulled tight (Audoly's law, speed
-independence).
+Coulomb friction by the capstan equation, Choi et al. 2021's trefoil pulled tight (Audoly's law, speed
+independence), and the thesis's knot test: reef, granny, grief and thief knots under 1 N as friction is
+lowered.
 The Wang cases and the crumple check tunnelling with tools/crossings.py, which shares no code with the solver's
 contact, between every two consecutive substeps the integrator went through (Choi's 300-segment rods are not
 checked: 45 000 pairs per substep would take hours).
@@ -198,10 +199,10 @@ def crumple_scenario(seed: int, duration: float, speed: float = 0.5, hands: tupl
     return build_scenario(data, f"crumple-{seed}")
 
 
-def crumple_case(duration: float = 30.0, seed: int = 1) -> list[Case]:
-    """The randomized stress test: a suture crumpled by both hands (grasps on its two ends), no crossing between
-    any two consecutive substeps."""
-    sc = crumple_scenario(seed, duration)
+def crumple_case(duration: float = 30.0, seed: int = 1, hands: tuple = (0, 60)) -> list[Case]:
+    """The randomized stress test: a suture crumpled by hands grasping ``hands`` (default: both ends; four
+    hands squeeze it from both ends and two inner points), no crossing between any two consecutive substeps."""
+    sc = crumple_scenario(seed, duration, hands=hands)
     run = TracedRun(sc)
     run.run(duration)
     ok = not run.crossings and math.isfinite(float(run.state.x.sum()))
@@ -224,6 +225,8 @@ def run_contact(quick: bool = False, plots: Path | None = None, add=print) -> No
     for c in capstan_case():
         add(c)
     for c in choi_n1_case((6e-3,) if quick else (3e-3, 6e-3, 9e-3)):
+        add(c)
+    for c in bend_case(("reef", "granny") if quick else ("reef", "granny", "grief", "thief")):
         add(c)
 
 
@@ -355,4 +358,86 @@ def capstan_case(mus=(0.0, 0.1, 0.3), load: float = 0.1) -> list[Case]:
                           abs(err) <= 0.1 and not run.crossings,
                           f"pull {pull:.4f} N for a {load} N load ({err * 100:+.1f} %), most contacts "
                           f"{run.max_contacts}; {run.tunnelling()}"))
+    return cases
+
+
+def bend_scenario(kind: str, mu: float, duration: float = 3.0, pull: float = 1.0) -> tuple[Scenario, tuple[int, int]]:
+    """One 1 m thread (Wang's square-knot thread, 400 segments of 2.5 mm) tied into a loose bend of ``kind``
+    (solver/knots.py BEND_KINDS) round a loop, strands in contact 5 mm apart; the loop (0.6 m) stays slack
+    however far the knot slips, so only the knot carries the pull. Two hands grasp
+    the standing parts where they leave the knot and pull them apart with ``pull`` N each (their targets run
+    away at 0.1 m/s, so the couplings saturate at ``pull``); the tails are free. Weightless, friction mu (static
+    = kinetic). Returns the scenario and the two grasped vertices."""
+    from ..solver.knots import bend_thread
+    length, n_seg, d = 1.0, 400, 0.005
+    pts, (ga, gb) = bend_thread(kind, n_seg, length, d, tail=0.03)
+    out_a = np.sign(pts[ga, 0] - pts[gb, 0])
+    data = {
+        "name": f"{kind}-mu{mu:g}", "duration": duration,
+        # limp (EI = 1e-7 N m^2, no twist) and damped, as a suture is at the scale of its knot: a stiff thread
+        # springs out of the loose shape within 10 ms, its free tails unwinding the weave before the pull can
+        # tighten it
+        "thread": {"preset": "wang2017-square-knot", "length": length, "segments": n_seg, "mass": 0.02 * length,
+                   "bending_stiffness": 1e-7, "twisting_stiffness": 0.0, "air_drag_linear": 0.2},
+        "gravity": [0.0, 0.0, 0.0],
+        "shape": {"kind": "points", "points": pts.tolist()},
+        "boundary": {"grasps": [
+            {"id": "left", "vertex": ga, "stiffness": 200.0, "damping": 2.0, "max_force": pull},
+            {"id": "right", "vertex": gb, "stiffness": 200.0, "damping": 2.0, "max_force": pull}]},
+        "timeline": [{"grasp": "left", "velocity": [0.1 * out_a, 0.0, 0.0], "from": 0.0, "to": duration},
+                     {"grasp": "right", "velocity": [-0.1 * out_a, 0.0, 0.0], "from": 0.0, "to": duration}],
+        # exclude 3: two segments between a pair make 5 mm when straight, exactly the contact distance
+        "contact": {"distance": d, "stiffness": 50.0, "exclude": 3, "friction_static": mu, "friction_kinetic": mu},
+    }
+    return build_scenario(data, data["name"]), (ga, gb)
+
+
+UNDONE_SLIP = 0.1   # m: the hands 10 cm further apart than when the knot set means both tails came out
+
+
+def bend_pull(kind: str, mu: float, duration: float = 5.0, check: bool = False) -> tuple[str, float, float, "TracedRun"]:
+    """Pull a bend of ``kind`` at friction ``mu`` (bend_scenario) for ``duration`` s. Returns (outcome, slip
+    (m) from t = 1 s, when the knot has set, to the end; creep (m) over the last second; the run). The outcome
+    is "undone" once the hands are UNDONE_SLIP further apart than at 1 s (the tails have pulled out: a 3 cm
+    tail and its 9 cm of weave give way in under a second), else "holds"."""
+    sc, (ga, gb) = bend_scenario(kind, mu, duration)
+    run = TracedRun(sc, check=check)
+    rows = np.array(run.run(duration, probe=lambda s: (float(s.time[0]), float(np.linalg.norm(s.x[ga] - s.x[gb]))),
+                            every=50))
+    at1 = float(np.interp(1.0, rows[:, 0], rows[:, 1]))
+    last = float(np.interp(duration - 1.0, rows[:, 0], rows[:, 1]))
+    slip = float(rows[-1, 1]) - at1
+    undone = slip > UNDONE_SLIP or float(rows[:, 1].max()) - at1 > UNDONE_SLIP
+    return ("undone" if undone else "holds"), slip, float(rows[-1, 1]) - last, run
+
+
+def bend_case(kinds=("reef", "granny", "grief", "thief"), start: float = 0.9, step: float = 0.1,
+              duration: float = 5.0) -> list[Case]:
+    """The thesis's knot test (001, Sec. 4.2.2): each bend pulled with 1 N on both standing parts, friction
+    lowered from ``start`` in ``step`` until the knot comes undone. Reports the lowest mu at which it held; the
+    reef knot must hold at the silk preset's 0.3 and come undone when friction is lowered far enough, and must
+    be the most secure of the four (the thesis: reef > granny > thief ~ grief)."""
+    held: dict[str, float] = {}
+    notes: dict[str, str] = {}
+    for kind in kinds:
+        lowest = math.inf
+        mu = start
+        trail = []
+        while mu > -1e-9:
+            outcome, slip, creep, _ = bend_pull(kind, round(mu, 3), duration)
+            trail.append(f"{mu:.2f} {'held' if outcome == 'holds' else 'undone'} ({slip * 1e3:.0f} mm)")
+            if outcome == "undone":
+                break
+            lowest = mu
+            mu -= step
+        held[kind] = lowest
+        notes[kind] = ", ".join(trail)
+    cases = []
+    reef = held.get("reef", math.inf)
+    for kind in kinds:
+        ok = True
+        if kind == "reef":
+            ok = reef <= 0.3 + 1e-9 and reef > 0.0 and all(reef <= v for v in held.values())
+        cases.append(Case(f"{kind} knot, 1 N: lowest mu held", held[kind] if math.isfinite(held[kind]) else float("nan"),
+                          "reef lowest, <= 0.3" if kind == "reef" else "(reported)", ok, notes[kind]))
     return cases
