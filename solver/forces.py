@@ -93,12 +93,15 @@ def accumulate_forces(x: np.ndarray, x_prev: np.ndarray, edges: np.ndarray, elen
             # rate, it removes h k_d S of the hinge's rate per step, S = sum_v |dc/dx_v|^2 / m_v <= (1 - c^2)
             # (1/(m_a l_a^2) + 1/(m_b l_b^2) + (1/l_a + 1/l_b)^2 / m_i); past h k_d S ~ 2/3 (the hinge shares its
             # vertices with its neighbours) it overshoots and the hinge oscillates with growing amplitude (a
-            # 200-segment knot, 5 mm segments, kinks to phi ~ 30 deg and whips). Backward Euler on the hinge's
-            # rate, k_d / (1 + 3 h k_d S), keeps it stable and is k_d wherever the step resolves the damping
-            # (docs/PHYSICS.md Sec. 3).
+            # 200-segment knot, 5 mm segments, kinks to phi ~ 30 deg and whips). So k_d is capped at
+            # 1 / (3 h S): a third of the rate per step at most, and the five hinges sharing a vertex stay under
+            # 2 together; k_d itself wherever the step resolves the damping (docs/PHYSICS.md Sec. 3).
             ilab = ila + ilb
             sg = (1.0 - c * c) * (ila * ila / mass[i - 1] + ilb * ilb / mass[i + 1] + ilab * ilab / mass[i])
-            s += k_d / (1.0 + 3.0 * h * k_d * sg) * (c - hinge_cos(x_prev, i)) * inv_h
+            kd_i = k_d
+            if 3.0 * h * k_d * sg > 1.0:
+                kd_i = 1.0 / (3.0 * h * sg)
+            s += kd_i * (c - hinge_cos(x_prev, i)) * inv_h
         # dc/da = (t_b - c t_a)/|a|, dc/db = (t_a - c t_b)/|b|: exact, perpendicular to a and b, so bending
         # never loads the constraint direction (Wang 2017 App. C drops the projection; the tension would absorb it)
         sa = s * ila * ila

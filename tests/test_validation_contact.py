@@ -37,7 +37,7 @@ def test_plectoneme_torque_drops_and_rises(tmp_path):
 
 
 @pytest.mark.long
-def test_fig17_load_no_tunnelling():
+def test_fig17_softer_thread_more_loops_no_tunnelling():
     for c in vc.fig17_case():
         assert c.passed, c.row()
 

@@ -121,22 +121,25 @@ def _plot_plectoneme(plots: Path, tw_in, torque, sm, contacts, peak, trough, ris
 
 
 def fig17_case(duration: float | None = None) -> list[Case]:
-    """Fig. 17: three bending stiffnesses under the same twist load (50 pi): no tunnelling, and the coiling
-    (|writhe|) of each, reported. The paper finds that the softer thread forms more loops; with its k_t = GJ
-    two hundred to eight hundred times EI, ours turns nearly all the input twist into writhe in all three
-    (docs/PHYSICS.md, self-contact), so the counts are reported, not ranked."""
+    """Fig. 17: three bending stiffnesses under the same twist load (50 pi): no tunnelling, and the softer
+    thread forms more loops (|writhe|). EI = k_b / 2, Appendix C's reading (the scenario file says why)."""
     wr = {}
     notes = []
     total = 0
-    for variant in ("a", "b", "c"):
-        sc = load_scenario("wang2017-plectoneme-stiffness", {"thread": {"preset": f"wang2017-fig17{variant}"}})
+    for variant, k_b in (("a", 0.001), ("b", 0.0005), ("c", 0.00025)):
+        sc = load_scenario("wang2017-plectoneme-stiffness",
+                           {"thread": {"preset": f"wang2017-fig17{variant}", "bending_stiffness": 0.5 * k_b}})
         run = TracedRun(sc)
         run.run(duration or sc.duration)
         wr[variant] = abs(writhe(run.state.x))
         total += len(run.crossings)
         notes.append(f"{variant}: EI = {sc.model.params.bending_stiffness:.3g} N m^2, |writhe| {wr[variant]:.2f}, "
                      f"{run.tunnelling()}")
-    return [Case("Fig. 17 twist load: no tunnelling", total, "0 crossings", total == 0, "; ".join(notes))]
+    # (b) and (c) end within a few per cent of the 25 turns of input, so they are only required not to invert
+    ordered = wr["a"] + 1.0 < min(wr["b"], wr["c"]) and wr["b"] < wr["c"] + 0.5
+    return [Case("Fig. 17 twist load: no tunnelling", total, "0 crossings", total == 0, "; ".join(notes)),
+            Case("Fig. 17: softer, more loops", wr["c"] - wr["a"], "|Wr| a < b ~< c", ordered,
+                 ", ".join(f"{k} {v:.2f}" for k, v in wr.items()))]
 
 
 def square_knot_case(duration: float | None = None) -> list[Case]:
