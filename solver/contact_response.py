@@ -63,6 +63,7 @@ CS_SKIN = 8         # m, the skin the neighbour list was built with
 CS_SIZE = 9
 
 GUARD = 0.25        # fraction of min_gap below which a gap left after the floor's rounds is unsafe
+GAP_TOL = 0.01      # fraction of min_gap a gap may fall short of the floor before it is projected (rounds end)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -220,7 +221,10 @@ def penalty_forces(x: np.ndarray, x_prev: np.ndarray, cpar: np.ndarray, n_cand: 
         # Wang 2017 Eq. E.7 (with E.5's k_s): the trapezoidal mean of the penalty at both ends of the substep
         f = 0.5 * k_s * (_penalty(dd - gap, delta) + _penalty(dd - g1, delta))
         cand_f[c] = f + cand_fp[c]
-        cand_fp[c] = 0.0   # enforce_min_gap refills it for this substep
+        # warm start: the floor's force of the substep before acts again from the start (enforce_min_gap keeps it
+        # in cand_fp and corrects it, down to zero): a knot held tight by the floor then starts each substep
+        # close to where the floor will put it, and its rounds with the constraints end in a few
+        f += cand_fp[c]
         cand_fa[c, 0] = 0.0   # and apply_friction this
         cand_fa[c, 1] = 0.0
         cand_fa[c, 2] = 0.0
@@ -349,15 +353,29 @@ def enforce_min_gap(xn: np.ndarray, w_eff: np.ndarray, h: float, cpar: np.ndarra
         t = cand_t[c]
         nx, ny, nz = cand_n[c, 0], cand_n[c, 1], cand_n[c, 2]
         g = _frozen_gap(xn, c, cand_i, cand_j, cand_s, cand_t, cand_n)
-        target = min(gmin, max(cand_d[c], 0.0) + recover)
-        if g >= target:
+        d0 = max(cand_d[c], 0.0)
+        target = min(gmin, d0 + recover)
+        # a gap within GAP_TOL of the floor is left as it is, so the rounds can end; but a pair already below the
+        # floor may not sink below where it started, or it would creep through at GAP_TOL per substep
+        lim = target - GAP_TOL * gmin
+        if d0 < gmin:
+            lim = max(lim, d0)
+        push = g < lim
+        # the warm-started force is taken back where it holds the pair open past the floor (never below zero,
+        # never closer than the floor): the floor pushes, it does not pull
+        pull = cand_fp[c] > 0.0 and g > target + GAP_TOL * gmin
+        if not push and not pull:
             continue
         ca0, ca1, cb0, cb1 = 1.0 - s, s, -(1.0 - t), -t
         W = ca0 * ca0 * w_eff[a] + ca1 * ca1 * w_eff[a + 1] + cb0 * cb0 * w_eff[b] + cb1 * cb1 * w_eff[b + 1]
         if W <= 0.0:
             continue
         lam = (target - g) / W
+        if pull:
+            lam = max(lam, -cand_fp[c] * h * h)
         cand_fp[c] += lam * inv_h2
+        if cand_fp[c] < 0.0:
+            cand_fp[c] = 0.0
         _move_pair(xn, a, b, s, t, w_eff, lam * nx, lam * ny, lam * nz)
         raised += 1
     return raised
