@@ -14,7 +14,7 @@ import numpy as np
 from .config import ConfigError, Section, load_yaml
 from .model import MAX_GRASPS, ContactSettings, SolverSettings, ThreadModel, ThreadState, build_model, make_state
 from .motion import MOTION_GRASP, MOTION_TWIST, MOTION_VERTEX
-from .knots import KNOT_KINDS, knot_curve, lay_chords
+from .knots import BEND_KINDS, KNOT_KINDS, bend_thread, knot_curve, lay_chords
 from .presets import CONFIG_DIR, merged_thread_section, resolve_thread
 
 SCENARIOS_DIR = CONFIG_DIR / "scenarios"
@@ -95,9 +95,11 @@ def _vertex(sec: Section, key: str, n: int, value=None) -> int:
 
 
 def _shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
-    kind = sec.get("kind", str, "straight", choices=("straight", "helix", "points", "knot"))
+    kind = sec.get("kind", str, "straight", choices=("straight", "helix", "points", "knot", "bend"))
     if kind == "knot":
         return _knot_shape(sec, n_seg, length)
+    if kind == "bend":
+        return _bend_shape(sec, n_seg, length)
     if kind == "points":
         pts = sec.raw("points")
         try:
@@ -162,6 +164,24 @@ def _knot_shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
                                   f"make the knot smaller")
     pts = lay_chords(knot_curve(kind, big, tube, 0.5 * (length - core_len), n=n), n_seg, length / n_seg)
     return pts - pts[0] + start
+
+
+def _bend_shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
+    """The thread tied into a loose bend round a loop (solver/knots.py bend_thread), shifted by `start`."""
+    kind = sec.get("knot", str, choices=BEND_KINDS)
+    spacing = sec.get("spacing", float, above=0.0, maxval=1.0)
+    tail = sec.get("tail", float, above=0.0, maxval=10.0)
+    start = np.array(sec.vector("start", 3, [0.0, 0.0, 0.0]))
+    sec.finish()
+    if length / n_seg > 0.75 * spacing:
+        raise sec.error("spacing", f"segments of {length / n_seg:.4g} m cannot lay a weave whose strands are "
+                                   f"{spacing:.4g} m apart: use at least {math.ceil(length / (0.75 * spacing))} "
+                                   f"segments or a larger spacing")
+    try:
+        pts, _ = bend_thread(kind, n_seg, length, spacing, tail)
+    except ValueError as exc:
+        raise sec.error("spacing", str(exc)) from None
+    return pts + start
 
 
 def build_scenario(data: dict, file: str) -> Scenario:

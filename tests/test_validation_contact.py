@@ -4,6 +4,7 @@ let go run by default; the plectoneme, the Fig. 17 load, the 30 s and four-hand 
 of four bends under the `long` marker (run in CI by .ci/run)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from suturesim.tools import validate_contact as vc
@@ -81,3 +82,45 @@ def test_choi_trefoil_audoly_law_and_speed_independence():
 def test_capstan_friction_all_coefficients():
     for c in vc.capstan_case():
         assert c.passed, c.row()
+
+
+@pytest.mark.parametrize("kind", ["reef", "granny", "thief", "grief"])
+def test_bend_shape_ties_the_knot_loose_with_the_grasps_on_its_standing_parts(kind):
+    from suturesim.solver.knots import min_separation
+    sc, (ga, gb) = vc.bend_scenario(kind, 0.3)          # raises if reef-knot.yaml's grasps missed the corners
+    x = sc.initial.x
+    seg = np.linalg.norm(np.diff(x, axis=0), axis=1)
+    np.testing.assert_allclose(seg, 1.0 / 400, rtol=1e-9)
+    # loose: the weave puts strands 1.2 contact distances apart (the chords cut its helices a little), so nothing
+    # beyond the excluded neighbours touches at the start
+    assert min_separation(x, sc.model.contact.exclude) > 1.0 * sc.model.contact.distance
+    # six crossings in the knot's projection on the xy plane (the loop and tails cross nothing)
+    assert _projected_crossings(x) == 6
+
+
+def _projected_crossings(x: np.ndarray) -> int:
+    p = x[:, :2]
+    count = 0
+    for i in range(len(p) - 1):
+        a, b = p[i], p[i + 1]
+        for j in range(i + 2, len(p) - 1):
+            c, d = p[j], p[j + 1]
+            den = (b[0] - a[0]) * (d[1] - c[1]) - (b[1] - a[1]) * (d[0] - c[0])
+            if den == 0.0:
+                continue
+            t = ((c[0] - a[0]) * (d[1] - c[1]) - (c[1] - a[1]) * (d[0] - c[0])) / den
+            u = ((c[0] - a[0]) * (b[1] - a[1]) - (c[1] - a[1]) * (b[0] - a[0])) / den
+            if 0.0 <= t < 1.0 and 0.0 <= u < 1.0:
+                count += 1
+    return count
+
+
+def test_bend_shape_errors_name_the_key():
+    from suturesim.solver.config import ConfigError
+    from suturesim.solver.scenario import load_scenario
+    with pytest.raises(ConfigError, match=r"shape\.spacing: segments of 0\.0025 m cannot lay a weave"):
+        load_scenario("reef-knot", {"shape": {"spacing": 0.003}})
+    with pytest.raises(ConfigError, match=r"shape\.spacing: a reef bend .* needs more than"):
+        load_scenario("reef-knot", {"shape": {"spacing": 0.05}, "thread": {"segments": 400}})
+    with pytest.raises(ConfigError, match=r"shape\.knot"):
+        load_scenario("reef-knot", {"shape": {"knot": "bowline"}})

@@ -364,35 +364,20 @@ def capstan_case(mus=(0.0, 0.1, 0.3), load: float = 0.1) -> list[Case]:
     return cases
 
 
-def bend_scenario(kind: str, mu: float, duration: float = 3.0, pull: float = 1.0) -> tuple[Scenario, tuple[int, int]]:
-    """One 1 m thread (Wang's square-knot thread, 400 segments of 2.5 mm) tied into a loose bend of ``kind``
-    (solver/knots.py BEND_KINDS) round a loop, strands in contact 5 mm apart; the loop (0.6 m) stays slack
-    however far the knot slips, so only the knot carries the pull. Two hands grasp
-    the standing parts where they leave the knot and pull them apart with ``pull`` N each (their targets run
-    away at 0.1 m/s, so the couplings saturate at ``pull``); the tails are free. Weightless, friction mu (static
-    = kinetic). Returns the scenario and the two grasped vertices."""
+def bend_scenario(kind: str, mu: float, duration: float = 3.0) -> tuple[Scenario, tuple[int, int]]:
+    """configs/scenarios/reef-knot.yaml with the bend ``kind`` (solver/knots.py BEND_KINDS), friction ``mu``
+    (static = kinetic) and ``duration`` s: 1 N per hand. Returns the scenario and the two grasped
+    vertices (checked to be where the standing parts leave the knot)."""
     from ..solver.knots import bend_thread
-    length, n_seg, d = 1.0, 400, 0.005
-    pts, (ga, gb) = bend_thread(kind, n_seg, length, d, tail=0.03)
-    out_a = np.sign(pts[ga, 0] - pts[gb, 0])
-    data = {
-        "name": f"{kind}-mu{mu:g}", "duration": duration,
-        # limp (EI = 1e-7 N m^2, no twist) and damped, as a suture is at the scale of its knot: a stiff thread
-        # springs out of the loose shape within 10 ms, its free tails unwinding the weave before the pull can
-        # tighten it
-        "thread": {"preset": "wang2017-square-knot", "length": length, "segments": n_seg, "mass": 0.02 * length,
-                   "bending_stiffness": 1e-7, "twisting_stiffness": 0.0, "air_drag_linear": 0.2},
-        "gravity": [0.0, 0.0, 0.0],
-        "shape": {"kind": "points", "points": pts.tolist()},
-        "boundary": {"grasps": [
-            {"id": "left", "vertex": ga, "stiffness": 200.0, "damping": 2.0, "max_force": pull},
-            {"id": "right", "vertex": gb, "stiffness": 200.0, "damping": 2.0, "max_force": pull}]},
-        "timeline": [{"grasp": "left", "velocity": [0.1 * out_a, 0.0, 0.0], "from": 0.0, "to": duration},
-                     {"grasp": "right", "velocity": [-0.1 * out_a, 0.0, 0.0], "from": 0.0, "to": duration}],
-        # exclude 3: two segments between a pair make 5 mm when straight, exactly the contact distance
-        "contact": {"distance": d, "stiffness": 50.0, "exclude": 3, "friction_static": mu, "friction_kinetic": mu},
-    }
-    return build_scenario(data, data["name"]), (ga, gb)
+    sc = load_scenario("reef-knot", {"duration": duration, "shape": {"knot": kind},
+                                     "contact": {"friction_static": mu, "friction_kinetic": mu}})
+    grasps = [int(v) for v in sc.initial.grasp_vertex if v >= 0]
+    p = sc.model.params
+    _, corners = bend_thread(kind, p.segments, p.length, sc.model.contact.distance, 0.03)
+    if tuple(grasps) != corners:
+        raise ValueError(f"reef-knot.yaml grasps vertices {grasps}, but the {kind} knot's standing parts leave it "
+                         f"at {corners}")
+    return sc, corners
 
 
 UNDONE_SLIP = 0.1   # m: the hands 10 cm further apart than when the knot set means both tails came out
