@@ -12,6 +12,10 @@ knots: opposite handedness is the square (reef) knot, equal handedness the grann
 Knot Book, Sec. 1.2). Because the curve is only deformed (tails added outside the knot's hull), its knot type
 is exactly the torus knot's.
 
+A bend (:func:`bend_thread`) is the other kind of knot a suture ends in: the thread's two ends tied together round
+a loop, as reef, granny, thief or grief knot (the thesis's knot test, 001 Sec. 4.2.2), woven from two double
+helices (:func:`_bend_rope`).
+
 The thread is then laid along this curve in equal chords (:func:`lay_chords`): each vertex is the first point
 of the curve one segment length on from the vertex before (a sphere-curve intersection), so every segment has
 exactly the thread's rest length; whatever thread is left when the curve ends continues straight along the
@@ -108,9 +112,9 @@ def min_separation(x: np.ndarray, exclude: int = 1) -> float:
 BEND_KINDS = ("reef", "granny", "thief", "grief")
 
 
-def _bend_rope(kind: str, d: float, tail: float, samples: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rope A of a loose bend (dense points, m) from its tail end to its standing end, and the flags of which
-    points belong to its bottom leg. Units of d, the centre-line spacing of strands in contact.
+def _bend_rope(kind: str, d: float, tail: float, samples: int) -> np.ndarray:
+    """Rope A of a loose bend (dense points, m) from its tail end to its standing end; d is the centre-line
+    spacing of strands in contact (m), every length below a multiple of it.
 
     The knot is two interlocked bights (Ashley's reef knot: each rope's bight is collared by the other's).
     Rope A: tail from the left along the top (y = H), its bend at the right (x = +w), back along the bottom
@@ -141,10 +145,7 @@ def _bend_rope(kind: str, d: float, tail: float, samples: int) -> tuple[np.ndarr
     bottom = np.stack([xb, -rho * np.sin(tb), zb], axis=1)
     head = np.array([[-w - tail, H + rho, 0.0]])
     foot = np.array([[-w - tail, -rho, 0.0]])
-    pts = np.concatenate([head, top[1:-1], bend, bottom[1:-1], foot])
-    is_bottom = np.zeros(len(pts), bool)
-    is_bottom[1 + len(top) - 2 + len(bend):] = True
-    return pts, is_bottom
+    return np.concatenate([head, top[1:-1], bend, bottom[1:-1], foot])
 
 
 def bend_curve(kind: str, d: float, tail: float, depth: float, samples: int = 400) -> tuple[np.ndarray, np.ndarray]:
@@ -159,7 +160,7 @@ def bend_curve(kind: str, d: float, tail: float, depth: float, samples: int = 40
     sides and the loop runs round B's tail to reach it."""
     if kind not in BEND_KINDS:
         raise ValueError(f"unknown bend {kind!r}; known: {', '.join(BEND_KINDS)}")
-    a, a_bottom = _bend_rope("reef" if kind in ("reef", "thief") else "granny", d, tail, samples)
+    a = _bend_rope("reef" if kind in ("reef", "thief") else "granny", d, tail, samples)
     b = a * np.array([-1.0, 1.0, -1.0])          # rope B: A turned half round the y axis
     w_out = abs(a[0, 0])                          # x of the tails' ends
     rho = 0.6 * d
