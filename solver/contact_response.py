@@ -170,7 +170,6 @@ def penalty_forces(x: np.ndarray, x_prev: np.ndarray, cpar: np.ndarray, n_cand: 
     dd = cpar[CP_DISTANCE]
     delta = cpar[CP_SMOOTH]
     reach = dd + 0.5 * cpar[CP_SKIN]
-    gmin_ws = cpar[CP_MIN_GAP] * (1.0 + 2.0 * GAP_TOL)
     for i in range(contact_k.shape[0]):
         contact_k[i] = 0.0
         contact_k_act[i] = 0.0
@@ -224,13 +223,8 @@ def penalty_forces(x: np.ndarray, x_prev: np.ndarray, cpar: np.ndarray, n_cand: 
         cand_f[c] = f + cand_fp[c]
         # warm start: the floor's force of the substep before acts again from the start (enforce_min_gap keeps it
         # in cand_fp and corrects it, down to zero): a knot held tight by the floor then starts each substep
-        # close to where the floor will put it, and its rounds with the constraints end in a few. Only for a
-        # pair that starts the substep at the floor: one that has left it is no longer held by it, and pushing
-        # it apart only for the rounds to take the push back cost a crumpled suture a crossing at a fold
-        if gap < gmin_ws:
-            f += cand_fp[c]
-        else:
-            cand_fp[c] = 0.0
+        # close to where the floor will put it, and its rounds with the constraints end in a few
+        f += cand_fp[c]
         cand_fa[c, 0] = 0.0   # and apply_friction this
         cand_fa[c, 1] = 0.0
         cand_fa[c, 2] = 0.0
