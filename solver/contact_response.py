@@ -77,6 +77,15 @@ def _penalty(p: float, delta: float) -> float:
 
 
 @njit(cache=True, error_model="numpy", inline="always")
+def _add_spring_rows(rows: np.ndarray, a: int, b: int, s: float, t: float, k_s: float) -> None:
+    """Add a pair spring k_s (N/m) on segments a and b at (s, t) to the vertices' Gershgorin rows (N/m)."""
+    rows[a] += 2.0 * k_s * (1.0 - s)
+    rows[a + 1] += 2.0 * k_s * s
+    rows[b] += 2.0 * k_s * (1.0 - t)
+    rows[b + 1] += 2.0 * k_s * t
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def _move_pair(x: np.ndarray, a: int, b: int, s: float, t: float, w: np.ndarray, gx: float, gy: float,
                gz: float) -> None:
     """Change the relative point P(s) - Q(t) of segments a and b by W g (W their effective inverse mass), each
@@ -233,16 +242,10 @@ def penalty_forces(x: np.ndarray, x_prev: np.ndarray, cpar: np.ndarray, n_cand: 
             # counts for the stability bound once the pair is within half a skin of touching, not only once it
             # touches: the bound and the mass scaling are set at the start of a tick, and a 3-0 silk vertex
             # (0.2 mg) on a 1000 N/m spring needs h < 15 us, so a spring that engages unforeseen mid-tick rings up
-            contact_k[a] += 2.0 * k_s * (1.0 - s)
-            contact_k[a + 1] += 2.0 * k_s * s
-            contact_k[b] += 2.0 * k_s * (1.0 - t)
-            contact_k[b + 1] += 2.0 * k_s * t
+            _add_spring_rows(contact_k, a, b, s, t, k_s)
         if f <= 0.0:
             continue
-        contact_k_act[a] += 2.0 * k_s * (1.0 - s)
-        contact_k_act[a + 1] += 2.0 * k_s * s
-        contact_k_act[b] += 2.0 * k_s * (1.0 - t)
-        contact_k_act[b + 1] += 2.0 * k_s * t
+        _add_spring_rows(contact_k_act, a, b, s, t, k_s)
         fx, fy, fz = f * nx, f * ny, f * nz
         force[a, 0] += (1.0 - s) * fx
         force[a, 1] += (1.0 - s) * fy

@@ -212,7 +212,7 @@ def bend_thread(kind: str, n_seg: int, length: float, d: float, tail: float) -> 
     """A thread of ``length`` (m) in ``n_seg`` equal chords tied into a loose bend of ``kind`` round a loop
     (bend_curve), the loop as deep as the thread allows. Returns the vertices (n_seg + 1, 3) and the two
     vertices nearest the loop's corners at the knot (where two hands pull the standing parts apart)."""
-    base, _ = bend_curve(kind, d, tail, 0.0 + 6.0 * d)
+    base, _ = bend_curve(kind, d, tail, 6.0 * d)
     per_depth = 2.0    # the loop's two sides each grow by the depth
     used = float(np.linalg.norm(np.diff(base, axis=0), axis=1).sum())
     depth = 6.0 * d + (length - used) / per_depth
