@@ -64,15 +64,20 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _ordinary_thread() -> None:
+def _ordinary_thread(loop_cpu: Callable[[], int]) -> None:
     """The worker thread inherits the loop's SCHED_FIFO and CPU pinning; at equal FIFO priority on one CPU it
-    would never be preempted and the loop could not run. Give it normal scheduling and every CPU."""
+    would never be preempted and the loop could not run. Give it normal scheduling and every CPU but the
+    loop's: without SCHED_FIFO (no CAP_SYS_NICE) the kernel time-slices two busy threads on one CPU in
+    milliseconds, so a scenario being built beside the loop would make it overrun."""
     try:
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))  # 0 = this thread on Linux
     except (OSError, AttributeError):
         pass
     try:
-        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+        cpus = set(range(os.cpu_count() or 1))
+        if len(cpus) > 1:
+            cpus.discard(loop_cpu())
+        os.sched_setaffinity(0, cpus)
     except (OSError, AttributeError, ValueError):
         pass
 
@@ -83,7 +88,7 @@ class ControlHandler:
     def __init__(self, loop):
         self.loop = loop
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="suturesim-control",
-                                         initializer=_ordinary_thread)
+                                         initializer=_ordinary_thread, initargs=(lambda: loop.cpu,))
         self.pending: tuple[Callable[[Any], dict], Future] | None = None   # (apply, scene being built)
         self.commands: dict[str, Callable[[dict], dict]] = {
             "status": self.status, "reset": self.reset, "pause": self.pause, "resume": self.resume,

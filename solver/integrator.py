@@ -28,6 +28,8 @@ from .forces import accumulate_forces, edge_vectors
 from .model import ThreadModel, ThreadState
 from .motion import apply_motions
 from .stability import fold_factor, omega_bound, scale_masses, substeps_for
+from .needle import needle_constraints, needle_finish, needle_pierce, needle_turn
+from .tissue import collide_pads, locate_punctures, puncture_forces, puncture_load, puncture_predict, step_pads
 
 # state.stats slots
 STAT_ITERS = 0          # multiplier iterations of the last substep
@@ -42,6 +44,7 @@ STAT_MASS_FACTOR = 8    # largest mass scale factor of the last tick (1 = none)
 
 
 MIN_GAP_ROUNDS = 32  # rounds of (no-crossing floor, friction, constraint solve) per substep
+PAD_ROUNDS = 8       # rounds of (vertices put back out of the pads, constraint solve) per substep
 FRICTION_TOL = 1e-3  # friction has settled when a round changes no contact point by more than this x min_gap
 
 
@@ -60,6 +63,21 @@ def constraint_displace(xbar: np.ndarray, w_eff: np.ndarray, alpha: np.ndarray, 
 
 
 @njit(cache=True, error_model="numpy")
+def solve_again(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_iters, alpha, alpha_extra,
+                new_edges, lo, di, up, rhs, cp, delta):
+    """Solve the constraints again after xbar was moved (a floor, a pad), add the displacement to xbar and
+    the extra multipliers to alpha. Returns (iterations, residual)."""
+    for j in range(alpha.shape[0]):
+        alpha_extra[j] = 0.0
+    it, residual = solve_multipliers(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_iters,
+                                     alpha_extra, new_edges, lo, di, up, rhs, cp, delta)
+    constraint_displace(xbar, w_eff, alpha_extra, edges)
+    for j in range(alpha.shape[0]):
+        alpha[j] += alpha_extra[j]
+    return it, residual
+
+
+@njit(cache=True, error_model="numpy")
 def substep(h: float, t: float,
             rest, mass, inv_mass, kinematic, hinge_k, k_d, drag_quad, drag_lin, compliance, gravity, twist_k,
             mot_kind, mot_index, mot_t0, mot_t1, mot_vel, method, tol, max_iters,
@@ -68,10 +86,13 @@ def substep(h: float, t: float,
             grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
             lo, di, up, rhs, cp, delta,
             contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa,
-            contact_k, contact_k_act, alpha_extra, cstats, cscratch):
+            contact_k, contact_k_act, alpha_extra, cstats, cscratch,
+            tissue_on, tpar, pads, pst, pun_i, pun_f, needle_on, npar, nst):
     """Advance the state by one substep h (s) starting at time t (s). Returns (iterations, residual).
     With ``contact_on``, the first ``n_cand`` pairs of the neighbour list get the contact response
-    (solver/contact_response.py) and ``cstats`` its per-tick statistics."""
+    (solver/contact_response.py) and ``cstats`` its per-tick statistics. With ``tissue_on``, the pads move,
+    the punctures act on the thread and the thread is kept out of the pads (solver/tissue.py). With ``needle_on``, vertex 0 is a needle's swage and the needle turns, pierces and
+    is held by the tissue (solver/needle.py)."""
     n = x.shape[0]
     m = n - 1
     g_count = grasp_vertex.shape[0]
@@ -79,7 +100,11 @@ def substep(h: float, t: float,
         for d in range(3):
             grasp_target_prev[g, d] = grasp_target[g, d]
             grasp_target[g, d] += grasp_vel[g, d] * h  # a live device's pose, ramped across the tick
-    apply_motions(t, h, mot_kind, mot_index, mot_t0, mot_t1, mot_vel, kin_target, grasp_target, twist)
+    apply_motions(t, h, mot_kind, mot_index, mot_t0, mot_t1, mot_vel, kin_target, grasp_target, twist, nst)
+    if tissue_on:
+        step_pads(h, pads, pst)
+    if needle_on:
+        needle_turn(h, npar, nst, x)
 
     # the twist gradient of the previous substep, along the displacement it was applied to
     g_prev = 0.0
@@ -125,6 +150,8 @@ def substep(h: float, t: float,
             for d in range(3):
                 xbar[i, d] = x[i, d] + ((x[i, d] - x_prev[i, d]) + h2 * force[i, d] * inv_mass[i])
             w_eff[i] = inv_mass[i]
+    if tissue_on:
+        puncture_predict(h, x, xbar, w_eff, tpar, pst, pun_i, pun_f)
     for g in range(g_count):
         v = grasp_vertex[g]
         if v < 0 or kinematic[v] == 1:
@@ -181,17 +208,29 @@ def substep(h: float, t: float,
             if raised == 0 and slid <= FRICTION_TOL * cpar[CP_MIN_GAP]:
                 break
             cstats[CS_PROJECTIONS] += raised
-            for j in range(m):
-                alpha_extra[j] = 0.0
-            it2, residual = solve_multipliers(xbar, edges, elen, w_eff, rest, compliance, h, method, tol,
-                                              max_iters, alpha_extra, new_edges, lo, di, up, rhs, cp, delta)
+            it2, residual = solve_again(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_iters,
+                                        alpha, alpha_extra, new_edges, lo, di, up, rhs, cp, delta)
             iters += it2
-            constraint_displace(xbar, w_eff, alpha_extra, edges)
-            for j in range(m):
-                alpha[j] += alpha_extra[j]
         if raised > 0:
             cstats[CS_REVERTED] += guard_crossings(x, xbar, kinematic, cpar, n_cand, cand_i, cand_j, cand_s,
                                                    cand_t, cand_n)
+    if tissue_on:
+        # the needle's tip pierces; vertices that entered a pad go back out of it, the needle is held by the
+        # tissue; then the constraints again (tissue.collide_pads, needle.needle_constraints)
+        if needle_on:
+            needle_pierce(xbar, npar, nst, pads, pst, pun_i, pun_f)
+        for _ in range(PAD_ROUNDS):
+            moved = collide_pads(h, x, xbar, w_eff, rest, tpar, pads, pst, pun_i, pun_f, 1 if needle_on else 0)
+            if needle_on:
+                moved += needle_constraints(h, x, xbar, w_eff, rest, npar, nst, tpar, pads, pst, pun_i, pun_f)
+            if moved == 0:
+                break
+            it2, residual = solve_again(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_iters,
+                                        alpha, alpha_extra, new_edges, lo, di, up, rhs, cp, delta)
+            iters += it2
+        if needle_on:
+            needle_pierce(xbar, npar, nst, pads, pst, pun_i, pun_f)   # where the tissue's pushes took the tip
+        puncture_forces(h, x, xbar, kinematic, tpar, pst, pun_i, pun_f)
 
     # the twist change along the displacement, and the shift of the history
     dtheta = 0.0
@@ -204,6 +243,10 @@ def substep(h: float, t: float,
     twist[0] += dtheta
     for j in range(m):
         tension[j] = alpha[j] * elen[j] / h2
+    if tissue_on:
+        locate_punctures(h, x, rest, pst, pun_i, pun_f, False, needle_on)
+    if needle_on:
+        needle_finish(h, nst)
 
     for g in range(g_count):
         v = grasp_vertex[g]
@@ -228,7 +271,7 @@ def advance(n_sub: int, h: float, t: float,
             scale, base_inv_mass, bend_gersh, fold, tension_floor, tension_margin, target,
             contact_on, cpar, cexclude, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa, x_ref,
             contact_k, contact_k_act, alpha_extra, cstats, grid_head, grid_next, grid_cells, grid_scratch, old_j, old_n, old_fp,
-            old_next, seg_head, trace):
+            old_next, seg_head, trace, tissue_on, tpar, pads, pst, pun_i, pun_f, needle_on, npar, nst):
     """Run n_sub substeps of h (s) from time t (s); write iteration statistics into ``stats``.
 
     With ``scale``, ``inv_mass`` is rewritten before every substep from ``base_inv_mass`` by selective mass
@@ -286,7 +329,8 @@ def advance(n_sub: int, h: float, t: float,
                           grasp_vel, grasp_force, grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
                           lo, di, up, rhs, cp, delta,
                           contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f,
-                          cand_fp, cand_fa, contact_k, contact_k_act, alpha_extra, cstats, grid_scratch)
+                          cand_fp, cand_fa, contact_k, contact_k_act, alpha_extra, cstats, grid_scratch,
+                          tissue_on, tpar, pads, pst, pun_i, pun_f, needle_on, npar, nst)
         if trace.shape[0] > s:
             for i in range(x.shape[0]):
                 for d in range(3):
@@ -348,7 +392,9 @@ def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, scale: bo
             state.x_ref,
             state.contact_k, state.contact_k_act, state.alpha_extra, state.contact_stats, state.grid_head, state.grid_next,
             state.grid_cells, state.grid_scratch, state.old_j, state.old_n, state.old_fp, state.old_next,
-            state.seg_head, _NO_TRACE if trace is None else trace)
+            state.seg_head, _NO_TRACE if trace is None else trace,
+            model.tissue_on, model.tissue_par, model.pads, state.pst, state.pun_i, state.pun_f,
+            model.needle_on, model.needle_par, state.nst)
     state.time[0] += n_sub * h
 
 
@@ -440,10 +486,14 @@ class Stepper:
             return n
         est = self._tension
         np.abs(state.tension, out=est)
-        np.maximum(est, grasp_tension_floor(state), out=est)
+        # what the grasps can pull with, and what the punctures hold: static tensions, which the mass scaling's
+        # discount of inertial tension must not discount (stability.scale_masses)
+        floor = grasp_tension_floor(state)
+        if model.tissue_on:
+            floor = max(floor, puncture_load(state.pun_i, state.pun_f))
+        np.maximum(est, floor, out=est)
         n, needed = choose_substeps(model, state, est)
         state.copy_into(self._backup)
-        floor = grasp_tension_floor(state)
         for attempt in range(self.MAX_RETRIES + 1):
             h = s.tick / n
             step(model, state, n, h, scale=needed > n, tension_floor=floor, trace=self.trace)

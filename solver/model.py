@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .needle import NP_COUNT, NS_COUNT, NS_Q, NS_QT
+from .tissue import MAX_PUNCTURES, PD_COUNT, PD_REST, PF_COUNT, PI_COUNT, PI_MATE, PS_COUNT, PS_X, TP_COUNT
+
 MAX_GRASPS = 4
 
 
@@ -101,6 +104,14 @@ class ThreadModel:
     mot_t0: np.ndarray = field(default_factory=lambda: np.zeros(0))
     mot_t1: np.ndarray = field(default_factory=lambda: np.zeros(0))
     mot_vel: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    # tissue (solver/tissue.py): pads the thread collides with and punctures it slides through
+    tissue_on: bool = False
+    tissue_par: np.ndarray = field(default_factory=lambda: np.zeros(TP_COUNT))   # tissue.TP_*
+    pads: np.ndarray = field(default_factory=lambda: np.zeros((0, PD_COUNT)))   # (P, tissue.PD_COUNT)
+    pad_ids: tuple = ()
+    # a needle swaged to vertex 0 (solver/needle.py)
+    needle_on: bool = False
+    needle_par: np.ndarray = field(default_factory=lambda: np.zeros(NP_COUNT))   # needle.NP_*
 
     @property
     def n_vertices(self) -> int:
@@ -162,6 +173,11 @@ class ThreadState:
     old_fp: np.ndarray
     old_next: np.ndarray
     seg_head: np.ndarray          # (n-1,) int64
+    # tissue (solver/tissue.py)
+    pst: np.ndarray               # (P, tissue.PS_COUNT) the pads' centres, velocities and the thread's pull
+    pun_i: np.ndarray             # (MAX_PUNCTURES, tissue.PI_COUNT) int64: state, pad, mate of each puncture
+    pun_f: np.ndarray             # (MAX_PUNCTURES, tissue.PF_COUNT): where it is, on the pad and on the thread
+    nst: np.ndarray               # (needle.NS_COUNT,) the needle's orientation, its stylus's, the torque
     # scratch
     force: np.ndarray
     twist_grad: np.ndarray
@@ -281,4 +297,23 @@ def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
         grid_next=np.zeros(ns, np.int64), grid_cells=np.zeros((ns, 3), np.int64), grid_scratch=z(3),
         alpha_extra=z(ns), old_j=np.zeros(cap, np.int64), old_n=z(cap, 3), old_fp=z(cap),
         old_next=np.zeros(cap, np.int64), seg_head=np.zeros(ns, np.int64),
+        pst=_pad_state(model.pads), pun_i=_no_punctures(), pun_f=z(MAX_PUNCTURES, PF_COUNT), nst=_needle_state(),
     )
+
+
+def _needle_state() -> np.ndarray:
+    nst = np.zeros(NS_COUNT)
+    nst[NS_Q] = nst[NS_QT] = 1.0   # identity orientations
+    return nst
+
+
+def _pad_state(pads: np.ndarray) -> np.ndarray:
+    pst = np.zeros((pads.shape[0], PS_COUNT))
+    pst[:, PS_X:PS_X + 3] = pads[:, PD_REST:PD_REST + 3]
+    return pst
+
+
+def _no_punctures() -> np.ndarray:
+    pun_i = np.zeros((MAX_PUNCTURES, PI_COUNT), np.int64)
+    pun_i[:, PI_MATE] = -1
+    return pun_i

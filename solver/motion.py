@@ -8,16 +8,20 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .needle import NS_QT, turn
+
 MOTION_VERTEX = 0   # index: vertex; vel: m/s
 MOTION_GRASP = 1    # index: grasp slot; vel: m/s
 MOTION_TWIST = 2    # index unused; vel[0]: rad/s of input twist at the thread's end (Wang 2017 Eq. C.5 theta_in)
+MOTION_SPIN = 3     # index unused; vel: rad/s (world), the turn of the needle's stylus (solver/needle.py)
 
 
 @njit(cache=True, error_model="numpy")
 def apply_motions(t: float, h: float, kind: np.ndarray, index: np.ndarray, t0: np.ndarray, t1: np.ndarray,
-                  vel: np.ndarray, kin_target: np.ndarray, grasp_target: np.ndarray, twist: np.ndarray) -> None:
-    """Advance the driven quantities over [t, t + h] (s): kinematic vertex targets (m), grasp targets (m) and
-    the twist (rad; twist[0] total, twist[1] accumulated input)."""
+                  vel: np.ndarray, kin_target: np.ndarray, grasp_target: np.ndarray, twist: np.ndarray,
+                  nst: np.ndarray) -> None:
+    """Advance the driven quantities over [t, t + h] (s): kinematic vertex targets (m), grasp targets (m),
+    the twist (rad; twist[0] total, twist[1] accumulated input) and the needle stylus's orientation (nst)."""
     for k in range(kind.shape[0]):
         a = t0[k] if t0[k] > t else t
         b = t1[k] if t1[k] < t + h else t + h
@@ -30,6 +34,8 @@ def apply_motions(t: float, h: float, kind: np.ndarray, index: np.ndarray, t0: n
         elif kind[k] == MOTION_GRASP:
             for d in range(3):
                 grasp_target[index[k], d] += vel[k, d] * dt
+        elif kind[k] == MOTION_SPIN:
+            turn(nst, NS_QT, vel[k, 0] * dt, vel[k, 1] * dt, vel[k, 2] * dt)
         else:
             twist[0] += vel[k, 0] * dt
             twist[1] += vel[k, 0] * dt

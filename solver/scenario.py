@@ -5,6 +5,7 @@ The file format is documented in docs/SCENARIOS.md. Every error names the file, 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,9 +14,12 @@ import numpy as np
 
 from .config import ConfigError, Section, load_yaml
 from .model import MAX_GRASPS, ContactSettings, SolverSettings, ThreadModel, ThreadState, build_model, make_state
-from .motion import MOTION_GRASP, MOTION_TWIST, MOTION_VERTEX
+from .motion import MOTION_GRASP, MOTION_SPIN, MOTION_TWIST, MOTION_VERTEX
+from .needle import NP_ARC, NP_MASS, NP_RADIUS, NS_Q, NS_QT, arc_point
+from .needle_config import NeedleSpec, read_needle
 from .knots import BEND_KINDS, KNOT_KINDS, bend_thread, knot_curve, lay_chords
 from .presets import CONFIG_DIR, merged_thread_section, resolve_thread
+from .tissue_config import read_tissue
 
 SCENARIOS_DIR = CONFIG_DIR / "scenarios"
 
@@ -95,7 +99,9 @@ def _vertex(sec: Section, key: str, n: int, value=None) -> int:
 
 
 def _shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
-    kind = sec.get("kind", str, "straight", choices=("straight", "helix", "points", "knot", "bend"))
+    kind = sec.get("kind", str, "straight", choices=("straight", "helix", "points", "polyline", "knot", "bend"))
+    if kind == "polyline":
+        return _polyline_shape(sec, n_seg, length)
     if kind == "knot":
         return _knot_shape(sec, n_seg, length)
     if kind == "bend":
@@ -164,6 +170,52 @@ def _knot_shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
                                   f"make the knot smaller")
     pts = lay_chords(knot_curve(kind, big, tube, 0.5 * (length - core_len), n=n), n_seg, length / n_seg)
     return pts - pts[0] + start
+
+
+def _polyline_shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
+    """The thread along a polyline from its first corner, with a vertex on every corner (a pass's entry and
+    exit points lie on the thread exactly); what the polyline lacks of the thread's length continues straight
+    past its last corner. The segments are shared among the legs in proportion to their lengths (largest
+    remainder, at least one each), so they are nearly, not exactly, equal."""
+    pts = sec.raw("points")
+    try:
+        corners = np.asarray(pts, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise sec.error("points", "must be a list of [x, y, z] corners") from None
+    if corners.ndim != 2 or corners.shape[1] != 3 or corners.shape[0] < 2 or not np.all(np.isfinite(corners)):
+        raise sec.error("points", "must be at least two finite [x, y, z] corners")
+    sec.finish()
+    legs = np.linalg.norm(np.diff(corners, axis=0), axis=1)
+    if np.any(legs <= 0.0):
+        raise sec.error("points", "consecutive corners must differ")
+    rest = length - float(legs.sum())
+    if rest < -1e-9 * length:
+        raise sec.error("points", f"the polyline is {legs.sum():.6g} m long but the thread only {length:.6g} m")
+    spans = np.append(legs, max(rest, 0.0))
+    if len(legs) > n_seg:
+        raise sec.error("points", f"{len(legs)} legs need at least as many segments; the thread has {n_seg}")
+    share = spans / length * n_seg
+    count = np.where(spans > 0.0, np.maximum(np.floor(share), 1), 0).astype(int)
+    count[:-1] = np.maximum(count[:-1], 1)
+    while count.sum() > n_seg:                    # the minimum of one per leg took too many: trim the longest
+        count[np.argmax(np.where(count > 1, spans / np.maximum(count, 1), -1.0))] -= 1
+    order = np.argsort(-(share - np.floor(share)))
+    k = 0
+    while count.sum() < n_seg:                    # largest remainder first
+        i = order[k % len(order)]
+        if spans[i] > 0.0:
+            count[i] += 1
+        k += 1
+    out = [corners[0]]
+    for i in range(len(legs)):
+        a, b = corners[i], corners[i + 1]
+        for s in range(1, count[i] + 1):
+            out.append(a + (b - a) * s / count[i])
+    if count[-1] > 0:
+        d = (corners[-1] - corners[-2]) / legs[-1]
+        for s in range(1, count[-1] + 1):
+            out.append(corners[-1] + d * rest * s / count[-1])
+    return np.array(out)
 
 
 def _bend_shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
@@ -254,12 +306,23 @@ def build_scenario(data: dict, file: str) -> Scenario:
     bsec.finish()
 
     contact = _contact(top.section("contact", None), params, rest)
+    tissue = read_tissue(top.section("tissue", None), params, rest)
+    needle = read_needle(top.section("needle", None), {g.id: g for g in grasps}, kinematic)
 
     # -- timeline --------------------------------------------------------------------------------------
-    timeline = _timeline(top.sections("timeline"), n, x0, kinematic, {g.id: g for g in grasps}, grasp_targets)
+    timeline = _timeline(top.sections("timeline"), n, x0, kinematic, {g.id: g for g in grasps}, grasp_targets,
+                         needle)
 
     model = build_model(params, settings, gravity=gravity, kinematic_vertices=kinematic, rest_length=rest,
                         timeline=timeline, contact=contact)
+    if tissue is not None:
+        model = dataclasses.replace(model, tissue_on=True, tissue_par=tissue.par, pads=tissue.pads,
+                                    pad_ids=tissue.ids)
+    if needle is not None:
+        # the swage is vertex 0: it carries the needle's mass
+        model.mass[0] += needle.par[NP_MASS]
+        model.inv_mass[0] = 1.0 / model.mass[0]
+        model = dataclasses.replace(model, needle_on=True, needle_par=needle.par)
 
     # -- initial velocity ------------------------------------------------------------------------------
     vsec = top.section("initial_velocity", None)
@@ -280,6 +343,16 @@ def build_scenario(data: dict, file: str) -> Scenario:
     top.finish()
 
     state = make_state(model, x0, v0, twist0)
+    if needle is not None:
+        state.nst[NS_Q:NS_Q + 4] = needle.orientation
+        state.nst[NS_QT:NS_QT + 4] = needle.orientation
+        if tissue is not None:
+            inside = needle_inside_pads(state, model)
+            if inside is not None:
+                raise ConfigError(file, "needle.orientation", f"the needle starts inside pad {inside!r}; place it "
+                                                              "outside the tissue (only its tip may enter, by piercing)")
+    if tissue is not None:
+        tissue.thread_through(state, model)
     for vtx, f in forces:
         state.ext_force[vtx] += f
     for g, target in zip(grasps, grasp_targets):
@@ -375,8 +448,37 @@ def _scripted_path(es: Section, here: np.ndarray, a: float, b: float) -> np.ndar
     return np.column_stack([times, pts])
 
 
+def needle_inside_pads(state: ThreadState, model: ThreadModel) -> str | None:
+    """The id of a pad the needle (tip included) is inside of, or None."""
+    r, arc = model.needle_par[NP_RADIUS], model.needle_par[NP_ARC]
+    for k in range(49):
+        px, py, pz = arc_point(state.x, state.nst, NS_Q, r, arc * k / 48)
+        for p, pid in enumerate(model.pad_ids):
+            rel = np.abs(np.array([px, py, pz]) - state.pst[p, :3]) - model.pads[p, :3]
+            if np.all(rel < 0.0):
+                return pid
+    return None
+
+
+def _rotation(axis_angle: np.ndarray) -> np.ndarray:
+    """The rotation matrix of a rotation vector (rad)."""
+    ang = float(np.linalg.norm(axis_angle))
+    if ang == 0.0:
+        return np.eye(3)
+    k = axis_angle / ang
+    kx = np.array([[0.0, -k[2], k[1]], [k[2], 0.0, -k[0]], [-k[1], k[0], 0.0]])
+    return np.eye(3) + math.sin(ang) * kx + (1.0 - math.cos(ang)) * kx @ kx
+
+
+def _quat_matrix(q: np.ndarray) -> np.ndarray:
+    w, x, y, z = q
+    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+                     [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+                     [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]])
+
+
 def _timeline(entries: list[Section], n: int, x0: np.ndarray, kinematic: list[int],
-              grasps: dict[str, GraspSpec], grasp_targets: list) -> dict:
+              grasps: dict[str, GraspSpec], grasp_targets: list, needle: NeedleSpec | None = None) -> dict:
     kind, index, t0, t1, vel = [], [], [], [], []
 
     def position_at(k: int, i: int, t: float, start: np.ndarray) -> np.ndarray:
@@ -386,11 +488,60 @@ def _timeline(entries: list[Section], n: int, x0: np.ndarray, kinematic: list[in
                 p += np.asarray(v) * max(0.0, min(b, t) - a)
         return p
 
+    def needle_frame_at(t: float) -> np.ndarray:
+        """The needle stylus's orientation at t as a matrix (spins do not overlap in time)."""
+        rot = _quat_matrix(needle.orientation)
+        for kk, a, b, v in sorted((kk, a, b, v) for kk, a, b, v in zip(kind, t0, t1, vel) if kk == MOTION_SPIN):
+            rot = _rotation(np.asarray(v) * max(0.0, min(b, t) - a)) @ rot
+        return rot
+
+    def add_spin(es: Section, a: float, b: float, w: np.ndarray) -> None:
+        for kk, aa, bb in zip(kind, t0, t1):
+            if kk == MOTION_SPIN and aa < b and a < bb:
+                raise es.error("from", f"overlaps the needle's turn over [{aa:g}, {bb:g}] s; turns must not overlap")
+        kind.append(MOTION_SPIN)
+        index.append(0)
+        t0.append(a)
+        t1.append(b)
+        vel.append(list(w))
+
     for es in entries:
-        subjects = [k for k in ("vertex", "grasp", "twist") if es.has(k)]
+        subjects = [k for k in ("vertex", "grasp", "twist", "needle") if es.has(k)]
         if len(subjects) != 1:
-            raise es.error("vertex", "each timeline entry moves exactly one of: vertex, grasp, twist")
+            raise es.error("vertex", "each timeline entry moves exactly one of: vertex, grasp, twist, needle")
         subj = subjects[0]
+        if subj == "needle":
+            if needle is None:
+                raise es.error("needle", "the scenario has no needle")
+            how = es.get("needle", str, choices=("spin", "drive"))
+            a = es.get("from", float, 0.0, minval=0.0)
+            b = es.get("to", float, above=a)
+            if how == "spin":
+                add_spin(es, a, b, np.array(es.vector("angular_velocity", 3)))
+                es.finish()
+                continue
+            # drive: turn the needle about its own arc's centre and axis by `angle`, tip first; its stylus's
+            # grasp carries the swage round that circle (waypoints) while its orientation turns (a spin)
+            if needle.grasp is None:
+                raise es.error("needle", "a drive moves the needle's grasp; give needle.grasp")
+            phi = math.radians(es.get("angle", float, minval=-720.0, maxval=720.0))
+            es.finish()
+            slot = grasps[needle.grasp].slot
+            here = position_at(MOTION_GRASP, slot, a, np.asarray(grasp_targets[slot]))
+            frame = needle_frame_at(a)
+            centre = here + frame @ np.array([0.0, needle.par[NP_RADIUS], 0.0])
+            axis = frame @ np.array([0.0, 0.0, 1.0])
+            m = max(8, int(math.ceil(PATH_POINTS_PER_TURN * abs(phi) / (2.0 * math.pi))))
+            pts = [centre + _rotation(axis * phi * s / m) @ (here - centre) for s in range(m + 1)]
+            times = np.linspace(a, b, m + 1)
+            for s in range(m):
+                kind.append(MOTION_GRASP)
+                index.append(slot)
+                t0.append(times[s])
+                t1.append(times[s + 1])
+                vel.append(list((pts[s + 1] - pts[s]) / (times[s + 1] - times[s])))
+            add_spin(es, a, b, axis * phi / (b - a))
+            continue
         if subj == "twist":
             es.raw("twist")  # `twist: input`, documents the subject
             rate = es.get("rate", float)

@@ -1,0 +1,399 @@
+"""A rigid curved needle swaged to the thread's first vertex, driven by a stylus's full pose.
+
+The needle is a circular arc of radius R and angle A. In its body frame the swage (where the thread is
+crimped in) is the origin, the arc leaves it along +x and curves toward +y about the centre (0, R, 0):
+    a(theta) = R (sin theta, 1 - cos theta, 0),   0 <= theta <= A,   the tip at theta = A.
+A positive turn about the body z axis through the centre drives it tip first.
+
+Position: the swage is the thread's vertex 0, which carries the needle's mass on top of its own; a stylus
+holding the needle is a grasp on vertex 0 (integrator.py's implicit virtual coupling), so the force felt and
+the thread's pull at the swage come out of the thread's own solve. The swage is the body's reference point, so
+the thread's pull there exerts no torque on the needle.
+Orientation: a quaternion q (body to world) tied to the stylus's orientation q_t by a rotational spring-damper,
+integrated by backward Euler on the rotation-vector error (any stiffness is stable), with a torque limit; the
+needle's inertia is a ring's, m R^2, about every axis (its coupling, not its inertia, sets how it moves).
+
+The tissue acts on the needle at position level (as XPBD does for rigid bodies, Mueller et al. 2020): after
+the thread's solve, a point of the needle that must move by d along n (out of a pad, or back onto a puncture it
+is passing through) moves the swage by w_lin * lambda * n and turns the body by I^-1 (r x n) lambda, with
+lambda = d / (w_lin + |r x n|^2 / I), w_lin the swage's effective inverse mass; the thread is then solved
+again. The pad feels lambda n / h^2.
+
+Punctures: when the tip enters a pad where it was outside at the substep's start, a puncture is made where
+the tip's path crossed the surface; when it leaves a pad it entered, the exit is made the same way. The needle
+then passes through them: each needle-held puncture sits at the arc angle closest to it, and the arc is kept
+on it. When the swage has passed it (the closest angle < 0) it moves onto the thread (tissue.py); if the tip
+backs out of it, it is gone. A thread-held puncture pulled back past the swage returns to the needle. Only
+the tip makes punctures: nothing else of the needle, and nothing of the thread, can enter a pad elsewhere.
+
+Units: SI; angles in radians.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from .tissue import (PD_HALF, PF_LOCAL, PF_SIGMA, PF_SPEED, PI_MATE, PI_PAD, PI_STATE, PS_F, PS_X, PUN_ACTIVE,
+                     PUN_FREE, PUN_NEEDLE, TP_RADIUS, closest_on_thread)
+
+# npar: the needle's parameters
+NP_RADIUS = 0      # m, arc radius R
+NP_ARC = 1         # rad, arc angle A
+NP_MASS = 2        # kg
+NP_INERTIA = 3     # kg*m^2, m R^2
+NP_K_ROT = 4       # N*m/rad, the rotational coupling to the stylus (0: none)
+NP_C_ROT = 5       # N*m*s/rad, its damper
+NP_WIRE = 6        # m, the needle's wire radius
+NP_MAX_TORQUE = 7  # N*m, the coupling's torque limit
+NP_COUNT = 8
+
+# nst: the needle's state
+NS_Q = 0           # 4: orientation (w, x, y, z), body to world
+NS_W = 4           # 3: angular velocity (rad/s, world)
+NS_QT = 7          # 4: the stylus's orientation (the coupling's target)
+NS_WT = 11         # 3: the stylus's angular velocity (rad/s; a live device's, across a tick)
+NS_TORQUE = 14     # 3: the torque the coupling applied to the needle in the last substep (N*m); felt reversed
+NS_Q0 = 17         # 4: orientation at the substep's start
+NS_TIP0 = 21       # 3: the tip at the substep's start (m)
+NS_COUNT = 24
+
+N_SAMPLES = 13     # points along the arc tested against the pads (about 1 mm apart on a 12 mm needle)
+POINT_TOL = 1e-7   # m, a needle point this close to where it must be is left alone
+
+
+@njit(cache=True, error_model="numpy")
+def quat_mul(a0, a1, a2, a3, b0, b1, b2, b3):
+    """The Hamilton product a b of quaternions (w, x, y, z)."""
+    return (a0 * b0 - a1 * b1 - a2 * b2 - a3 * b3,
+            a0 * b1 + a1 * b0 + a2 * b3 - a3 * b2,
+            a0 * b2 - a1 * b3 + a2 * b0 + a3 * b1,
+            a0 * b3 + a1 * b2 - a2 * b1 + a3 * b0)
+
+
+@njit(cache=True, error_model="numpy")
+def quat_rotate(q: np.ndarray, o: int, vx: float, vy: float, vz: float, inverse: bool = False):
+    """Rotate v by the unit quaternion stored at q[o:o+4] (by its inverse with ``inverse``)."""
+    w, x, y, z = q[o], q[o + 1], q[o + 2], q[o + 3]
+    if inverse:
+        x, y, z = -x, -y, -z
+    # v + 2 w (u x v) + 2 u x (u x v), u = (x, y, z)
+    cx = y * vz - z * vy
+    cy = z * vx - x * vz
+    cz = x * vy - y * vx
+    return (vx + 2.0 * (w * cx + y * cz - z * cy),
+            vy + 2.0 * (w * cy + z * cx - x * cz),
+            vz + 2.0 * (w * cz + x * cy - y * cx))
+
+
+@njit(cache=True, error_model="numpy")
+def turn(q: np.ndarray, o: int, rx: float, ry: float, rz: float) -> None:
+    """q[o:o+4] <- exp(r) q: turn by the rotation vector r (rad, world), renormalised."""
+    ang = math.sqrt(rx * rx + ry * ry + rz * rz)
+    if ang == 0.0:
+        return
+    s = math.sin(0.5 * ang) / ang
+    w, x, y, z = quat_mul(math.cos(0.5 * ang), rx * s, ry * s, rz * s, q[o], q[o + 1], q[o + 2], q[o + 3])
+    nrm = math.sqrt(w * w + x * x + y * y + z * z)
+    q[o] = w / nrm
+    q[o + 1] = x / nrm
+    q[o + 2] = y / nrm
+    q[o + 3] = z / nrm
+
+
+@njit(cache=True, error_model="numpy")
+def rotvec_between(q: np.ndarray, oa: int, ob: int):
+    """The rotation vector r (rad, world) with exp(r) q_a = q_b: the turn from q[oa:] to q[ob:], the short way."""
+    # q_b q_a^-1
+    w, x, y, z = quat_mul(q[ob], q[ob + 1], q[ob + 2], q[ob + 3], q[oa], -q[oa + 1], -q[oa + 2], -q[oa + 3])
+    if w < 0.0:
+        w, x, y, z = -w, -x, -y, -z
+    s = math.sqrt(x * x + y * y + z * z)
+    if s < 1e-12:
+        return 2.0 * x, 2.0 * y, 2.0 * z
+    ang = 2.0 * math.atan2(s, w)
+    return ang * x / s, ang * y / s, ang * z / s
+
+
+@njit(cache=True, error_model="numpy")
+def arc_point(x: np.ndarray, nst: np.ndarray, o: int, radius: float, theta: float):
+    """The world point (m) of the needle at arc angle theta, with the swage at x[0] and orientation nst[o:]."""
+    px, py, pz = quat_rotate(nst, o, radius * math.sin(theta), radius * (1.0 - math.cos(theta)), 0.0)
+    return x[0, 0] + px, x[0, 1] + py, x[0, 2] + pz
+
+
+@njit(cache=True, error_model="numpy")
+def arc_angle(x: np.ndarray, nst: np.ndarray, radius: float, px: float, py: float, pz: float) -> float:
+    """The angle (rad, in (-pi, pi]) of the point of the needle's whole circle closest to p."""
+    # p in the body frame: q^-1 (p - swage); the angle about the centre (0, R, 0), 0 at the swage
+    bx, by, _ = quat_rotate(nst, NS_Q, px - x[0, 0], py - x[0, 1], pz - x[0, 2], True)
+    return math.atan2(bx, radius - by)
+
+
+@njit(cache=True, error_model="numpy")
+def needle_turn(h: float, npar: np.ndarray, nst: np.ndarray, x: np.ndarray) -> None:
+    """Turn the needle over one substep h (s) under its rotational coupling (backward Euler on the error's
+    rotation vector, torque-limited); remember the orientation and the tip at the substep's start."""
+    for k in range(4):
+        nst[NS_Q0 + k] = nst[NS_Q + k]
+    tx, ty, tz = arc_point(x, nst, NS_Q, npar[NP_RADIUS], npar[NP_ARC])
+    nst[NS_TIP0] = tx
+    nst[NS_TIP0 + 1] = ty
+    nst[NS_TIP0 + 2] = tz
+    inertia = npar[NP_INERTIA]
+    k = npar[NP_K_ROT]
+    c = npar[NP_C_ROT]
+    ex, ey, ez = rotvec_between(nst, NS_Q, NS_QT)
+    # I (w1 - w0)/h = k (e - h w1 + h wt) + c (wt - w1), per component (the error e as a rotation vector)
+    den = inertia + h * c + h * h * k
+    tmag = 0.0
+    for d in range(3):
+        e = ex if d == 0 else (ey if d == 1 else ez)
+        wt = nst[NS_WT + d]
+        w1 = (inertia * nst[NS_W + d] + h * k * e + h * (c + h * k) * wt) / den
+        tau = k * (e - h * w1 + h * wt) + c * (wt - w1)
+        nst[NS_TORQUE + d] = tau
+        tmag += tau * tau
+    tmag = math.sqrt(tmag)
+    sc = npar[NP_MAX_TORQUE] / tmag if tmag > npar[NP_MAX_TORQUE] else 1.0
+    for d in range(3):
+        e = ex if d == 0 else (ey if d == 1 else ez)
+        wt = nst[NS_WT + d]
+        if sc < 1.0:
+            # saturated: a constant torque at the limit toward the target (explicit, no stiffness left)
+            nst[NS_TORQUE + d] *= sc
+            nst[NS_W + d] += h * nst[NS_TORQUE + d] / inertia
+        else:
+            nst[NS_W + d] = (inertia * nst[NS_W + d] + h * k * e + h * (c + h * k) * wt) / den
+    turn(nst, NS_Q, h * nst[NS_W], h * nst[NS_W + 1], h * nst[NS_W + 2])
+
+
+@njit(cache=True, error_model="numpy")
+def _segment_box_entry(ax, ay, az, bx, by, bz, cx, cy, cz, hx, hy, hz):
+    """Where the segment a -> b first meets the box (centre c, half extents h): (found, x, y, z)."""
+    t0 = 0.0
+    t1 = 1.0
+    a = (ax - cx, ay - cy, az - cz)
+    dd = (bx - ax, by - ay, bz - az)
+    hh = (hx, hy, hz)
+    for k in range(3):
+        if abs(dd[k]) < 1e-300:
+            if abs(a[k]) > hh[k]:
+                return False, 0.0, 0.0, 0.0
+            continue
+        ta = (-hh[k] - a[k]) / dd[k]
+        tb = (hh[k] - a[k]) / dd[k]
+        if ta > tb:
+            ta, tb = tb, ta
+        t0 = max(t0, ta)
+        t1 = min(t1, tb)
+        if t0 > t1:
+            return False, 0.0, 0.0, 0.0
+    return True, ax + t0 * dd[0], ay + t0 * dd[1], az + t0 * dd[2]
+
+
+@njit(cache=True, error_model="numpy")
+def _inside(px, py, pz, pads, pst, p, grow):
+    return (abs(px - pst[p, PS_X]) < pads[p, PD_HALF] + grow and abs(py - pst[p, PS_X + 1]) < pads[p, PD_HALF + 1] + grow
+            and abs(pz - pst[p, PS_X + 2]) < pads[p, PD_HALF + 2] + grow)
+
+
+@njit(cache=True, error_model="numpy")
+def _open_entry(p, pun_i):
+    """The needle-held puncture through which the tip is inside pad p (an entry without an exit), or -1."""
+    for q in range(pun_i.shape[0]):
+        if pun_i[q, PI_STATE] == PUN_NEEDLE and pun_i[q, PI_PAD] == p and pun_i[q, PI_MATE] < 0:
+            return q
+    return -1
+
+
+@njit(cache=True, error_model="numpy")
+def _new_puncture(pun_i, pun_f, p, px, py, pz, pst, theta, mate) -> int:
+    for q in range(pun_i.shape[0]):
+        if pun_i[q, PI_STATE] == PUN_FREE:
+            pun_i[q, PI_STATE] = PUN_NEEDLE
+            pun_i[q, PI_PAD] = p
+            pun_i[q, PI_MATE] = mate
+            if mate >= 0:
+                pun_i[mate, PI_MATE] = q
+            pun_f[q, PF_LOCAL] = px - pst[p, PS_X]
+            pun_f[q, PF_LOCAL + 1] = py - pst[p, PS_X + 1]
+            pun_f[q, PF_LOCAL + 2] = pz - pst[p, PS_X + 2]
+            pun_f[q, PF_SIGMA] = theta
+            pun_f[q, PF_SPEED] = 0.0
+            return q
+    return -1   # no slot left: the tip is then held out like any other point
+
+
+@njit(cache=True, error_model="numpy")
+def needle_pierce(x: np.ndarray, npar: np.ndarray, nst: np.ndarray, pads: np.ndarray, pst: np.ndarray,
+                  pun_i: np.ndarray, pun_f: np.ndarray) -> int:
+    """Make the punctures the tip made this substep (from its start NS_TIP0 to where it is now): an entry where
+    it went into a pad, an exit where it came out of one it had entered. Returns how many were made."""
+    made = 0
+    r = npar[NP_RADIUS]
+    arc = npar[NP_ARC]
+    tx, ty, tz = arc_point(x, nst, NS_Q, r, arc)
+    sx, sy, sz = nst[NS_TIP0], nst[NS_TIP0 + 1], nst[NS_TIP0 + 2]
+    for p in range(pads.shape[0]):
+        was = _inside(sx, sy, sz, pads, pst, p, 0.0)
+        now = _inside(tx, ty, tz, pads, pst, p, 0.0)
+        entry = _open_entry(p, pun_i)
+        if not was and now and entry < 0:
+            ok, cx, cy, cz = _segment_box_entry(sx, sy, sz, tx, ty, tz, pst[p, PS_X], pst[p, PS_X + 1],
+                                                pst[p, PS_X + 2], pads[p, PD_HALF], pads[p, PD_HALF + 1],
+                                                pads[p, PD_HALF + 2])
+            if ok and _new_puncture(pun_i, pun_f, p, cx, cy, cz, pst, arc, -1) >= 0:
+                made += 1
+        elif was and not now and entry >= 0:
+            # the way out: the first box point met walking back from the tip's end
+            ok, cx, cy, cz = _segment_box_entry(tx, ty, tz, sx, sy, sz, pst[p, PS_X], pst[p, PS_X + 1],
+                                                pst[p, PS_X + 2], pads[p, PD_HALF], pads[p, PD_HALF + 1],
+                                                pads[p, PD_HALF + 2])
+            if ok and _new_puncture(pun_i, pun_f, p, cx, cy, cz, pst, arc, entry) >= 0:
+                made += 1
+    return made
+
+
+@njit(cache=True, error_model="numpy")
+def _needle_tunnel(theta: float, p: int, pun_i: np.ndarray, pun_f: np.ndarray, arc: float, ext: float) -> bool:
+    """Whether the needle's point at angle theta lies in a pass through pad p (between its needle-held
+    puncture and the other end: the tip if the pass has no exit yet, the swage if it is on the thread)."""
+    for q in range(pun_i.shape[0]):
+        if pun_i[q, PI_STATE] != PUN_NEEDLE or pun_i[q, PI_PAD] != p:
+            continue
+        a = pun_f[q, PF_SIGMA]
+        mate = pun_i[q, PI_MATE]
+        if mate < 0:
+            b = arc + 1.0
+        elif pun_i[mate, PI_STATE] == PUN_NEEDLE:
+            b = pun_f[mate, PF_SIGMA]
+        else:
+            b = -1.0
+        if min(a, b) - ext < theta < max(a, b) + ext:
+            return True
+    return False
+
+
+@njit(cache=True, error_model="numpy")
+def _push(h, x, xbar, w_eff, npar, nst, theta, dx, dy, dz, pst, p) -> None:
+    """Move the needle's point at angle theta by d (m), sharing the move between the swage's translation and
+    the body's turn by their inverse masses (XPBD); the pad p (if >= 0) feels the reaction."""
+    d = math.sqrt(dx * dx + dy * dy + dz * dz)
+    if d <= POINT_TOL:
+        return
+    nx = dx / d
+    ny = dy / d
+    nz = dz / d
+    px, py, pz = arc_point(xbar, nst, NS_Q, npar[NP_RADIUS], theta)
+    rx = px - xbar[0, 0]
+    ry = py - xbar[0, 1]
+    rz = pz - xbar[0, 2]
+    cx = ry * nz - rz * ny
+    cy = rz * nx - rx * nz
+    cz = rx * ny - ry * nx
+    inertia = npar[NP_INERTIA]
+    w_lin = w_eff[0]
+    lam = d / (w_lin + (cx * cx + cy * cy + cz * cz) / inertia)
+    xbar[0, 0] += w_lin * lam * nx
+    xbar[0, 1] += w_lin * lam * ny
+    xbar[0, 2] += w_lin * lam * nz
+    turn(nst, NS_Q, cx * lam / inertia, cy * lam / inertia, cz * lam / inertia)
+    if p >= 0:
+        f = lam / (h * h)
+        pst[p, PS_F] -= f * nx
+        pst[p, PS_F + 1] -= f * ny
+        pst[p, PS_F + 2] -= f * nz
+
+
+@njit(cache=True, error_model="numpy")
+def needle_constraints(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, rest: np.ndarray,
+                       npar: np.ndarray, nst: np.ndarray, tpar: np.ndarray, pads: np.ndarray, pst: np.ndarray,
+                       pun_i: np.ndarray, pun_f: np.ndarray) -> int:
+    """One round of the tissue's hold on the needle (after a solve of the thread, xbar): each needle-held
+    puncture is moved onto the thread when the swage has passed it, dropped when the tip has backed out of it,
+    and otherwise kept on the arc; then every sample point of the arc inside a pad, outside its passes, is put
+    out through the nearest face. Returns how many points were moved."""
+    r = npar[NP_RADIUS]
+    arc = npar[NP_ARC]
+    m = xbar.shape[0] - 1
+    moved = 0
+    grow = npar[NP_WIRE]
+    ext = (npar[NP_WIRE] + tpar[TP_RADIUS]) / r   # rad: a wire's thickness along the arc
+    for q in range(pun_i.shape[0]):
+        if pun_i[q, PI_STATE] != PUN_NEEDLE:
+            continue
+        p = pun_i[q, PI_PAD]
+        px = pst[p, PS_X] + pun_f[q, PF_LOCAL]
+        py = pst[p, PS_X + 1] + pun_f[q, PF_LOCAL + 1]
+        pz = pst[p, PS_X + 2] + pun_f[q, PF_LOCAL + 2]
+        th = arc_angle(xbar, nst, r, px, py, pz)
+        if th < 0.0:
+            # the swage went through: the thread now runs through the puncture
+            sig, _ = closest_on_thread(xbar, px, py, pz, 0, min(3, m - 1))
+            pun_i[q, PI_STATE] = PUN_ACTIVE
+            pun_f[q, PF_SIGMA] = sig
+            pun_f[q, PF_SPEED] = 0.0
+            continue
+        if th > arc + ext:
+            # the tip backed out of it: nothing runs through it any more
+            mate = pun_i[q, PI_MATE]
+            if mate >= 0:
+                pun_i[mate, PI_MATE] = -1
+            pun_i[q, PI_STATE] = PUN_FREE
+            pun_i[q, PI_MATE] = -1
+            continue
+        pun_f[q, PF_SIGMA] = th
+        ax, ay, az = arc_point(xbar, nst, NS_Q, r, th)
+        if (px - ax) ** 2 + (py - ay) ** 2 + (pz - az) ** 2 > POINT_TOL * POINT_TOL:
+            _push(h, x, xbar, w_eff, npar, nst, th, px - ax, py - ay, pz - az, pst, p)
+            moved += 1
+    for p in range(pads.shape[0]):
+        # the tip itself is not held out: it pierces what it meets (needle_pierce)
+        for k in range(N_SAMPLES - 1):
+            th = min(arc * k / (N_SAMPLES - 1), arc - ext)
+            sx, sy, sz = arc_point(xbar, nst, NS_Q, r, th)
+            if not _inside(sx, sy, sz, pads, pst, p, grow) or _needle_tunnel(th, p, pun_i, pun_f, arc, ext):
+                continue
+            # out through the face it is least deep behind
+            best = math.inf
+            ax = 0
+            s = (sx - pst[p, PS_X], sy - pst[p, PS_X + 1], sz - pst[p, PS_X + 2])
+            for d in range(3):
+                depth = pads[p, PD_HALF + d] + grow - abs(s[d])
+                if depth < best:
+                    best = depth
+                    ax = d
+            sgn = best if s[ax] >= 0.0 else -best
+            _push(h, x, xbar, w_eff, npar, nst, th, sgn if ax == 0 else 0.0, sgn if ax == 1 else 0.0,
+                  sgn if ax == 2 else 0.0, pst, p)
+            moved += 1
+    return moved
+
+
+@njit(cache=True, error_model="numpy")
+def needle_finish(h: float, nst: np.ndarray) -> None:
+    """The needle's angular velocity over the substep, from its turn (the tissue's pushes included)."""
+    rx, ry, rz = rotvec_between(nst, NS_Q0, NS_Q)
+    nst[NS_W] = rx / h
+    nst[NS_W + 1] = ry / h
+    nst[NS_W + 2] = rz / h
+
+
+@njit(cache=True, error_model="numpy")
+def needle_inside(x: np.ndarray, npar: np.ndarray, nst: np.ndarray, tpar: np.ndarray, pads: np.ndarray,
+                  pst: np.ndarray, pun_i: np.ndarray, pun_f: np.ndarray, margin: float, samples: int) -> int:
+    """Points of the needle (``samples`` along the arc, the tip excluded) inside a pad shrunk by ``margin``
+    (m) and outside its passes: the tests' check that the needle enters tissue only through punctures."""
+    r = npar[NP_RADIUS]
+    arc = npar[NP_ARC]
+    ext = (npar[NP_WIRE] + tpar[TP_RADIUS]) / r
+    n_in = 0
+    for p in range(pads.shape[0]):
+        for k in range(samples):
+            th = arc * k / samples
+            sx, sy, sz = arc_point(x, nst, NS_Q, r, th)
+            if _inside(sx, sy, sz, pads, pst, p, -margin) and not _needle_tunnel(th, p, pun_i, pun_f, arc, ext):
+                n_in += 1
+    return n_in

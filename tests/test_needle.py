@@ -1,0 +1,164 @@
+"""The needle (solver/needle.py): driven by its stylus's pose, it makes the punctures the thread then runs
+through; nothing else makes one, and neither needle nor thread enters a pad except through them (issue 7)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from suturesim.solver.config import ConfigError
+from suturesim.solver.integrator import Stepper
+from suturesim.solver.needle import NP_ARC, NP_RADIUS, NS_Q, NS_TORQUE, arc_point, needle_inside
+from suturesim.solver.scenario import build_scenario
+from suturesim.solver.tissue import PI_STATE, PUN_ACTIVE, PUN_FREE, PUN_NEEDLE, TP_RADIUS, count_inside
+
+R = 0.012 / (2.0 * math.pi * 3.0 / 8.0)   # the 3/8-circle 12 mm needle's radius (m)
+TOP = 0.005                                # the pad's top face (m)
+
+
+def qmul(a, b):
+    a0, a1, a2, a3 = a
+    b0, b1, b2, b3 = b
+    return np.array([a0 * b0 - a1 * b1 - a2 * b2 - a3 * b3, a0 * b1 + a1 * b0 + a2 * b3 - a3 * b2,
+                     a0 * b2 - a1 * b3 + a2 * b0 + a3 * b1, a0 * b3 + a1 * b2 - a2 * b1 + a3 * b0])
+
+
+def needle_above(height: float = 0.5, back: float = 30.0):
+    """The needle's pose for a bite: its arc in the x-z plane curving down, its centre ``height`` R above the
+    pad's top face, turned back by ``back`` degrees about y so the tip is just above the face. Returns
+    (swage position, orientation quaternion)."""
+    base = np.array([math.cos(-math.pi / 4), math.sin(-math.pi / 4), 0.0, 0.0])   # body y -> world -z
+    psi = math.radians(-back)
+    qy = np.array([math.cos(psi / 2), 0.0, math.sin(psi / 2), 0.0])
+    centre = np.array([0.0, 0.0, TOP + height * R])
+    rot = np.array([[math.cos(psi), 0.0, math.sin(psi)], [0.0, 1.0, 0.0], [-math.sin(psi), 0.0, math.cos(psi)]])
+    return centre + rot @ np.array([0.0, 0.0, R]), qmul(qy, base)
+
+
+def bite(angle: float = 300.0, height: float = 0.5, duration: float = 2.0, extra=None):
+    swage, q = needle_above(height)
+    data = {
+        "thread": {"preset": "silk-3-0", "length": 0.1, "segments": 40},
+        "shape": {"kind": "straight", "start": swage.tolist(), "direction": [-1.0, 0.0, 0.3]},
+        "tissue": {"pads": [{"id": "pad", "center": [0.0, 0.0, 0.0], "size": [0.03, 0.03, 0.01], "fixed": True}]},
+        "needle": {"preset": "3/8-12mm", "grasp": "needle", "orientation": q.tolist()},
+        "boundary": {"grasps": [{"id": "needle", "vertex": 0, "stiffness": 1000.0, "max_force": 3.0}]},
+        "timeline": [{"needle": "drive", "angle": angle, "from": 0.2, "to": 0.2 + duration}],
+    }
+    for key, value in (extra or {}).items():
+        data[key] = value
+    sc = build_scenario(data, "bite.yaml")
+    return sc.model, sc.new_state()
+
+
+def trespass(model, state) -> int:
+    """Needle points and thread vertices inside a pad other than through its punctures."""
+    return (needle_inside(state.x, model.needle_par, state.nst, model.tissue_par, model.pads, state.pst,
+                          state.pun_i, state.pun_f, 0.0, 48)
+            + count_inside(state.x, model.rest_length, model.pads, state.pst, state.pun_i, state.pun_f, 0.0,
+                           model.tissue_par[TP_RADIUS], 1))
+
+
+def test_a_needle_bite_makes_two_punctures_that_pass_to_the_thread():
+    model, state = bite()
+    stepper = Stepper(model, state)
+    history = []
+    for _ in range(3000):
+        stepper.tick()
+        assert trespass(model, state) == 0
+        history.append(tuple(state.pun_i[:3, PI_STATE]))
+    # the tip went in (one needle-held puncture), came out (two), the swage followed through both
+    assert (PUN_NEEDLE, PUN_FREE, PUN_FREE) in history
+    assert (PUN_NEEDLE, PUN_NEEDLE, PUN_FREE) in history
+    assert (PUN_ACTIVE, PUN_NEEDLE, PUN_FREE) in history
+    assert history[-1] == (PUN_ACTIVE, PUN_ACTIVE, PUN_FREE)
+    # entry and exit lie on the top face, about the chord of the circle's dip below it apart
+    pts = state.pun_f[:2, :3]
+    assert np.allclose(pts[:, 2], TOP, atol=1e-6)
+    assert abs(pts[0, 0] - pts[1, 0]) == pytest.approx(2.0 * R * math.sqrt(1.0 - 0.25), rel=0.1)
+    # the thread now runs through the tissue: vertices lie below the top face, between the punctures
+    assert np.any(state.x[:, 2] < TOP - 1e-3)
+    assert stepper.retries == 0
+
+
+def test_the_tip_alone_pierces():
+    # the needle driven backwards (swage first) into the pad: no puncture, the needle is held out
+    model, state = bite(angle=-200.0)
+    stepper = Stepper(model, state)
+    for _ in range(2000):
+        stepper.tick()
+        assert trespass(model, state) == 0
+    assert np.all(state.pun_i[:, PI_STATE] == PUN_FREE)
+
+
+def test_a_thread_never_punctures():
+    # a thread whipped down onto the pad and dragged across it by a grasp: no puncture, no vertex inside
+    data = {
+        "thread": {"preset": "silk-3-0", "length": 0.1, "segments": 40},
+        "shape": {"kind": "straight", "start": [-0.05, 0.0, 0.01], "direction": [1.0, 0.0, 0.0]},
+        "tissue": {"pads": [{"id": "pad", "center": [0.0, 0.0, 0.0], "size": [0.03, 0.03, 0.01]}]},
+        "boundary": {"grasps": [{"id": "hand", "vertex": 20, "stiffness": 1000.0, "max_force": 3.0}]},
+        "timeline": [{"grasp": "hand", "velocity": [0.0, 0.0, -0.5], "from": 0.0, "to": 0.1},
+                     {"grasp": "hand", "velocity": [0.3, 0.1, 0.0], "from": 0.1, "to": 0.5}],
+    }
+    sc = build_scenario(data, "drag.yaml")
+    model, state = sc.model, sc.new_state()
+    stepper = Stepper(model, state)
+    for _ in range(800):
+        stepper.tick()
+        assert count_inside(state.x, model.rest_length, model.pads, state.pst, state.pun_i, state.pun_f, 0.0,
+                            0.0, 0) == 0
+    assert np.all(state.pun_i[:, PI_STATE] == PUN_FREE)
+
+
+def test_the_needle_follows_its_stylus_and_the_torque_is_felt():
+    # no tissue in the way (centre far above the pad): the needle turns with its stylus; the coupling's torque
+    # is what keeps it turning against its inertia and is small once it follows
+    model, state = bite(height=3.0)
+    stepper = Stepper(model, state)
+    torque = []
+    for _ in range(2500):
+        stepper.tick()
+        torque.append(np.linalg.norm(state.nst[NS_TORQUE:NS_TORQUE + 3]))
+    assert np.all(state.pun_i[:, PI_STATE] == PUN_FREE)
+    # turned by 300 degrees about y: the tip is where the drive's rotation takes it
+    swage0, q0 = needle_above(3.0)
+    centre = np.array([0.0, 0.0, TOP + 3.0 * R])
+    phi = math.radians(300.0)
+    rot = np.array([[math.cos(phi), 0.0, math.sin(phi)], [0.0, 1.0, 0.0], [-math.sin(phi), 0.0, math.cos(phi)]])
+    tip = np.array(arc_point(state.x, state.nst, NS_Q, model.needle_par[NP_RADIUS], model.needle_par[NP_ARC]))
+    x0 = state.x.copy()
+    x0[0] = swage0
+    nst0 = state.nst.copy()
+    nst0[NS_Q:NS_Q + 4] = q0
+    tip0 = np.array(arc_point(x0, nst0, NS_Q, model.needle_par[NP_RADIUS], model.needle_par[NP_ARC]))
+    assert np.linalg.norm(tip - (centre + rot @ (tip0 - centre))) < 5e-4
+    assert max(torque) < 0.01
+
+
+def test_needle_config_errors():
+    def fails(needle, match, grasps=None):
+        swage, q = needle_above()
+        data = {
+            "thread": {"preset": "silk-3-0", "length": 0.1, "segments": 40},
+            "shape": {"kind": "straight", "start": swage.tolist(), "direction": [-1.0, 0.0, 0.3]},
+            "needle": needle,
+            "boundary": {"grasps": grasps if grasps is not None else
+                         [{"id": "needle", "vertex": 0}, {"id": "other", "vertex": 10}]},
+        }
+        with pytest.raises(ConfigError, match=match):
+            build_scenario(data, "n.yaml")
+
+    fails({"preset": "3/8-12mm", "radius": 0.005}, r"n.yaml: needle.radius: the preset '3/8-12mm' gives")
+    fails({"preset": "5/8-9mm"}, r"needle.preset: must be one of")
+    fails({"preset": "3/8-12mm", "grasp": "nobody"}, r"needle.grasp: no grasp 'nobody'")
+    fails({"preset": "3/8-12mm", "grasp": "other"}, r"needle.grasp: grasp 'other' holds vertex 10")
+    fails({"preset": "3/8-12mm", "orientation": [0, 0, 0, 0]}, r"needle.orientation: must be a nonzero")
+    fails({"length": 0.012, "circle": 0.9}, r"needle.circle: must be <= 0.75")
+    fails({"preset": "3/8-12mm", "colour": "steel"}, r"needle.colour: unknown key")
+
+
+def test_a_needle_may_not_start_inside_a_pad():
+    with pytest.raises(ConfigError, match=r"bite.yaml: needle.orientation: the needle starts inside pad 'pad'"):
+        bite(height=-0.2)
