@@ -28,8 +28,8 @@ from .forces import accumulate_forces, edge_vectors
 from .model import ThreadModel, ThreadState
 from .motion import apply_motions
 from .stability import fold_factor, omega_bound, scale_masses, substeps_for
-from .needle import needle_constraints, needle_finish, needle_pierce, needle_turn
-from .tissue import collide_pads, locate_punctures, puncture_forces, puncture_load, puncture_predict, step_pads
+from .needle import NP_WIRE, needle_constraints, needle_finish, needle_pierce, needle_turn
+from .tissue import TP_RADIUS, collide_pads, locate_punctures, puncture_forces, puncture_load, puncture_predict, step_pads
 
 # state.stats slots
 STAT_ITERS = 0          # multiplier iterations of the last substep
@@ -45,6 +45,7 @@ STAT_MASS_FACTOR = 8    # largest mass scale factor of the last tick (1 = none)
 
 MIN_GAP_ROUNDS = 32  # rounds of (no-crossing floor, friction, constraint solve) per substep
 PAD_ROUNDS = 8       # rounds of (vertices put back out of the pads, constraint solve) per substep
+PAD_CRACK = 3.0      # thread radii left between two pads that meet: the thread that crosses between them
 FRICTION_TOL = 1e-3  # friction has settled when a round changes no contact point by more than this x min_gap
 
 
@@ -102,7 +103,7 @@ def substep(h: float, t: float,
             grasp_target[g, d] += grasp_vel[g, d] * h  # a live device's pose, ramped across the tick
     apply_motions(t, h, mot_kind, mot_index, mot_t0, mot_t1, mot_vel, kin_target, grasp_target, twist, nst)
     if tissue_on:
-        step_pads(h, pads, pst)
+        step_pads(h, pads, pst, PAD_CRACK * tpar[TP_RADIUS])
     if needle_on:
         needle_turn(h, npar, nst, x)
 
@@ -244,7 +245,7 @@ def substep(h: float, t: float,
     for j in range(m):
         tension[j] = alpha[j] * elen[j] / h2
     if tissue_on:
-        locate_punctures(h, x, rest, pst, pun_i, pun_f, False, needle_on)
+        locate_punctures(h, x, rest, pst, pun_i, pun_f, False, needle_on, npar[NP_WIRE] + tpar[TP_RADIUS])
     if needle_on:
         needle_finish(h, nst)
 

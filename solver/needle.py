@@ -227,6 +227,19 @@ def _new_puncture(pun_i, pun_f, p, px, py, pz, pst, theta, mate) -> int:
 
 
 @njit(cache=True, error_model="numpy")
+def _near_hole(cx, cy, cz, p, pst, pun_i, pun_f, dist) -> bool:
+    """Whether a needle-held puncture of pad p lies within ``dist`` (m) of c."""
+    for q in range(pun_i.shape[0]):
+        if pun_i[q, PI_STATE] == PUN_NEEDLE and pun_i[q, PI_PAD] == p:
+            dx = pst[p, PS_X] + pun_f[q, PF_LOCAL] - cx
+            dy = pst[p, PS_X + 1] + pun_f[q, PF_LOCAL + 1] - cy
+            dz = pst[p, PS_X + 2] + pun_f[q, PF_LOCAL + 2] - cz
+            if dx * dx + dy * dy + dz * dz < dist * dist:
+                return True
+    return False
+
+
+@njit(cache=True, error_model="numpy")
 def needle_pierce(x: np.ndarray, npar: np.ndarray, nst: np.ndarray, pads: np.ndarray, pst: np.ndarray,
                   pun_i: np.ndarray, pun_f: np.ndarray) -> int:
     """Make the punctures the tip made this substep (from its start NS_TIP0 to where it is now): an entry where
@@ -244,7 +257,9 @@ def needle_pierce(x: np.ndarray, npar: np.ndarray, nst: np.ndarray, pads: np.nda
             ok, cx, cy, cz = _segment_box_entry(sx, sy, sz, tx, ty, tz, pst[p, PS_X], pst[p, PS_X + 1],
                                                 pst[p, PS_X + 2], pads[p, PD_HALF], pads[p, PD_HALF + 1],
                                                 pads[p, PD_HALF + 2])
-            if ok and _new_puncture(pun_i, pun_f, p, cx, cy, cz, pst, arc, -1) >= 0:
+            # a tip that just came out and slips back in goes through the hole it made, not a new one
+            if ok and not _near_hole(cx, cy, cz, p, pst, pun_i, pun_f, 4.0 * npar[NP_WIRE]) and _new_puncture(
+                    pun_i, pun_f, p, cx, cy, cz, pst, arc, -1) >= 0:
                 made += 1
         elif was and not now and entry >= 0:
             # the way out: the first box point met walking back from the tip's end

@@ -85,11 +85,12 @@ PF_COUNT = 13
 
 
 @njit(cache=True, error_model="numpy")
-def step_pads(h: float, pads: np.ndarray, pst: np.ndarray) -> None:
+def step_pads(h: float, pads: np.ndarray, pst: np.ndarray, crack: float) -> None:
     """Move every pad over one substep h (s): backward Euler on its spring-damper to the rest centre, the
-    thread's pull (PS_F, gathered over the substep before) explicit; then clear PS_F. Pads that overlap are
-    pushed apart along the axis of least overlap, in proportion to their inverse masses, and their closing
-    velocity is removed (the wound's edges meet and stop)."""
+    thread's pull (PS_F, gathered over the substep before) explicit; then clear PS_F. Pads closer than
+    ``crack`` (m) are pushed apart along the axis of least overlap, in proportion to their inverse masses, and
+    their closing velocity is removed: the wound's edges meet on the thread that crosses between them and
+    stop (the crack is a few thread radii: room for it)."""
     P = pads.shape[0]
     for p in range(P):
         w = pads[p, PD_INV_MASS]
@@ -114,7 +115,7 @@ def step_pads(h: float, pads: np.ndarray, pst: np.ndarray) -> None:
             best = math.inf
             ax = -1
             for d in range(3):
-                ov = pads[p, PD_HALF + d] + pads[q, PD_HALF + d] - abs(pst[q, PS_X + d] - pst[p, PS_X + d])
+                ov = pads[p, PD_HALF + d] + pads[q, PD_HALF + d] + crack - abs(pst[q, PS_X + d] - pst[p, PS_X + d])
                 if ov <= 0.0:
                     ax = -1
                     break
@@ -172,12 +173,12 @@ SEARCH = 3   # segments either side of its last place searched for a puncture's 
 
 @njit(cache=True, error_model="numpy")
 def locate_punctures(h: float, x: np.ndarray, rest: np.ndarray, pst: np.ndarray, pun_i: np.ndarray,
-                     pun_f: np.ndarray, full: bool, needle_on: bool) -> int:
+                     pun_f: np.ndarray, full: bool, needle_on: bool, margin: float) -> int:
     """Put each active puncture at the thread's point closest to it (near where it was, or anywhere with
     ``full``), and set its slide speed (m/s) from the move; a puncture that an end of the thread has gone
     through becomes PUN_PASSED (or, at the swaged end of a thread with a needle, goes back onto the needle at
-    its swage), and a pass whose punctures have both passed is freed. Returns the number of punctures that
-    passed in this call."""
+    its swage, once ``margin`` (m) past it), and a pass whose punctures have both passed is freed. Returns the
+    number of punctures that passed in this call."""
     m = x.shape[0] - 1
     passed = 0
     for q in range(pun_i.shape[0]):
@@ -215,7 +216,10 @@ def locate_punctures(h: float, x: np.ndarray, rest: np.ndarray, pst: np.ndarray,
             ox = x[0, 0] - x[1, 0]
             oy = x[0, 1] - x[1, 1]
             oz = x[0, 2] - x[1, 2]
-            if (px - x[0, 0]) * ox + (py - x[0, 1]) * oy + (pz - x[0, 2]) * oz > 0.0:
+            # back onto a needle only once clearly past the swage (a wire's width along the thread), so a
+            # puncture at the swage does not flick between the two
+            beyond = 0.0 if not needle_on else margin * math.sqrt(ox * ox + oy * oy + oz * oz)
+            if (px - x[0, 0]) * ox + (py - x[0, 1]) * oy + (pz - x[0, 2]) * oz > beyond:
                 end = 0
         elif sig >= m:
             ox = x[m, 0] - x[m - 1, 0]

@@ -55,7 +55,8 @@ class TissueSpec:
                 state.pun_f[q, PF_SIGMA] = sig
             if abs(state.pun_f[a, PF_SIGMA] - state.pun_f[b, PF_SIGMA]) < 1e-9:
                 raise ConfigError(ps.file, ps.key, "entry and exit are the same point of the thread")
-        locate_punctures(1.0, x, model.rest_length, state.pst, state.pun_i, state.pun_f, True, model.needle_on)
+        locate_punctures(1.0, x, model.rest_length, state.pst, state.pun_i, state.pun_f, True, model.needle_on,
+                         0.0)
         if count_inside(x, model.rest_length, model.pads, state.pst, state.pun_i, state.pun_f, 0.0, 0.0,
                         1 if model.needle_on else 0) > 0:
             file = self.passes[0].file if self.passes else "scenario"
