@@ -101,7 +101,8 @@ def substep(h: float, t: float,
         for d in range(3):
             grasp_target_prev[g, d] = grasp_target[g, d]
             grasp_target[g, d] += grasp_vel[g, d] * h  # a live device's pose, ramped across the tick
-    apply_motions(t, h, mot_kind, mot_index, mot_t0, mot_t1, mot_vel, kin_target, grasp_target, twist, nst)
+    apply_motions(t, h, mot_kind, mot_index, mot_t0, mot_t1, mot_vel, kin_target, grasp_target, twist, nst,
+                  grasp_k, grasp_c, grasp_fmax)
     if tissue_on:
         step_pads(h, pads, pst, PAD_CRACK * tpar[TP_RADIUS])
     if needle_on:
@@ -152,7 +153,7 @@ def substep(h: float, t: float,
                 xbar[i, d] = x[i, d] + ((x[i, d] - x_prev[i, d]) + h2 * force[i, d] * inv_mass[i])
             w_eff[i] = inv_mass[i]
     if tissue_on:
-        puncture_predict(h, x, xbar, w_eff, tpar, pst, pun_i, pun_f)
+        puncture_predict(h, x, xbar, w_eff, tpar, pst, pun_i, pun_f, 1 if needle_on else 0)
     for g in range(g_count):
         v = grasp_vertex[g]
         if v < 0 or kinematic[v] == 1:
@@ -231,7 +232,7 @@ def substep(h: float, t: float,
             iters += it2
         if needle_on:
             needle_pierce(xbar, npar, nst, pads, pst, pun_i, pun_f)   # where the tissue's pushes took the tip
-        puncture_forces(h, x, xbar, kinematic, tpar, pst, pun_i, pun_f)
+        puncture_forces(h, x, xbar, kinematic, tpar, pst, pun_i, pun_f, 1 if needle_on else 0)
 
     # the twist change along the displacement, and the shift of the history
     dtheta = 0.0
@@ -491,7 +492,7 @@ class Stepper:
         # discount of inertial tension must not discount (stability.scale_masses)
         floor = grasp_tension_floor(state)
         if model.tissue_on:
-            floor = max(floor, puncture_load(state.pun_i, state.pun_f))
+            floor = max(floor, puncture_load(model.tissue_par, state.pun_i, state.pun_f))
         np.maximum(est, floor, out=est)
         n, needed = choose_substeps(model, state, est)
         state.copy_into(self._backup)

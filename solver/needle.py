@@ -36,7 +36,7 @@ import numpy as np
 from numba import njit
 
 from .tissue import (PD_HALF, PF_LOCAL, PF_SIGMA, PF_SPEED, PI_MATE, PI_PAD, PI_STATE, PS_F, PS_X, PUN_ACTIVE,
-                     PUN_FREE, PUN_NEEDLE, TP_RADIUS, closest_on_thread)
+                     PUN_FREE, PUN_NEEDLE, TP_K_LAT, TP_RADIUS, closest_on_thread)
 
 # npar: the needle's parameters
 NP_RADIUS = 0      # m, arc radius R
@@ -156,16 +156,19 @@ def needle_turn(h: float, npar: np.ndarray, nst: np.ndarray, x: np.ndarray) -> N
         nst[NS_TORQUE + d] = tau
         tmag += tau * tau
     tmag = math.sqrt(tmag)
-    sc = npar[NP_MAX_TORQUE] / tmag if tmag > npar[NP_MAX_TORQUE] else 1.0
+    if tmag > npar[NP_MAX_TORQUE]:
+        # saturated: the coupling softened until its torque is at the limit, still implicit (an explicit
+        # torque at the limit on a needle of ~1e-9 kg m^2 would spin it by radians in one substep)
+        sc = npar[NP_MAX_TORQUE] / tmag
+        k *= sc
+        c *= sc
+        den = inertia + h * c + h * h * k
     for d in range(3):
         e = ex if d == 0 else (ey if d == 1 else ez)
         wt = nst[NS_WT + d]
-        if sc < 1.0:
-            # saturated: a constant torque at the limit toward the target (explicit, no stiffness left)
-            nst[NS_TORQUE + d] *= sc
-            nst[NS_W + d] += h * nst[NS_TORQUE + d] / inertia
-        else:
-            nst[NS_W + d] = (inertia * nst[NS_W + d] + h * k * e + h * (c + h * k) * wt) / den
+        w1 = (inertia * nst[NS_W + d] + h * k * e + h * (c + h * k) * wt) / den
+        nst[NS_TORQUE + d] = k * (e - h * w1 + h * wt) + c * (wt - w1)
+        nst[NS_W + d] = w1
     turn(nst, NS_Q, h * nst[NS_W], h * nst[NS_W + 1], h * nst[NS_W + 2])
 
 
@@ -272,10 +275,17 @@ def needle_pierce(x: np.ndarray, npar: np.ndarray, nst: np.ndarray, pads: np.nda
 
 
 @njit(cache=True, error_model="numpy")
-def _needle_tunnel(theta: float, p: int, pun_i: np.ndarray, pun_f: np.ndarray, arc: float, ext: float) -> bool:
+def _needle_tunnel(theta: float, p: int, pun_i: np.ndarray, pun_f: np.ndarray, arc: float, ext: float,
+                   near: float) -> bool:
     """Whether the needle's point at angle theta lies in a pass through pad p (between its needle-held
-    puncture and the other end: the tip if the pass has no exit yet, the swage if it is on the thread)."""
+    puncture and the other end: the tip if the pass has no exit yet, the swage if it is on the thread), or
+    is within ``near`` (rad) of the swage while the thread's first segment runs through a puncture of p (the
+    swage has just come out of it; the needle's hold on it is compliant, so it may lag a little inside)."""
     for q in range(pun_i.shape[0]):
+        if pun_i[q, PI_STATE] == PUN_ACTIVE and pun_i[q, PI_PAD] == p and pun_f[q, PF_SIGMA] < 1.0:
+            if theta < near:
+                return True
+            continue
         if pun_i[q, PI_STATE] != PUN_NEEDLE or pun_i[q, PI_PAD] != p:
             continue
         a = pun_f[q, PF_SIGMA]
@@ -292,12 +302,15 @@ def _needle_tunnel(theta: float, p: int, pun_i: np.ndarray, pun_f: np.ndarray, a
 
 
 @njit(cache=True, error_model="numpy")
-def _push(h, x, xbar, w_eff, npar, nst, theta, dx, dy, dz, pst, p) -> None:
-    """Move the needle's point at angle theta by d (m), sharing the move between the swage's translation and
-    the body's turn by their inverse masses (XPBD); the pad p (if >= 0) feels the reaction."""
+def _push(h, x, xbar, w_eff, npar, nst, theta, dx, dy, dz, pst, p, compliance) -> bool:
+    """Move the needle's point at angle theta toward d (m), sharing the move between the swage's translation
+    and the body's turn by their inverse masses, less by the ``compliance`` (m/N) of what holds it (one XPBD
+    step from zero each round, Macklin et al. 2016: lambda = d / (w + compliance / h^2): a soft hold that
+    the rounds do not stiffen); the pad p (if >= 0) feels the reaction. Returns whether it moved (d >
+    POINT_TOL)."""
     d = math.sqrt(dx * dx + dy * dy + dz * dz)
     if d <= POINT_TOL:
-        return
+        return False
     nx = dx / d
     ny = dy / d
     nz = dz / d
@@ -310,7 +323,7 @@ def _push(h, x, xbar, w_eff, npar, nst, theta, dx, dy, dz, pst, p) -> None:
     cz = rx * ny - ry * nx
     inertia = npar[NP_INERTIA]
     w_lin = w_eff[0]
-    lam = d / (w_lin + (cx * cx + cy * cy + cz * cz) / inertia)
+    lam = d / (w_lin + (cx * cx + cy * cy + cz * cz) / inertia + compliance / (h * h))
     xbar[0, 0] += w_lin * lam * nx
     xbar[0, 1] += w_lin * lam * ny
     xbar[0, 2] += w_lin * lam * nz
@@ -320,6 +333,7 @@ def _push(h, x, xbar, w_eff, npar, nst, theta, dx, dy, dz, pst, p) -> None:
         pst[p, PS_F] -= f * nx
         pst[p, PS_F + 1] -= f * ny
         pst[p, PS_F + 2] -= f * nz
+    return True
 
 
 @njit(cache=True, error_model="numpy")
@@ -336,6 +350,7 @@ def needle_constraints(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndar
     moved = 0
     grow = npar[NP_WIRE]
     ext = (npar[NP_WIRE] + tpar[TP_RADIUS]) / r   # rad: a wire's thickness along the arc
+    near = rest[0] / r                            # rad: the thread's first segment along the arc
     for q in range(pun_i.shape[0]):
         if pun_i[q, PI_STATE] != PUN_NEEDLE:
             continue
@@ -349,7 +364,9 @@ def needle_constraints(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndar
             sig, _ = closest_on_thread(xbar, px, py, pz, 0, min(3, m - 1))
             pun_i[q, PI_STATE] = PUN_ACTIVE
             pun_f[q, PF_SIGMA] = sig
-            pun_f[q, PF_SPEED] = 0.0
+            # the thread enters it at the speed the needle left it: sliding, not stuck (a stuck start would
+            # make the drag's damper f_static / v_stick for a substep and jam the needle against the thread)
+            pun_f[q, PF_SPEED] = r * math.sqrt(nst[NS_W] ** 2 + nst[NS_W + 1] ** 2 + nst[NS_W + 2] ** 2)
             continue
         if th > arc + ext:
             # the tip backed out of it: nothing runs through it any more
@@ -361,15 +378,16 @@ def needle_constraints(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndar
             continue
         pun_f[q, PF_SIGMA] = th
         ax, ay, az = arc_point(xbar, nst, NS_Q, r, th)
-        if (px - ax) ** 2 + (py - ay) ** 2 + (pz - az) ** 2 > POINT_TOL * POINT_TOL:
-            _push(h, x, xbar, w_eff, npar, nst, th, px - ax, py - ay, pz - az, pst, p)
+        # the tissue round a puncture gives like the thread's lateral spring: two pads that moved apart can
+        # hold a rigid needle through three or four punctures no longer on one circle
+        if _push(h, x, xbar, w_eff, npar, nst, th, px - ax, py - ay, pz - az, pst, p, 1.0 / tpar[TP_K_LAT]):
             moved += 1
     for p in range(pads.shape[0]):
         # the tip itself is not held out: it pierces what it meets (needle_pierce)
         for k in range(N_SAMPLES - 1):
             th = min(arc * k / (N_SAMPLES - 1), arc - ext)
             sx, sy, sz = arc_point(xbar, nst, NS_Q, r, th)
-            if not _inside(sx, sy, sz, pads, pst, p, grow) or _needle_tunnel(th, p, pun_i, pun_f, arc, ext):
+            if not _inside(sx, sy, sz, pads, pst, p, grow) or _needle_tunnel(th, p, pun_i, pun_f, arc, ext, near):
                 continue
             # out through the face it is least deep behind
             best = math.inf
@@ -381,9 +399,9 @@ def needle_constraints(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndar
                     best = depth
                     ax = d
             sgn = best if s[ax] >= 0.0 else -best
-            _push(h, x, xbar, w_eff, npar, nst, th, sgn if ax == 0 else 0.0, sgn if ax == 1 else 0.0,
-                  sgn if ax == 2 else 0.0, pst, p)
-            moved += 1
+            if _push(h, x, xbar, w_eff, npar, nst, th, sgn if ax == 0 else 0.0, sgn if ax == 1 else 0.0,
+                     sgn if ax == 2 else 0.0, pst, p, 0.0):
+                moved += 1
     return moved
 
 
@@ -397,8 +415,9 @@ def needle_finish(h: float, nst: np.ndarray) -> None:
 
 
 @njit(cache=True, error_model="numpy")
-def needle_inside(x: np.ndarray, npar: np.ndarray, nst: np.ndarray, tpar: np.ndarray, pads: np.ndarray,
-                  pst: np.ndarray, pun_i: np.ndarray, pun_f: np.ndarray, margin: float, samples: int) -> int:
+def needle_inside(x: np.ndarray, rest: np.ndarray, npar: np.ndarray, nst: np.ndarray, tpar: np.ndarray,
+                  pads: np.ndarray, pst: np.ndarray, pun_i: np.ndarray, pun_f: np.ndarray, margin: float,
+                  samples: int) -> int:
     """Points of the needle (``samples`` along the arc, the tip excluded) inside a pad shrunk by ``margin``
     (m) and outside its passes: the tests' check that the needle enters tissue only through punctures."""
     r = npar[NP_RADIUS]
@@ -409,6 +428,7 @@ def needle_inside(x: np.ndarray, npar: np.ndarray, nst: np.ndarray, tpar: np.nda
         for k in range(samples):
             th = arc * k / samples
             sx, sy, sz = arc_point(x, nst, NS_Q, r, th)
-            if _inside(sx, sy, sz, pads, pst, p, -margin) and not _needle_tunnel(th, p, pun_i, pun_f, arc, ext):
+            if _inside(sx, sy, sz, pads, pst, p, -margin) and not _needle_tunnel(th, p, pun_i, pun_f, arc, ext,
+                                                                                  rest[0] / r):
                 n_in += 1
     return n_in

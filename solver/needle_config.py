@@ -54,7 +54,8 @@ def read_needle(sec: Section | None, grasps: dict, kinematic: list[int]) -> Need
     par[NP_WIRE] = 0.5 * sec.get("wire_diameter", float, 4e-4, above=0.0, maxval=0.005)
     par[NP_K_ROT] = sec.get("rotational_stiffness", float, 0.05, minval=0.0, maxval=100.0)
     par[NP_C_ROT] = sec.get("rotational_damping", float, 2e-4, minval=0.0, maxval=10.0)
-    par[NP_MAX_TORQUE] = sec.get("max_torque", float, 0.2, above=0.0, maxval=10.0)
+    # a needle holder's grip slips at some tens of mN m (a 6-DoF stylus renders ~0.1 N m at most)
+    par[NP_MAX_TORQUE] = sec.get("max_torque", float, 0.02, above=0.0, maxval=10.0)
     q = np.array(sec.vector("orientation", 4, [1.0, 0.0, 0.0, 0.0]))
     if np.linalg.norm(q) < 1e-9:
         raise sec.error("orientation", "must be a nonzero quaternion [w, x, y, z]")

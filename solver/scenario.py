@@ -14,7 +14,7 @@ import numpy as np
 
 from .config import ConfigError, Section, load_yaml
 from .model import MAX_GRASPS, ContactSettings, SolverSettings, ThreadModel, ThreadState, build_model, make_state
-from .motion import MOTION_GRASP, MOTION_SPIN, MOTION_TWIST, MOTION_VERTEX
+from .motion import MOTION_GRASP, MOTION_RELEASE, MOTION_SPIN, MOTION_TWIST, MOTION_VERTEX
 from .needle import NP_ARC, NP_MASS, NP_RADIUS, NS_Q, NS_QT, arc_point
 from .needle_config import NeedleSpec, read_needle
 from .knots import BEND_KINDS, KNOT_KINDS, bend_thread, knot_curve, lay_chords
@@ -571,6 +571,16 @@ def _timeline(entries: list[Section], n: int, x0: np.ndarray, kinematic: list[in
                 raise es.error("grasp", f"no grasp {gid!r} in boundary.grasps")
             i = grasps[gid].slot
             k, start = MOTION_GRASP, np.asarray(grasp_targets[i])
+            if es.has("release"):
+                # the hand lets go at this time: its coupling goes slack (no force either way)
+                kind.append(MOTION_RELEASE)
+                index.append(i)
+                at = es.get("release", float, minval=0.0)
+                t0.append(at)
+                t1.append(at)
+                vel.append([0.0, 0.0, 0.0])
+                es.finish()
+                continue
         modes = [m for m in ("velocity", "move_to", "waypoints", "path") if es.has(m)]
         if len(modes) != 1:
             raise es.error("velocity", "give exactly one of: velocity, move_to, waypoints, path")

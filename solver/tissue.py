@@ -168,6 +168,7 @@ def closest_on_thread(x: np.ndarray, px: float, py: float, pz: float, j0: int, j
     return sig, best
 
 
+SETTLED = 0.05   # thread radii: a vertex put back by less has settled on its face
 SEARCH = 3   # segments either side of its last place searched for a puncture's new closest point
 
 
@@ -263,9 +264,10 @@ def _couple(xbar: np.ndarray, w_eff: np.ndarray, v: int, kk: float, cc: float, t
 
 @njit(cache=True, error_model="numpy")
 def puncture_predict(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, tpar: np.ndarray,
-                     pst: np.ndarray, pun_i: np.ndarray, pun_f: np.ndarray) -> None:
+                     pst: np.ndarray, pun_i: np.ndarray, pun_f: np.ndarray, first: int) -> None:
     """Add every active puncture's lateral spring and drag to the prediction xbar and the effective inverse
-    masses w_eff of the two vertices it acts on (see the module's docstring). Pads have moved already."""
+    masses w_eff of the two vertices it acts on (see the module's docstring), from vertex ``first`` on (1 when
+    vertex 0 is a needle's swage: the needle's own hold on the tissue moves it). Pads have moved already."""
     m = x.shape[0] - 1
     k = tpar[TP_K_LAT]
     for q in range(pun_i.shape[0]):
@@ -289,7 +291,7 @@ def puncture_predict(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarra
         for side in range(2):
             vtx = j + side
             wgt = u if side == 1 else 1.0 - u
-            if wgt <= 0.0 or w_eff[vtx] == 0.0:
+            if wgt <= 0.0 or w_eff[vtx] == 0.0 or vtx < first:
                 continue
             _couple(xbar, w_eff, vtx, h * h * wgt * k, h * wgt * c,
                     x[vtx, 0] + pun_f[q, PF_OFF], x[vtx, 1] + pun_f[q, PF_OFF + 1], x[vtx, 2] + pun_f[q, PF_OFF + 2],
@@ -298,7 +300,7 @@ def puncture_predict(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarra
 
 @njit(cache=True, error_model="numpy")
 def puncture_forces(h: float, x: np.ndarray, x1: np.ndarray, kinematic: np.ndarray, tpar: np.ndarray,
-                    pst: np.ndarray, pun_i: np.ndarray, pun_f: np.ndarray) -> None:
+                    pst: np.ndarray, pun_i: np.ndarray, pun_f: np.ndarray, first: int) -> None:
     """After the substep's solve (x1, m): the force each active puncture applied to the thread (PF_FORCE, N)
     and its drag along the thread (PF_DRAG); the reverse of the force pulls its pad (PS_F)."""
     m = x.shape[0] - 1
@@ -317,7 +319,7 @@ def puncture_forces(h: float, x: np.ndarray, x1: np.ndarray, kinematic: np.ndarr
         for side in range(2):
             vtx = j + side
             wgt = u if side == 1 else 1.0 - u
-            if wgt <= 0.0 or kinematic[vtx] == 1:
+            if wgt <= 0.0 or kinematic[vtx] == 1 or vtx < first:
                 continue
             dx = x1[vtx, 0] - x[vtx, 0]
             dy = x1[vtx, 1] - x[vtx, 1]
@@ -361,7 +363,8 @@ def collide_pads(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, r
     """Put back every vertex of xbar from ``first`` on (1 when vertex 0 is a needle's swage, which the needle's
     own constraints hold) that is inside a pad (inflated by the thread's radius) and not in one of its
     tunnels, onto the face it came through, with Coulomb friction against the face; the push pulls the pad
-    (PS_F). Returns how many vertices were moved."""
+    (PS_F). Returns how many vertices were moved by more than SETTLED thread radii (the rounds of the substep
+    go on while some are: a vertex resting on a face is pushed back by a hair every round)."""
     r = tpar[TP_RADIUS]
     mu = tpar[TP_MU]
     moved = 0
@@ -422,7 +425,8 @@ def collide_pads(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, r
             pst[p, PS_F + ax] -= me * corr0 / h2
             pst[p, PS_F + a0] -= me * c0 / h2
             pst[p, PS_F + a1] -= me * c1 / h2
-            moved += 1
+            if dn > SETTLED * r:
+                moved += 1
     return moved
 
 
@@ -446,12 +450,13 @@ def count_inside(x: np.ndarray, rest: np.ndarray, pads: np.ndarray, pst: np.ndar
 
 
 @njit(cache=True, error_model="numpy")
-def puncture_load(pun_i: np.ndarray, pun_f: np.ndarray) -> float:
-    """The sum of the forces (N) the active punctures applied to the thread in the last substep: a tension the
-    thread can carry between them whatever pulls it (a driven vertex as much as a grasp), which the mass
-    scaling must count as static (integrator.Stepper)."""
+def puncture_load(tpar: np.ndarray, pun_i: np.ndarray, pun_f: np.ndarray) -> float:
+    """The tension (N) the active punctures' drag can hold in the thread between them, whatever pulls it (a
+    driven vertex as much as a grasp): the sum of their breakaway drags, or sliding drags at their last speeds.
+    The mass scaling must count it as static (integrator.Stepper). Not the force they applied: a lateral
+    spring snapping a vertex onto a new puncture makes a large force for a substep, not a tension."""
     total = 0.0
     for q in range(pun_i.shape[0]):
         if pun_i[q, PI_STATE] == PUN_ACTIVE:
-            total += math.sqrt(pun_f[q, PF_FORCE] ** 2 + pun_f[q, PF_FORCE + 1] ** 2 + pun_f[q, PF_FORCE + 2] ** 2)
+            total += max(tpar[TP_F_STATIC], tpar[TP_F_KINETIC] + tpar[TP_VISCOUS] * pun_f[q, PF_SPEED])
     return total

@@ -54,7 +54,7 @@ def bite(angle: float = 300.0, height: float = 0.5, duration: float = 2.0, extra
 
 def trespass(model, state) -> int:
     """Needle points and thread vertices inside a pad other than through its punctures."""
-    return (needle_inside(state.x, model.needle_par, state.nst, model.tissue_par, model.pads, state.pst,
+    return (needle_inside(state.x, model.rest_length, model.needle_par, state.nst, model.tissue_par, model.pads, state.pst,
                           state.pun_i, state.pun_f, 0.0, 48)
             + count_inside(state.x, model.rest_length, model.pads, state.pst, state.pun_i, state.pun_f, 0.0,
                            model.tissue_par[TP_RADIUS], 1))

@@ -125,7 +125,8 @@ def test_a_thread_falling_on_a_pad_rests_on_it():
     # the middle lies on the top face; the pad sank a little under the thread's weight, held by its spring (the
     # thread's micro-bounces on the face die out with its air drag, about 1 s)
     top = state.pst[0, PS_X + 2] + 0.005
-    assert np.all(np.abs(state.x[on_pad, 2] - (top + r)) < 2e-4)
+    above = state.x[on_pad, 2] - (top + r)
+    assert np.all(above > -1e-5) and np.all(above < 5e-4)   # on it (friction may leave it arched a hair)
     weight = model.params.mass * 9.81
     assert state.pst[0, PS_X + 2] < 0.0
     assert -state.pst[0, PS_X + 2] * 200.0 == pytest.approx(weight, rel=0.1)
