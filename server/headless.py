@@ -106,6 +106,8 @@ def run_scenario(scenario: Scenario, duration: float | None = None, record: str 
                 break
             if recorder is not None:
                 t_ns = int(round(state.time[0] * 1e9))
+                builder.watch.check(state, lambda kind, **d: recorder.write(
+                    protocol.TOPIC_EVENT, protocol.encode_event(k, float(state.time[0]), kind, **d), t_ns, t_ns, k))
                 for payload in builder.forces(k, state):
                     recorder.write(protocol.TOPIC_FORCE, payload, t_ns, t_ns, k)
                     messages += 1

@@ -9,7 +9,9 @@ from ..solver import diagnostics
 from ..solver.forces import constraint_force_at
 from ..solver.contact_response import CS_CONTACTS, CS_COUNT, CS_OVERFLOW, CS_PENETRATION, CS_PROJECTIONS
 from ..solver.integrator import STAT_MAX_ITERS, STAT_MAX_RESIDUAL, STAT_SUBSTEPS
+from ..solver.needle import NS_TORQUE
 from ..solver.scenario import Scenario
+from ..solver.suture import SutureWatch
 from ..solver.model import ThreadState
 from . import protocol
 
@@ -36,6 +38,7 @@ class MessageBuilder:
         self.tick = float(scenario.model.solver.tick)
         self._axial = np.zeros(3)
         self._raw = np.zeros(3)
+        self._torque = np.zeros(3)
         self.pipes: dict[str, ForceSafety] = {}
         #: per device, after the last forces() call: the force sent (N, scene frame), axial (N), flags
         self.force: dict[str, np.ndarray] = {}
@@ -43,6 +46,9 @@ class MessageBuilder:
         self.flags: dict[str, int] = {}
         #: per device: the stylus position (m) when it holds no grasp (set by the daemon from its poses)
         self.pose: dict[str, np.ndarray] = {}
+        #: the suture's events and the `tissue` / `needle` parts of `state` (solver/suture.py)
+        self.watch = SutureWatch(scenario.model)
+        self.watch.reset(scenario.initial)
         #: per device: where its stylus is (m), for devices whose grasps follow a live stylus (the daemon's goals)
         self.stylus: dict[str, np.ndarray] = {}
         for d in self.devices:
@@ -67,6 +73,16 @@ class MessageBuilder:
             for d in (self.pipes, self.force, self.axial_of, self.flags, self.pose, self.stylus):
                 d.pop(device, None)
 
+    def needle_device(self) -> str | None:
+        """The device whose grasp holds the needle, or None."""
+        gid = self.scenario.needle_grasp
+        if gid is None:
+            return None
+        for g in self.grasps:
+            if g.id == gid:
+                return g.device
+        return None
+
     def axial(self, state: ThreadState, vertex: int) -> float:
         """Magnitude (N) of the thread's net axial constraint force at ``vertex``."""
         return constraint_force_at(state.x, state.tension, vertex, self._axial)
@@ -82,9 +98,10 @@ class MessageBuilder:
                   "substeps": int(state.stats[STAT_SUBSTEPS]), "penetration": float(cs[CS_PENETRATION]),
                   "projections": int(cs[CS_PROJECTIONS]), "candidates": int(cs[CS_COUNT]),
                   "list_overflow": bool(cs[CS_OVERFLOW])}
+        tissue, needle = self.watch.payload(state)
         return protocol.encode_state(seq, float(state.time[0]), state.x, state.tension, float(state.twist[0]),
                                      grasps, int(cs[CS_CONTACTS]), diagnostics.energies(self.scenario.model, state),
-                                     solver)
+                                     solver, tissue=tissue, needle=needle)
 
     def forces(self, seq: int, state: ThreadState, extra_flags: dict[str, int] | None = None) -> list[bytes]:
         """One `force` payload per device and per externally loaded vertex.
@@ -98,6 +115,7 @@ class MessageBuilder:
         out = []
         t = float(state.time[0])
         raw = self._raw
+        needle_device = self.needle_device()
         for d in self.devices:
             raw[0] = raw[1] = raw[2] = 0.0
             axial = 0.0
@@ -112,7 +130,14 @@ class MessageBuilder:
                 flags |= extra_flags.get(d, 0)
             self.axial_of[d] = axial
             self.flags[d] = flags
-            out.append(protocol.encode_force(seq, t, d, pose, self.force[d], axial, flags, self.stylus.get(d)))
+            torque = None
+            if d == needle_device:
+                torque = self._torque
+                np.negative(state.nst[NS_TORQUE:NS_TORQUE + 3], out=torque)   # felt: the reaction
+                if not np.all(np.isfinite(torque)):
+                    torque.fill(0.0)
+            out.append(protocol.encode_force(seq, t, d, pose, self.force[d], axial, flags, self.stylus.get(d),
+                                             torque))
         for v in self.scenario.force_vertices:
             axial = self.axial(state, v)
             out.append(protocol.encode_force(seq, t, f"vertex{v}", state.x[v], state.ext_force[v], axial, 0))

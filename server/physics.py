@@ -21,7 +21,8 @@ import zmq
 
 from ..haptics.link import DeviceLink
 from ..solver.integrator import SolverDivergence, Stepper, warm_up
-from ..solver.motion import MOTION_GRASP
+from ..solver.motion import MOTION_GRASP, MOTION_SPIN
+from ..solver.needle import NS_QT, NS_WT
 from ..solver.model import MAX_GRASPS
 from ..solver.scenario import (MAX_GRASP_DAMPING, MAX_GRASP_FORCE, MAX_GRASP_STIFFNESS, GraspSpec, Scenario,
                                load_scenario)
@@ -202,6 +203,7 @@ class PhysicsLoop:
         devices = self.all_devices([g.device for g in self.grasps])
         self.builder = MessageBuilder(scenario, self.grasps, safety=self.cfg.safety,
                                       limits=dict(self.cfg.device_limits), devices=devices)
+        self.builder.watch.reset(self.state)
         self.builder.stylus.update({d: g for d, g in self.goal.items() if d in self.builder.pose})
         self.state_every = max(1, int(round(1.0 / (self.cfg.loop.state_hz * self.model.solver.tick))))
         self.device_live.clear()
@@ -220,6 +222,7 @@ class PhysicsLoop:
         """Run every kernel the loop can reach once, on copies, so that no tick loads or compiles one."""
         warm_up(self.model, self.state)
         backup = self.state.copy()
+        self.builder.watch.warm_up(backup)
         self.builder.state(0, backup)
         self.builder.forces(0, backup)
 
@@ -227,6 +230,8 @@ class PhysicsLoop:
         """A live device now drives ``grasp``: its scripted timeline motions stop (the model is rebuilt
         without them, once)."""
         keep = ~((self.model.mot_kind == MOTION_GRASP) & (self.model.mot_index == grasp.slot))
+        if grasp.id == self.scenario.needle_grasp:   # the stylus's own orientation now turns the needle
+            keep &= self.model.mot_kind != MOTION_SPIN
         if keep.all():
             return
         self.model = replace(self.model, mot_kind=self.model.mot_kind[keep], mot_index=self.model.mot_index[keep],
@@ -234,9 +239,10 @@ class PhysicsLoop:
                              mot_vel=self.model.mot_vel[keep])
         self.stepper = Stepper(self.model, self.state)
 
-    def set_device_pose(self, device: str, pos: np.ndarray) -> bool:
-        """The stylus of ``device`` is at ``pos`` (m): its grasps follow (:meth:`follow_styluses`). False if the
-        device holds no grasp."""
+    def set_device_pose(self, device: str, pos: np.ndarray, quat: np.ndarray | None = None) -> bool:
+        """The stylus of ``device`` is at ``pos`` (m): its grasps follow (:meth:`follow_styluses`); if it holds
+        the needle, its orientation ``quat`` (w, x, y, z, scene frame) is what the needle's rotational coupling
+        turns it toward. False if the device holds no grasp."""
         p = self.builder.pose.get(device)
         if p is not None:
             p[:] = pos
@@ -253,6 +259,13 @@ class PhysicsLoop:
                 if device not in self.device_live:
                     self.drive_with_device(g)
                 hit = True
+                if quat is not None and g.id == self.scenario.needle_grasp:
+                    qn = math.sqrt(float(quat[0] ** 2 + quat[1] ** 2 + quat[2] ** 2 + quat[3] ** 2))
+                    if qn > 1e-6 and math.isfinite(qn):
+                        nst = self.state.nst
+                        for i in range(4):
+                            nst[NS_QT + i] = quat[i] / qn
+                        nst[NS_WT] = nst[NS_WT + 1] = nst[NS_WT + 2] = 0.0
         if hit:
             self.device_live[device] = time.monotonic()
         return hit
@@ -296,7 +309,7 @@ class PhysicsLoop:
                     self.phase_device = device
                 self.event("device", device=device, state="live")
             self.pose_t[device] = t_ns
-            self.set_device_pose(device, self._pose)
+            self.set_device_pose(device, self._pose, self._quat)
             self.on_buttons(device, buttons, self._pose)
             dflags = self.link.driver_flags(slot)
             self.driver_flags[device] = dflags & 0xFFFF
@@ -425,9 +438,17 @@ class PhysicsLoop:
                 buttons = msg.get("buttons", 0)
                 if isinstance(buttons, bool) or not isinstance(buttons, int) or not 0 <= buttons <= 0xFFFFFFFF:
                     raise ValueError
+                quat = msg.get("quat")
+                if quat is not None:   # optional; it turns a needle the device holds
+                    if not isinstance(quat, (list, tuple)) or len(quat) != 4 or not all(
+                            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                            for v in quat):
+                        raise ValueError
+                    for i in range(4):
+                        self._quat[i] = float(quat[i])
                 self._pose[0], self._pose[1], self._pose[2] = x, y, z
                 self.on_buttons(device, buttons, self._pose)
-                if self.set_device_pose(device, self._pose) or buttons:
+                if self.set_device_pose(device, self._pose, self._quat if quat is not None else None) or buttons:
                     self.stats.stylus_accepted += 1
                 else:
                     self.stats.stylus_rejected += 1
@@ -549,6 +570,7 @@ class PhysicsLoop:
                 self.fault_reset(str(exc))
         step_ns = time.monotonic_ns() - t_step
         self.state.grasp_vel.fill(0.0)  # follow_styluses sets the grasps' motion for each tick afresh
+        self.builder.watch.check(self.state, self.event)   # punctures, the wound's gap, throws
         payloads = self.builder.forces(self.seq, self.state, self.driver_flags)
         self.write_forces(start_ns)
         for payload in payloads:

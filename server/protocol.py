@@ -110,7 +110,8 @@ def _canonical(obj: Any) -> Any:
 
 def encode_state(seq: int, t: float, x: np.ndarray, tension: np.ndarray, twist: float,
                  grasps: Sequence[Mapping[str, Any]], contacts: int, energy: Mapping[str, float],
-                 solver: Mapping[str, Any]) -> bytes:
+                 solver: Mapping[str, Any], tissue: Mapping[str, Any] | None = None,
+                 needle: Mapping[str, Any] | None = None) -> bytes:
     """Encode a ``state`` payload.
 
     :param seq: tick number.
@@ -122,6 +123,11 @@ def encode_state(seq: int, t: float, x: np.ndarray, tension: np.ndarray, twist: 
     :param contacts: number of active contacts.
     :param energy: ``{"kinetic", "elastic", "gravity"}`` in J (extra keys are kept, sorted).
     :param solver: ``{"iters": int, "residual": float, "substeps": int}`` (extra keys are kept, sorted).
+    :param tissue: in a scene with tissue: ``{"pads": [{"id", "pos"[3] (m), "size"[3] (m)}], "punctures":
+        [{"pad", "pos"[3] (m), "on": "needle"|"thread"|"passed", "drag" (N)}], "gap" (m or None), "throws",
+        "linking"}`` (docs/PROTOCOL.md Sec. 3.1); omitted otherwise.
+    :param needle: in a scene with a needle: ``{"pos"[3] swage (m), "quat"[4] (w, x, y, z), "radius" (m),
+        "arc" (rad), "tip"[3] (m), "torque"[3] (N m, felt)}``; omitted otherwise.
     """
     x = np.asarray(x)
     if x.ndim != 2 or x.shape[1] != 3 or x.shape[0] < 1:
@@ -150,11 +156,15 @@ def encode_state(seq: int, t: float, x: np.ndarray, tension: np.ndarray, twist: 
     msg["contacts"] = int(contacts)
     msg["energy"] = energy_out
     msg["solver"] = solver_out
+    if tissue is not None:
+        msg["tissue"] = _canonical(tissue)
+    if needle is not None:
+        msg["needle"] = _canonical(needle)
     return _pack(msg)
 
 
 def encode_force(seq: int, t: float, device: str, pose: Sequence[float], force: Sequence[float], axial: float,
-                 flags: int, stylus: Sequence[float] | None = None) -> bytes:
+                 flags: int, stylus: Sequence[float] | None = None, torque: Sequence[float] | None = None) -> bytes:
     """Encode a ``force`` payload.
 
     :param device: device name.
@@ -164,6 +174,9 @@ def encode_force(seq: int, t: float, device: str, pose: Sequence[float], force: 
     :param force: force commanded to the device after safety processing [3] (N).
     :param axial: axial constraint force magnitude at the grasp (N).
     :param flags: bitmask of ``FLAG_CLAMPED | FLAG_SLEWED | FLAG_WATCHDOG | FLAG_FAULT``.
+    :param torque: for the device holding a needle: the torque its rotational coupling puts on the hand [3]
+        (N m, scene frame); what a 6-DoF device would render (a 3-DoF one renders only the force). Omitted
+        otherwise.
     """
     msg = _envelope(seq, t)
     msg["device"] = str(device)
@@ -175,6 +188,8 @@ def encode_force(seq: int, t: float, device: str, pose: Sequence[float], force: 
     if flags < 0:
         raise ProtocolError(f"flags must be >= 0, got {flags}")
     msg["flags"] = flags
+    if torque is not None:
+        msg["torque"] = _vec3(torque, "torque")
     return _pack(msg)
 
 
@@ -295,6 +310,30 @@ def _check_state(m: dict) -> dict:
     solver["residual"] = _num(solver, "residual", "state.solver")
     if "substeps" in solver:
         _get(solver, "substeps", int, "state.solver")
+    if "tissue" in m:
+        tissue = _get(m, "tissue", dict, topic)
+        for i, pad in enumerate(_get(tissue, "pads", list, "state.tissue")):
+            where = f"state.tissue.pads[{i}]"
+            if not isinstance(pad, dict):
+                raise _fail(where, f"must be a map, got {type(pad).__name__}")
+            _get(pad, "id", str, where)
+            pad["pos"] = _vec3_in(pad, "pos", where)
+            pad["size"] = _vec3_in(pad, "size", where)
+        for i, pun in enumerate(_get(tissue, "punctures", list, "state.tissue")):
+            where = f"state.tissue.punctures[{i}]"
+            if not isinstance(pun, dict):
+                raise _fail(where, f"must be a map, got {type(pun).__name__}")
+            _get(pun, "pad", str, where)
+            pun["pos"] = _vec3_in(pun, "pos", where)
+            if _get(pun, "on", str, where) not in ("needle", "thread", "passed"):
+                raise _fail(where, f"on must be needle, thread or passed, got {pun['on']!r}")
+    if "needle" in m:
+        needle = _get(m, "needle", dict, topic)
+        for key in ("pos", "tip", "torque"):
+            needle[key] = _vec3_in(needle, key, "state.needle")
+        quat = _get(needle, "quat", list, "state.needle")
+        if len(quat) != 4 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in quat):
+            raise _fail("state.needle", "quat must be 4 numbers (w, x, y, z)")
     return m
 
 

@@ -48,7 +48,8 @@ CP_MU_S = 4         # static friction coefficient
 CP_MU_K = 5         # kinetic friction coefficient
 CP_SKIN = 6         # m: the neighbour list holds pairs closer than Delta d + skin
 CP_RECOVER = 7      # m/s: how fast the floor may push apart a pair that started the substep below it
-CP_SIZE = 8
+CP_ROUNDS = 8       # rounds of (no-crossing floor, friction, constraint solve) per substep at most
+CP_SIZE = 9
 
 # contact_stats slots (per tick, filled by the integrator)
 CS_COUNT = 0        # candidate pairs in the neighbour list

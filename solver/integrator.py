@@ -22,7 +22,7 @@ from numba import njit
 
 from .constraints import solve_multipliers
 from .contact_response import (CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS, CS_REBUILDS,
-                               CS_REVERTED, CS_SKIN, CS_STICKING, CP_MIN_GAP, CP_SKIN, apply_friction, enforce_min_gap,
+                               CS_REVERTED, CS_SKIN, CS_STICKING, CP_MIN_GAP, CP_ROUNDS, CP_SKIN, apply_friction, enforce_min_gap,
                                guard_crossings, largest_step, neighbours_stale, penalty_forces, rebuild_neighbours)
 from .forces import accumulate_forces, edge_vectors
 from .model import ThreadModel, ThreadState
@@ -43,7 +43,6 @@ STAT_SCALED = 7         # vertices whose mass was scaled in the last tick
 STAT_MASS_FACTOR = 8    # largest mass scale factor of the last tick (1 = none)
 
 
-MIN_GAP_ROUNDS = 32  # rounds of (no-crossing floor, friction, constraint solve) per substep
 PAD_ROUNDS = 8       # rounds of (vertices put back out of the pads, constraint solve) per substep
 PAD_CRACK = 3.0      # thread radii left between two pads that meet: the thread that crosses between them
 FRICTION_TOL = 1e-3  # friction has settled when a round changes no contact point by more than this x min_gap
@@ -202,7 +201,7 @@ def substep(h: float, t: float,
         # the no-crossing floor, then the constraints again: a few rounds meet both (contact_response.py)
         # friction again after each solve (the solve's slide along the edges is slip), until both settle
         raised = 0
-        for _ in range(MIN_GAP_ROUNDS):
+        for _ in range(int(cpar[CP_ROUNDS])):
             raised = enforce_min_gap(xbar, w_eff, h, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n,
                                      cand_fp)
             stick, slid = apply_friction(x, xbar, w_eff, h, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_n,

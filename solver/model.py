@@ -72,11 +72,12 @@ class ContactSettings:
     recover_speed: float = 0.1    # m/s, how fast the floor pushes apart strands that start a substep below it
     exclude: int = 1              # segments within this many of each other along the thread never pair
     max_pairs: int = 0            # neighbour-list capacity (0: 32 per segment)
+    rounds: int = 32              # rounds of (no-crossing floor, friction, constraint solve) per substep at most
 
     def par(self) -> np.ndarray:
         """The kernels' parameter vector (solver/contact_response.CP_*)."""
         return np.array([self.stiffness, self.distance, self.smooth, self.min_gap, self.friction_static,
-                         self.friction_kinetic, self.skin, self.recover_speed])
+                         self.friction_kinetic, self.skin, self.recover_speed, float(self.rounds)])
 
 
 @dataclass

@@ -54,6 +54,7 @@ class Scenario:
     grasps: list[GraspSpec] = field(default_factory=list)
     force_vertices: list[int] = field(default_factory=list)
     source: dict = field(default_factory=dict)  # the file as read, for recording metadata
+    needle_grasp: str | None = None  # the grasp whose stylus holds the needle (its orientation turns it)
 
     def new_state(self) -> ThreadState:
         """A fresh copy of the initial state."""
@@ -364,7 +365,7 @@ def build_scenario(data: dict, file: str) -> Scenario:
         state.grasp_target_prev[g.slot] = target
     return Scenario(name=name, description=description, file=file, duration=duration, state_rate=state_rate,
                     model=model, initial=state, grasps=grasps, force_vertices=[v for v, _ in forces],
-                    source=data)
+                    source=data, needle_grasp=needle.grasp if needle is not None else None)
 
 
 def _contact(sec: Section | None, params, rest: np.ndarray) -> ContactSettings:
@@ -395,7 +396,8 @@ def _contact(sec: Section | None, params, rest: np.ndarray) -> ContactSettings:
         # own thickness, which bending resists: not a contact
         exclude=sec.get("exclude", int, max(1, math.ceil(distance / float(np.median(rest)) - 1e-9)), minval=1,
                         maxval=max(1, rest.shape[0] - 2)),
-        max_pairs=sec.get("max_pairs", int, 32 * rest.shape[0], minval=1, maxval=10_000_000))
+        max_pairs=sec.get("max_pairs", int, 32 * rest.shape[0], minval=1, maxval=10_000_000),
+        rounds=sec.get("rounds", int, 32, minval=1, maxval=256))
     sec.finish()
     return settings
 

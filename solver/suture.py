@@ -1,0 +1,212 @@
+"""What a suture's state means to the people watching it: the wound's gap, the thread's strands either side of
+the tissue, how often they are wound round each other (throws), and what happened to the punctures.
+
+Throws are read from the strands' topology: the Gauss linking integral of the two strands (the thread from the
+needle to the first puncture it passes, and from the last puncture to the tail), computed exactly for
+polylines with the solid-angle formula of Klenin & Langowski (2000, Biopolymers 54:307). Two strands anchored in
+the tissue and wound once round each other (one throw) link about once; each further throw the same way adds
+about one. A square knot's second throw goes the other way and brings the linking back to about zero: as a
+braid of two strands it is trivial and holds only by friction, so the linking number cannot tell it from no
+knot (docs/PHYSICS.md Sec. 9). `SutureWatch` turns these into the server's events. SI units.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from .tissue import (MAX_PUNCTURES, PD_HALF, PF_DRAG, PF_LOCAL, PF_SIGMA, PI_MATE, PI_PAD, PI_STATE, PS_X,
+                     PUN_ACTIVE, PUN_FREE, PUN_NEEDLE, PUN_PASSED, TP_RADIUS)
+
+STATE_NAMES = {PUN_ACTIVE: "thread", PUN_NEEDLE: "needle", PUN_PASSED: "passed"}
+LINK_EVERY = 100          # ticks between two readings of the strands' linking (10 Hz at 1 kHz)
+GAP_CLOSED = 2e-4         # m above the crack the edges close to (integrator.PAD_CRACK thread radii): closed
+GAP_OPEN = 1e-3           # m above it: open again (hysteresis, so a closing wound does not chatter)
+
+
+@njit(cache=True, error_model="numpy")
+def pad_gap(pads: np.ndarray, pst: np.ndarray) -> float:
+    """The smallest separation (m) of two pads' boxes (the wound's gap; inf with fewer than two pads)."""
+    best = math.inf
+    for p in range(pads.shape[0]):
+        for q in range(p + 1, pads.shape[0]):
+            sep = -math.inf
+            for d in range(3):
+                s = abs(pst[q, PS_X + d] - pst[p, PS_X + d]) - pads[p, PD_HALF + d] - pads[q, PD_HALF + d]
+                if s > sep:
+                    sep = s
+            if sep < best:
+                best = sep
+    return best
+
+
+@njit(cache=True, error_model="numpy")
+def _unit_cross(a, b):
+    cx = a[1] * b[2] - a[2] * b[1]
+    cy = a[2] * b[0] - a[0] * b[2]
+    cz = a[0] * b[1] - a[1] * b[0]
+    n = math.sqrt(cx * cx + cy * cy + cz * cz)
+    if n < 1e-300:
+        return 0.0, 0.0, 0.0, False
+    return cx / n, cy / n, cz / n, True
+
+
+@njit(cache=True, error_model="numpy")
+def linking(x: np.ndarray, a0: int, a1: int, b0: int, b1: int) -> float:
+    """The Gauss linking integral of the polylines x[a0..a1] and x[b0..b1] (vertex ranges, inclusive): the
+    exact solid angle each pair of segments subtends, summed, over 4 pi (Klenin & Langowski 2000, Eq. 15)."""
+    total = 0.0
+    r = np.empty((4, 3))
+    nrm = np.empty((4, 3))
+    for i in range(a0, a1):
+        for j in range(b0, b1):
+            for d in range(3):
+                r[0, d] = x[j, d] - x[i, d]           # r13
+                r[1, d] = x[j + 1, d] - x[i, d]       # r14
+                r[2, d] = x[j + 1, d] - x[i + 1, d]   # r24
+                r[3, d] = x[j, d] - x[i + 1, d]       # r23
+            ok = True
+            for k in range(4):
+                nx, ny, nz, good = _unit_cross(r[k], r[(k + 1) % 4])
+                if not good:
+                    ok = False
+                    break
+                nrm[k, 0] = nx
+                nrm[k, 1] = ny
+                nrm[k, 2] = nz
+            if not ok:
+                continue
+            omega = 0.0
+            for k in range(4):
+                c = nrm[k, 0] * nrm[(k + 1) % 4, 0] + nrm[k, 1] * nrm[(k + 1) % 4, 1] + nrm[k, 2] * nrm[(k + 1) % 4, 2]
+                omega += math.asin(min(1.0, max(-1.0, c)))
+            # the sign of (r34 x r12) . r13
+            ex = x[j + 1, 0] - x[j, 0]
+            ey = x[j + 1, 1] - x[j, 1]
+            ez = x[j + 1, 2] - x[j, 2]
+            fx = x[i + 1, 0] - x[i, 0]
+            fy = x[i + 1, 1] - x[i, 1]
+            fz = x[i + 1, 2] - x[i, 2]
+            s = (ey * fz - ez * fy) * r[0, 0] + (ez * fx - ex * fz) * r[0, 1] + (ex * fy - ey * fx) * r[0, 2]
+            if s > 0.0:
+                total += omega
+            elif s < 0.0:
+                total -= omega
+    return total / (4.0 * math.pi)
+
+
+def strands(pun_i: np.ndarray, pun_f: np.ndarray, n_vertices: int) -> tuple[int, int] | None:
+    """(last vertex of the needle's strand, first vertex of the tail's strand): the thread either side of the
+    thread-held punctures; None while none holds the thread."""
+    held = [pun_f[q, PF_SIGMA] for q in range(pun_i.shape[0]) if pun_i[q, PI_STATE] == PUN_ACTIVE]
+    if not held:
+        return None
+    lo = int(math.floor(min(held)))
+    hi = min(int(math.ceil(max(held))), n_vertices - 1)
+    return lo, hi
+
+
+def throws_of(link: float) -> int:
+    """Throws read from the strands' linking: one per full winding, counted from three quarters of one."""
+    return int(abs(link) + 0.25)
+
+
+class SutureWatch:
+    """Turns a tissue scene's state into events (puncture, thread_through, puncture_closed, needle_out,
+    gap_closed, gap_opened, throw) and the `tissue`/`needle` parts of the `state` topic. ``check`` runs every
+    tick and allocates only when something happened."""
+
+    def __init__(self, model):
+        self.model = model
+        self.on = bool(model.tissue_on)
+        self.prev = np.zeros(MAX_PUNCTURES, np.int64)
+        self.crack = 3.0 * float(model.tissue_par[TP_RADIUS])
+        self.closed = False
+        self.throws = 0
+        self.link = 0.0
+        self.ticks = 0
+
+    def warm_up(self, state) -> None:
+        """Call every kernel ``check`` and ``payload`` can reach once (numba loads them at a first call)."""
+        pad_gap(self.model.pads, state.pst)
+        if state.x.shape[0] >= 4:
+            linking(state.x, 0, 1, 2, 3)
+
+    def reset(self, state) -> None:
+        self.prev[:] = state.pun_i[:, PI_STATE]
+        g = pad_gap(self.model.pads, state.pst)
+        self.closed = bool(g <= self.crack + GAP_CLOSED)
+        self.throws = 0
+        self.link = 0.0
+        self.ticks = 0
+
+    def check(self, state, emit) -> None:
+        """Emit (kind, **details) for what changed since the last call."""
+        if not self.on:
+            return
+        pun_i = state.pun_i
+        cur = pun_i[:, PI_STATE]
+        if not np.array_equal(cur, self.prev):
+            ids = self.model.pad_ids
+            for q in np.flatnonzero(cur != self.prev):
+                old, new = int(self.prev[q]), int(cur[q])
+                pad = ids[int(pun_i[q, PI_PAD])]
+                if new == PUN_NEEDLE and old == PUN_FREE:
+                    pos = state.pst[pun_i[q, PI_PAD], PS_X:PS_X + 3] + state.pun_f[q, PF_LOCAL:PF_LOCAL + 3]
+                    emit("puncture", pad=pad, side="entry" if pun_i[q, PI_MATE] < 0 else "exit",
+                         pos=[float(v) for v in pos])
+                elif new == PUN_ACTIVE and old == PUN_NEEDLE:
+                    emit("thread_through", pad=pad)
+                elif new == PUN_FREE and old == PUN_NEEDLE:
+                    emit("needle_out", pad=pad)
+                elif new == PUN_FREE and old in (PUN_ACTIVE, PUN_PASSED):
+                    emit("puncture_closed", pad=pad)
+            self.prev[:] = cur
+        if self.model.pads.shape[0] >= 2:
+            g = float(pad_gap(self.model.pads, state.pst))
+            if not self.closed and g <= self.crack + GAP_CLOSED:
+                self.closed = True
+                emit("gap_closed", gap=g)
+            elif self.closed and g > self.crack + GAP_OPEN:
+                self.closed = False
+                emit("gap_opened", gap=g)
+        self.ticks += 1
+        if self.ticks % LINK_EVERY == 0:
+            ends = strands(pun_i, state.pun_f, state.x.shape[0])
+            if ends is not None:
+                lo, hi = ends
+                n = state.x.shape[0] - 1
+                self.link = float(linking(state.x, 0, lo, hi, n)) if lo >= 1 and hi <= n - 1 else 0.0
+                t = throws_of(self.link)
+                if t != self.throws:
+                    self.throws = t
+                    emit("throw", throws=t, linking=self.link)
+
+    def payload(self, state) -> tuple[dict | None, dict | None]:
+        """The `tissue` and `needle` maps of the `state` topic (None when the scene has neither)."""
+        from .needle import NP_ARC, NP_RADIUS, NS_Q, NS_TORQUE, arc_point
+
+        tissue = needle = None
+        m = self.model
+        if m.tissue_on:
+            pads = [{"id": pid, "pos": state.pst[p, PS_X:PS_X + 3].tolist(), "size": (2.0 * m.pads[p, PD_HALF:PD_HALF + 3]).tolist()}
+                    for p, pid in enumerate(m.pad_ids)]
+            punctures = []
+            for q in range(state.pun_i.shape[0]):
+                st = int(state.pun_i[q, PI_STATE])
+                if st == PUN_FREE:
+                    continue
+                p = int(state.pun_i[q, PI_PAD])
+                punctures.append({"pad": m.pad_ids[p], "pos": (state.pst[p, PS_X:PS_X + 3]
+                                                               + state.pun_f[q, PF_LOCAL:PF_LOCAL + 3]).tolist(),
+                                  "on": STATE_NAMES[st], "drag": float(state.pun_f[q, PF_DRAG])})
+            g = float(pad_gap(m.pads, state.pst))
+            tissue = {"pads": pads, "punctures": punctures, "gap": g if math.isfinite(g) else None,
+                      "throws": self.throws, "linking": self.link}
+        if m.needle_on:
+            r, arc = float(m.needle_par[NP_RADIUS]), float(m.needle_par[NP_ARC])
+            needle = {"pos": state.x[0].tolist(), "quat": state.nst[NS_Q:NS_Q + 4].tolist(), "radius": r,
+                      "arc": arc, "tip": list(arc_point(state.x, state.nst, NS_Q, r, arc)),
+                      "torque": (-state.nst[NS_TORQUE:NS_TORQUE + 3]).tolist()}
+        return tissue, needle
