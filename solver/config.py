@@ -23,6 +23,10 @@ class ConfigError(ValueError):
         where = f"{file}: {key}: " if key else f"{file}: "
         super().__init__(where + reason)
 
+    def __reduce__(self):
+        # pickled across processes (a scene built in the server's worker process) with its three parts
+        return (ConfigError, (self.file, self.key, self.reason))
+
 
 def load_yaml(path: str | Path) -> dict:
     """Read a YAML mapping; a missing file, a YAML syntax error or a non-mapping is a ConfigError."""
