@@ -1,6 +1,7 @@
 """`suturesim view` (issue 6, item 3): the bridge's frame dropping without a browser, the command line's errors,
 and the page end to end: a fake publisher (the server's own encoders) -> `suturesim view` in a subprocess ->
-headless Chromium through selenium, whose screenshots must show a thread that moves.
+headless Chromium through selenium, whose screenshots must show a thread that moves, and in a suture scene the
+tissue pads, the punctures and the needle (issue 7).
 
 The browser tests need the Debian packages `chromium` and `chromium-driver` (.ci/run installs them); without them
 they fail, they do not skip. Everything listens on loopback only; every wait is bounded.
@@ -73,10 +74,11 @@ def fake_stats(ticks: int) -> dict:
 
 
 class FakePublisher:
-    """A PUB socket on a free loopback port publishing what a server would: state at 60 Hz, force for two
-    devices every 2 ms, stats each second, and an event now and then; simulated time = wall time."""
+    """A PUB socket on a free loopback port publishing what a server would: state at 60 Hz (``encode(seq, t)``),
+    force for two devices every 2 ms, stats each second, and an event now and then; simulated time = wall time."""
 
-    def __init__(self) -> None:
+    def __init__(self, encode=encode_fake_state) -> None:
+        self.encode = encode
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.PUB)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -97,7 +99,7 @@ class FakePublisher:
                 self.sock.send_multipart([protocol.TOPIC_FORCE, protocol.encode_force(
                     seq, t, dev, [0.1, 0.0, 0.0], f, 0.8 + 0.3 * k + 0.2 * math.cos(3.0 * t), 0)])
             if t >= next_state:
-                self.sock.send_multipart([protocol.TOPIC_STATE, encode_fake_state(seq, t)])
+                self.sock.send_multipart([protocol.TOPIC_STATE, self.encode(seq, t)])
                 next_state = t + 1.0 / 60.0
             if t >= next_stats:
                 self.sock.send_multipart([protocol.TOPIC_STATS, protocol.encode_stats(seq, t, fake_stats(seq))])
@@ -397,6 +399,24 @@ def browser(tmp_path_factory):
     driver.quit()
 
 
+def tissue_pixels(rgb: np.ndarray) -> np.ndarray:
+    """Where a screenshot shows a pad's edges (tools/viewer/scene.js TISSUE, rgb(226,160,142)): a flesh tone
+    no tension colour, device colour or text colour of the page comes near."""
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    return (r > 170) & (r - g >= 40) & (r - g <= 90) & (g - b >= 0) & (g - b <= 35)
+
+
+def steel_pixels(rgb: np.ndarray) -> np.ndarray:
+    """Where a screenshot shows the needle (scene.js STEEL, #cbd5e1 = rgb(203,213,225)): brighter and bluer than
+    the unloaded thread's grey (150,156,168)."""
+    return (np.abs(rgb - (203, 213, 225)) <= 12).all(axis=2)
+
+
+def colour_pixels(rgb: np.ndarray, hex_colour: str, tol: int = 24) -> np.ndarray:
+    want = tuple(int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
+    return (np.abs(rgb - want) <= tol).all(axis=2)
+
+
 def canvas_rgb(driver, element_id: str) -> np.ndarray:
     from PIL import Image
     from selenium.webdriver.common.by import By
@@ -434,6 +454,10 @@ def test_page_shows_the_moving_thread(live, browser):
     moved = (np.abs(first[middle] - second[middle]).max(axis=2) > 40).sum()
     assert moved > 1000, f"the thread did not move between two screenshots 0.5 s apart ({moved} pixels changed)"
 
+    # no tissue, no needle in this scene: none of their colours (the control for the suture test's counts)
+    assert tissue_pixels(first[middle]).sum() < 20 and steel_pixels(first[middle]).sum() < 20
+    assert not browser.find_element(By.ID, "suture").is_displayed()
+
     plot = canvas_rgb(browser, "plot")
     assert (np.abs(plot - BG_RGB).max(axis=2) > 40).sum() > 500, "the force plot looks blank"
     severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
@@ -456,3 +480,132 @@ def test_status_line_tells_when_the_publisher_is_gone(browser):
         assert status.text.startswith("disconnected from the viewer bridge"), status.text
     finally:
         proc.kill()
+
+
+# ------------------------------------------------------------------------------- tissue and needle (issue 7)
+# A fake suture scene around the fake thread (a half circle of radius 0.1 m in the xz plane, ends on z = 0): two
+# pads under it either side of a 10 mm gap, a needle swaged to vertex 0 at (0.1, 0, 0) rising along +z and
+# curving out to +x, and one puncture of each kind.
+PADS = [{"id": "left", "pos": [-0.055, 0.0, -0.02], "size": [0.1, 0.12, 0.04]},
+        {"id": "right", "pos": [0.055, 0.0, -0.02], "size": [0.1, 0.12, 0.04]}]
+NEEDLE_QUAT = [0.5, -0.5, -0.5, -0.5]       # body x -> world z, body y -> world x
+NEEDLE_R, NEEDLE_ARC = 0.03, 0.75 * math.pi
+PUNCTURES = [("left", [-0.03, 0.0, 0.0], "thread"), ("right", [0.03, 0.0, 0.0], "needle"),
+             ("left", [-0.07, 0.02, 0.0], "passed")]
+
+
+def needle_point(theta: float, pos=(ARC_RADIUS_M, 0.0, 0.0), quat=NEEDLE_QUAT, radius=NEEDLE_R) -> np.ndarray:
+    """The needle's world point at arc angle theta (m): pos + rotate(quat, R (sin theta, 1 - cos theta, 0))."""
+    w, u = quat[0], np.asarray(quat[1:], dtype=float)
+    v = radius * np.array([math.sin(theta), 1.0 - math.cos(theta), 0.0])
+    c = np.cross(u, v)
+    return np.asarray(pos) + v + 2.0 * (w * c + np.cross(u, c))
+
+
+def suture_maps(t: float = 0.0) -> tuple[dict, dict]:
+    tissue = {"pads": PADS, "punctures": [{"pad": pad, "pos": pos, "on": on, "drag": 0.0123456789}
+                                          for pad, pos, on in PUNCTURES],
+              "gap": 0.0100000004, "throws": 1, "linking": -1.23456789}
+    needle = {"pos": [ARC_RADIUS_M, 0.0, 0.0], "quat": NEEDLE_QUAT, "radius": NEEDLE_R, "arc": NEEDLE_ARC,
+              "tip": needle_point(NEEDLE_ARC).tolist(), "torque": [1.234567e-4, 0.0, -2e-10]}
+    return tissue, needle
+
+
+def encode_suture_state(seq: int, t: float) -> bytes:
+    """The fake thread held still (so the screenshot's colours can be counted) with the suture scene's maps."""
+    x = arc(0.0)
+    tissue, needle = suture_maps(t)
+    return protocol.encode_state(seq, t, x, np.zeros(N_VERTICES - 1, np.float32), 0.0, [], 0,
+                                 {"kinetic": 0.0, "elastic": 0.0, "gravity": 0.0},
+                                 {"iters": 1, "residual": 0.0, "substeps": 1}, tissue=tissue, needle=needle)
+
+
+def test_state_carries_tissue_and_needle_rounded():
+    """The bridge passes state.tissue and state.needle through, rounded like the rest, strict JSON; a state
+    without them has neither key."""
+    buf = FrameBuffer()
+    buf.add(protocol.TOPIC_STATE, protocol.decode_state(encode_suture_state(1, 0.5)), 0.0)
+    s = json.loads(json.dumps(buf.drain(), allow_nan=False))["state"]
+    tissue, needle = s["tissue"], s["needle"]
+    assert tissue["pads"] == PADS
+    assert [(q["pad"], q["pos"], q["on"]) for q in tissue["punctures"]] == PUNCTURES
+    assert {q["drag"] for q in tissue["punctures"]} == {0.012346}                  # 1 µN
+    assert (tissue["gap"], tissue["throws"], tissue["linking"]) == (0.01, 1, -1.234568)
+    assert needle["pos"] == [ARC_RADIUS_M, 0.0, 0.0] and needle["quat"] == NEEDLE_QUAT
+    assert needle["radius"] == NEEDLE_R and needle["arc"] == round(NEEDLE_ARC, 6)
+    assert needle["tip"] == [round(v, 6) for v in needle_point(NEEDLE_ARC)]         # 1 µm
+    assert needle["torque"] == [0.000123457, 0.0, -0.0]                             # 1 nN m
+    # the rest of the state is what it always was
+    assert s["n"] == N_VERTICES and len(s["x"]) == 3 * N_VERTICES and s["grasps"] == [] and s["contacts"] == 0
+
+    plain = view.state_to_json(protocol.decode_state(encode_fake_state(1, 0.5)))
+    assert "tissue" not in plain and "needle" not in plain
+
+    # a single pad has no gap (null), and non-finite numbers become null as everywhere else
+    tissue, needle = suture_maps()
+    tissue = dict(tissue, pads=PADS[:1], gap=None, punctures=[dict(tissue["punctures"][0], drag=math.inf)])
+    needle = dict(needle, torque=[math.nan, 0.0, 0.0])
+    odd = view.state_to_json(protocol.decode_state(protocol.encode_state(
+        2, 0.0, arc(0.0), np.zeros(N_VERTICES - 1, np.float32), 0.0, [], 0,
+        {"kinetic": 0.0, "elastic": 0.0, "gravity": 0.0}, {"iters": 1, "residual": 0.0, "substeps": 1},
+        tissue=tissue, needle=needle)))
+    assert odd["tissue"]["gap"] is None and odd["tissue"]["punctures"][0]["drag"] is None
+    assert odd["needle"]["torque"] == [None, 0.0, 0.0]
+    json.dumps(odd, allow_nan=False)
+
+
+def test_real_suture_scene_state_reaches_the_page_format():
+    """The suture scene's own first state (MessageBuilder): two pads 4 mm apart and the needle, its tip where
+    the page's arc (pos + rotate(quat, R (sin A, 1 - cos A, 0))) ends."""
+    from suturesim.server.messages import MessageBuilder
+    from suturesim.solver.scenario import load_scenario
+
+    sc = load_scenario("simple-interrupted-suture")
+    s = view.state_to_json(protocol.decode_state(MessageBuilder(sc).state(0, sc.new_state())))
+    json.dumps(s, allow_nan=False)
+    assert [p["id"] for p in s["tissue"]["pads"]] == ["left", "right"]
+    assert s["tissue"]["gap"] == pytest.approx(0.004, abs=1e-6) and s["tissue"]["throws"] == 0
+    nd = s["needle"]
+    assert nd["pos"] == s["x"][:3]                                  # swaged to vertex 0
+    end = needle_point(nd["arc"], nd["pos"], nd["quat"], nd["radius"])
+    assert np.allclose(end, nd["tip"], atol=5e-6), (end, nd["tip"])
+
+
+@pytest.fixture(scope="module")
+def suture_live():
+    """A fake publisher of the suture state and `suturesim view` connected to it."""
+    pub = FakePublisher(encode_suture_state)
+    proc = ViewProcess(pub.endpoint, free_port())
+    yield pub, proc
+    proc.kill()
+    pub.close()
+
+
+def test_page_draws_tissue_and_needle(suture_live, browser):
+    """End to end: the frame on /ws carries tissue and needle, the panel shows the gap and the throws, and the
+    3D view has the pads' flesh-toned edges, the steel needle and the punctures' dots."""
+    from selenium.webdriver.common.by import By
+    from websockets.sync.client import connect
+
+    _, proc = suture_live
+    with connect(f"ws://127.0.0.1:{proc.port}/ws", origin=f"http://127.0.0.1:{proc.port}") as ws:
+        state = wait_for(lambda: json.loads(ws.recv(5)).get("state"), 10.0, "a state frame")
+    assert state["tissue"]["pads"] == PADS and state["needle"]["quat"] == NEEDLE_QUAT
+
+    browser.get_log("browser")                      # drop what earlier pages logged (a bridge a test stopped)
+    browser.get(proc.url)
+    panel = browser.find_element(By.ID, "suture")
+    wait_for(lambda: panel.is_displayed() and "gap" in panel.text, PAGE_TIMEOUT_S, "the suture panel")
+    assert "gap 10.00 mm" in panel.text and "throws 1 (linking -1.23)" in panel.text, panel.text
+    assert "punctures needle/thread/passed 1 / 1 / 1" in panel.text, panel.text
+    time.sleep(0.2)                                 # a redraw after the first state's fit
+    rgb = canvas_rgb(browser, "scene")
+    h = rgb.shape[0]
+    middle = rgb[60:h - 80]                         # no readout, no legends
+    tissue, steel = tissue_pixels(middle).sum(), steel_pixels(middle).sum()
+    assert tissue > 300, f"no pads in the 3D view ({tissue} pad-coloured pixels)"
+    assert steel > 150, f"no needle in the 3D view ({steel} steel-coloured pixels)"
+    for on, colour in (("needle", "#e879f9"), ("thread", "#4ade80")):
+        assert colour_pixels(middle, colour).sum() > 10, f"no {on} puncture dot"
+    severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not severe, severe

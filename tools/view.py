@@ -27,10 +27,12 @@ Page protocol (JSON text messages on ``/ws``; unknown keys are to be ignored):
 "events": [{...}, ...], "dropped": {"state": int}}``
     ``age``: seconds since the bridge last received any message (null: none yet); ``received``: messages
     received in total. ``state`` is the decoded ``state`` payload with ``x`` a flat list of n*3 floats (m) and
-    ``tension`` a list of n-1 floats (N); ``t`` in force points is simulated time (s), ``force_mag`` and
-    ``axial`` are in N. ``recv`` is the bridge's wall clock (s, Unix time) when that ``stats`` arrived. Stats
-    and events are the payloads as published. Non-finite numbers become null. A frame is sent whenever
-    something arrived, and at least every :data:`HEARTBEAT_S` so the page can show the message age.
+    ``tension`` a list of n-1 floats (N), plus its ``tissue`` and ``needle`` maps when it has them (scenes with
+    tissue and a needle: the page draws the pads, the punctures and the needle; absent otherwise). ``t`` in
+    force points is simulated time (s), ``force_mag`` and ``axial`` are in N. ``recv`` is the bridge's wall
+    clock (s, Unix time) when that ``stats`` arrived. Stats and events are the payloads as published.
+    Non-finite numbers become null. A frame is sent whenever something arrived, and at least every
+    :data:`HEARTBEAT_S` so the page can show the message age.
 """
 from __future__ import annotations
 
@@ -105,10 +107,44 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
+def _num(value: Any, decimals: int = 6) -> Any:
+    """One number rounded to ``decimals`` (None if non-finite); anything else as :func:`json_safe` makes it (the
+    decoder does not check every scalar of ``tissue`` and ``needle``, so a publisher's oddity passes through)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return json_safe(value)
+    if isinstance(value, int):
+        return value
+    return round(value, decimals) if math.isfinite(value) else None
+
+
+def tissue_to_json(tissue: dict) -> dict:
+    """A decoded ``state.tissue`` map as the page gets it: pad centres and full extents (m) and puncture
+    positions (m) rounded to 1 µm, drags (N) to 1 µN, the gap (m, None with fewer than two pads) to 1 µm."""
+    return {
+        "pads": [{"id": p["id"], "pos": _floats(p["pos"]), "size": _floats(p["size"])} for p in tissue["pads"]],
+        "punctures": [{"pad": p["pad"], "pos": _floats(p["pos"]), "on": p["on"], "drag": _num(p.get("drag"))}
+                      for p in tissue["punctures"]],
+        "gap": _num(tissue.get("gap")),
+        "throws": _num(tissue.get("throws")),
+        "linking": _num(tissue.get("linking")),
+    }
+
+
+def needle_to_json(needle: dict) -> dict:
+    """A decoded ``state.needle`` map as the page gets it: swage and tip (m) rounded to 1 µm, the orientation
+    quaternion (w, x, y, z) to 1e-6, radius (m) and arc (rad) to 1e-6, the torque (N m) to 1 nN m."""
+    return {
+        "pos": _floats(needle["pos"]), "quat": _floats(needle["quat"]),
+        "radius": _num(needle.get("radius")), "arc": _num(needle.get("arc")),
+        "tip": _floats(needle["tip"]), "torque": _floats(needle["torque"], 9),
+    }
+
+
 def state_to_json(m: dict) -> dict:
     """A decoded ``state`` payload (:func:`protocol.decode`) as the page gets it: positions (m) as a flat list
-    of n*3 floats rounded to 1 µm, tensions (N) rounded to 1 µN; only the keys the protocol defines."""
-    return {
+    of n*3 floats rounded to 1 µm, tensions (N) rounded to 1 µN; only the keys the protocol defines. ``tissue``
+    and ``needle`` (scenes with tissue and a needle) are there only when the payload has them."""
+    out = {
         "seq": m["seq"], "t": json_safe(m["t"]), "n": m["n"],
         "x": _floats(m["x"]), "tension": _floats(m["tension"]),
         "twist": json_safe(m["twist"]),
@@ -118,6 +154,11 @@ def state_to_json(m: dict) -> dict:
         "energy": json_safe(m["energy"]),
         "solver": json_safe(m["solver"]),
     }
+    if "tissue" in m:
+        out["tissue"] = tissue_to_json(m["tissue"])
+    if "needle" in m:
+        out["needle"] = needle_to_json(m["needle"])
+    return out
 
 
 # ------------------------------------------------------------------------------------------ the frame buffer

@@ -1,6 +1,7 @@
 // The thread in 3D on a 2D canvas: a perspective camera orbiting a target point. Scene frame as published:
 // metres, right-handed, z up. Hand-written on purpose: a hundred segments need no WebGL, and a 2D canvas draws
-// the same in every browser, headless ones included.
+// the same in every browser, headless ones included. In scenes with tissue and a needle (state.tissue,
+// state.needle) it also draws the pads (translucent boxes), the punctures (dots) and the needle (a steel arc).
 
 import { clamp, clearCanvas, fmt, fmtLength, isNum, niceCeil, niceFloor } from './util.js';
 
@@ -11,6 +12,62 @@ const sub = (a, b) => [a[0] - b[0], a[1] - b[1], a[2] - b[2]];
 const dot = (a, b) => a[0] * b[0] + a[1] * b[1] + a[2] * b[2];
 const cross = (a, b) => [a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]];
 const norm = a => { const l = Math.hypot(a[0], a[1], a[2]) || 1; return [a[0] / l, a[1] / l, a[2] / l]; };
+const isVec = (v, k = 3) => Array.isArray(v) && v.length === k && v.every(isNum);
+
+// v rotated by the unit quaternion q = [w, x, y, z] (body to world): v + 2w (u x v) + 2 u x (u x v), u = (x, y, z)
+function rotate(q, v) {
+  const [w, x, y, z] = q;
+  const cx = y * v[2] - z * v[1], cy = z * v[0] - x * v[2], cz = x * v[1] - y * v[0];
+  return [v[0] + 2 * (w * cx + y * cz - z * cy), v[1] + 2 * (w * cy + z * cx - x * cz),
+    v[2] + 2 * (w * cz + x * cy - y * cx)];
+}
+
+// The needle: a circular arc of radius R swaged to thread vertex 0; in its body frame
+// a(theta) = R (sin theta, 1 - cos theta, 0) for theta in [0, arc]. NEEDLE_SEGS segments; null if malformed.
+const NEEDLE_SEGS = 24;
+export function needlePoints(nd) {
+  if (!nd || !isVec(nd.pos) || !isVec(nd.quat, 4) || !isNum(nd.radius) || !isNum(nd.arc)) return null;
+  const l = Math.hypot(...nd.quat);
+  if (!(l > 0)) return null;
+  const q = nd.quat.map(v => v / l), R = nd.radius, pts = [];
+  for (let k = 0; k <= NEEDLE_SEGS; k++) {
+    const th = nd.arc * k / NEEDLE_SEGS;
+    const a = rotate(q, [R * Math.sin(th), R * (1 - Math.cos(th)), 0]);
+    pts.push([nd.pos[0] + a[0], nd.pos[1] + a[1], nd.pos[2] + a[2]]);
+  }
+  return pts;
+}
+
+// A pad (axis-aligned box: centre and full extents, m) as its low and high corners; null if malformed.
+function padBox(pad) {
+  if (!isVec(pad.pos) || !isVec(pad.size)) return null;
+  const h = pad.size.map(v => Math.abs(v) / 2);
+  return { lo: pad.pos.map((v, k) => v - h[k]), hi: pad.pos.map((v, k) => v + h[k]) };
+}
+
+// Does the sight line from the eye to p cross the box before reaching p (p inside or behind it)? A slab test.
+function hidden(eye, p, box) {
+  let t0 = 0, t1 = 1;
+  for (let k = 0; k < 3; k++) {
+    const d = p[k] - eye[k];
+    if (Math.abs(d) < 1e-12) {
+      if (eye[k] < box.lo[k] || eye[k] > box.hi[k]) return false;
+      continue;
+    }
+    let a = (box.lo[k] - eye[k]) / d, b = (box.hi[k] - eye[k]) / d;
+    if (a > b) [a, b] = [b, a];
+    t0 = Math.max(t0, a);
+    t1 = Math.min(t1, b);
+    if (t0 > t1) return false;
+  }
+  return true;
+}
+
+// Tissue, needle and puncture colours. A puncture is coloured by what goes through it.
+export const TISSUE = [226, 160, 142];
+export const STEEL = '#cbd5e1';
+export const PUNCTURE = { needle: '#e879f9', thread: '#4ade80', passed: '#94a3b8' };
+const rgba = (c, a) => `rgba(${c[0]},${c[1]},${c[2]},${a})`;
 
 // Tension colours: grey at zero, yellow then red when taut, blue when compressed; `range` (N) is full scale.
 const GREY = [150, 156, 168], YELLOW = [250, 204, 21], RED = [239, 68, 68], BLUE = [56, 140, 248];
@@ -95,9 +152,16 @@ export class Scene {
     return pts;
   }
 
+  pads() {
+    const t = this.state.tissue;
+    return t && Array.isArray(t.pads) ? t.pads.map(padBox).filter(b => b) : [];
+  }
+
   fit() {
     const all = this.points().filter(p => p);
     for (const g of this.state.grasps) if (g.pos.every(isNum)) all.push(g.pos);
+    for (const b of this.pads()) all.push(b.lo, b.hi);
+    all.push(...(needlePoints(this.state.needle) || []));
     if (!all.length) return;
     const lo = [0, 1, 2].map(k => Math.min(...all.map(p => p[k])));
     const hi = [0, 1, 2].map(k => Math.max(...all.map(p => p[k])));
@@ -154,7 +218,8 @@ export class Scene {
     const step = this.drawGrid(cam);
     this.drawAxes(cam, step);
     if (this.state) {
-      this.drawThread(cam);
+      this.drawBodies(cam);
+      this.drawPunctures(cam);
       this.drawGrasps(cam);
       this.drawOverlay();
     } else {
@@ -192,23 +257,112 @@ export class Scene {
     }
   }
 
-  drawThread(cam) {
-    const ctx = this.ctx, { tension } = this.state, pts = this.points();
+  // The thread (coloured by tension), the needle and the pads. Segments are drawn far first (painter's order);
+  // a segment whose midpoint is inside or behind a pad goes before the pads' faces towards the camera, so
+  // tissue dims what it hides, and one in front of every pad goes after them.
+  drawBodies(cam) {
+    const ctx = this.ctx, { tension } = this.state, pts = this.points(), boxes = this.pads();
     const segs = [];
+    const add = (a, b, color, width) => {
+      const s = this.segment(cam, a, b);
+      if (!s) return;
+      const mid = [0, 1, 2].map(k => (a[k] + b[k]) / 2);
+      segs.push({ s, color, width, depth: (s[0][2] + s[1][2]) / 2,
+        behind: boxes.some(box => hidden(cam.eye, mid, box)) });
+    };
     for (let i = 0; i + 1 < pts.length; i++) {
-      if (!pts[i] || !pts[i + 1]) continue;
-      const s = this.segment(cam, pts[i], pts[i + 1]);
-      if (s) segs.push({ i, s, depth: (s[0][2] + s[1][2]) / 2 });
+      if (pts[i] && pts[i + 1]) add(pts[i], pts[i + 1], tensionColor(tension[i], this.range.value), 3.5);
     }
-    segs.sort((a, b) => b.depth - a.depth);      // painter's order: far segments first
-    ctx.lineCap = 'round';
-    for (const { i, s, depth } of segs) {
-      ctx.lineWidth = clamp(3.5 * cam.dist / depth, 1.5, 9);   // nearer is thicker: a depth cue
-      ctx.strokeStyle = tensionColor(tension[i], this.range.value);
+    const needle = needlePoints(this.state.needle);
+    if (needle) for (let k = 0; k + 1 < needle.length; k++) add(needle[k], needle[k + 1], STEEL, 4.5);
+    segs.sort((a, b) => b.depth - a.depth);
+    const stroke = list => {
+      ctx.lineCap = 'round';
+      for (const { s, color, width, depth } of list) {
+        ctx.lineWidth = clamp(width * cam.dist / depth, 1.5, 9);   // nearer is thicker: a depth cue
+        ctx.strokeStyle = color;
+        ctx.beginPath();
+        ctx.moveTo(s[0][0], s[0][1]);
+        ctx.lineTo(s[1][0], s[1][1]);
+        ctx.stroke();
+      }
+    };
+    this.drawPads(cam, boxes, false);
+    stroke(segs.filter(g => g.behind));
+    this.drawPads(cam, boxes, true);
+    stroke(segs.filter(g => !g.behind));
+    if (needle) this.drawTip(cam);
+  }
+
+  // The faces of every pad that look away from the camera (front = false) or towards it (front = true): a faint
+  // fill and their edges, the hidden ones dimmer.
+  drawPads(cam, boxes, front) {
+    const ctx = this.ctx;
+    ctx.lineWidth = front ? 1.5 : 1;
+    ctx.lineJoin = 'round';
+    for (const { lo, hi } of boxes) {
+      for (let k = 0; k < 3; k++) {
+        for (const side of [0, 1]) {
+          const at = side ? hi[k] : lo[k];
+          if (((side ? 1 : -1) * (cam.eye[k] - at) > 0) !== front) continue;
+          const u = (k + 1) % 3, v = (k + 2) % 3;
+          const corners = [[lo[u], lo[v]], [hi[u], lo[v]], [hi[u], hi[v]], [lo[u], hi[v]]].map(([a, b]) => {
+            const p = [0, 0, 0];
+            p[k] = at; p[u] = a; p[v] = b;
+            return p;
+          });
+          ctx.fillStyle = rgba(TISSUE, front ? 0.16 : 0.10);
+          ctx.strokeStyle = front ? rgba(TISSUE, 1) : rgba(TISSUE, 0.35);
+          const scr = corners.map(p => this.project(cam, p));
+          if (scr.every(p => p)) {
+            ctx.beginPath();
+            scr.forEach((p, i) => (i ? ctx.lineTo(p[0], p[1]) : ctx.moveTo(p[0], p[1])));
+            ctx.closePath();
+            ctx.fill();
+            ctx.stroke();
+          } else {
+            for (let i = 0; i < 4; i++) this.line(cam, corners[i], corners[(i + 1) % 4]);
+          }
+        }
+      }
+    }
+  }
+
+  // The needle's tip: a white dot ringed in steel.
+  drawTip(cam) {
+    const ctx = this.ctx, nd = this.state.needle, pts = needlePoints(nd);
+    const p = this.project(cam, isVec(nd.tip) ? nd.tip : pts[pts.length - 1]);
+    if (!p) return;
+    ctx.beginPath();
+    ctx.arc(p[0], p[1], 4, 0, 2 * Math.PI);
+    ctx.fillStyle = '#f8fafc';
+    ctx.fill();
+    ctx.lineWidth = 1.5;
+    ctx.strokeStyle = '#64748b';
+    ctx.stroke();
+  }
+
+  // Each puncture: a dot where it sits on its pad, coloured by what goes through it (a ring once passed).
+  drawPunctures(cam) {
+    const ctx = this.ctx, t = this.state.tissue;
+    if (!t || !Array.isArray(t.punctures)) return;
+    for (const q of t.punctures) {
+      const p = isVec(q.pos) ? this.project(cam, q.pos) : null;
+      if (!p) continue;
+      const color = PUNCTURE[q.on] || '#ffffff';
       ctx.beginPath();
-      ctx.moveTo(s[0][0], s[0][1]);
-      ctx.lineTo(s[1][0], s[1][1]);
-      ctx.stroke();
+      ctx.arc(p[0], p[1], 4, 0, 2 * Math.PI);
+      ctx.lineWidth = 2;
+      if (q.on === 'passed') {
+        ctx.strokeStyle = color;
+        ctx.stroke();
+      } else {
+        ctx.fillStyle = color;
+        ctx.fill();
+        ctx.strokeStyle = '#101216';
+        ctx.lineWidth = 1;
+        ctx.stroke();
+      }
     }
   }
 
@@ -235,8 +389,10 @@ export class Scene {
 
   drawOverlay() {
     const ctx = this.ctx, s = this.state;
+    let text = `t = ${isNum(s.t) ? s.t.toFixed(3) : '–'} s   ${s.n} vertices`;
+    if (s.tissue) text += `   ${suture(s.tissue)}`;
     ctx.fillStyle = '#8a909c';
-    ctx.fillText(`t = ${isNum(s.t) ? s.t.toFixed(3) : '–'} s   ${s.n} vertices`, 12, 20);
+    ctx.fillText(text, 12, 20);
     if (s.contacts > 0) {
       const text = `${s.contacts} contact${s.contacts === 1 ? '' : 's'}`;
       const w = ctx.measureText(text).width + 16;
@@ -249,6 +405,7 @@ export class Scene {
 
   // The colour scale in newtons, and the grid spacing.
   drawLegend(ch, step) {
+    this.drawTissueLegend(ch);
     const ctx = this.ctx, r = this.range.value, x = 12, y = ch - 34, w = 180;
     const g = ctx.createLinearGradient(x, 0, x + w, 0);
     [[0, -1], [0.5, 0], [0.75, 0.5], [1, 1]].forEach(([at, f]) => g.addColorStop(at, tensionColor(f * r, r)));
@@ -264,4 +421,31 @@ export class Scene {
     ctx.fillStyle = '#8a909c';
     ctx.fillText(`grid ${fmtLength(step)}`, x + w + 24, y + 10);
   }
+
+  // With tissue: what the puncture dots' colours mean, above the tension scale.
+  drawTissueLegend(ch) {
+    if (!this.state || !this.state.tissue) return;
+    const ctx = this.ctx, y = ch - 62;
+    let x = 12;
+    ctx.fillStyle = '#d5d8de';
+    ctx.fillText('punctures:', x, y);
+    x += ctx.measureText('punctures:').width + 12;
+    for (const on of ['needle', 'thread', 'passed']) {
+      ctx.beginPath();
+      ctx.arc(x, y - 4, 4, 0, 2 * Math.PI);
+      ctx.lineWidth = 2;
+      if (on === 'passed') { ctx.strokeStyle = PUNCTURE[on]; ctx.stroke(); }
+      else { ctx.fillStyle = PUNCTURE[on]; ctx.fill(); }
+      ctx.fillStyle = '#d5d8de';
+      ctx.fillText(on, x + 8, y);
+      x += 8 + ctx.measureText(on).width + 14;
+    }
+  }
+}
+
+// The wound's closure in a line: the gap between the pads (mm) and the throws tied.
+export function suture(tissue) {
+  const gap = isNum(tissue.gap) ? `${(tissue.gap * 1000).toFixed(2)} mm` : '–';
+  const n = tissue.throws;
+  return `gap ${gap}   ${isNum(n) ? n : '–'} throw${n === 1 ? '' : 's'}`;
 }

@@ -1,5 +1,6 @@
 // The page: one WebSocket to the bridge (`suturesim view`, same host and port, path /ws), whose JSON frames feed
-// the 3D scene, the force plot and the side panel. The frame format is in tools/view.py's docstring.
+// the 3D scene, the force plot and the side panel (with a suture section in scenes with tissue and a needle).
+// The frame format is in tools/view.py's docstring.
 
 import { ForcePlot } from './plot.js';
 import { Scene } from './scene.js';
@@ -105,6 +106,30 @@ function showThread(s) {
     ['solver iters/substeps', `${fmt(sol.iters)} / ${fmt(sol.substeps)}`],
     ['solver residual', fmt(sol.residual)],
   ]);
+  showSuture(s.tissue, s.needle);
+}
+
+// Scenes with tissue and a needle: the wound's gap and throws, the punctures by what goes through them, and the
+// torque the needle puts on its hand. The section stays hidden in scenes without them.
+function showSuture(tissue, needle) {
+  const rows = [];
+  if (tissue) {
+    const count = on => (tissue.punctures || []).filter(q => q.on === on).length;
+    rows.push(['gap', isNum(tissue.gap) ? `${(tissue.gap * 1000).toFixed(2)} mm` : '–'],
+      ['throws', `${isNum(tissue.throws) ? tissue.throws : '–'} (linking ${fmt(tissue.linking)})`],
+      ['pads', (tissue.pads || []).map(p => p.id).join(', ') || 'none'],
+      ['punctures needle/thread/passed', `${count('needle')} / ${count('thread')} / ${count('passed')}`]);
+  }
+  if (needle) {
+    const tq = Array.isArray(needle.torque) && needle.torque.every(isNum) ? Math.hypot(...needle.torque) : NaN;
+    const scaled = (v, k) => (isNum(v) ? fmt(v * k) : '–');
+    rows.push(['needle radius/arc', `${scaled(needle.radius, 1000)} mm / ${scaled(needle.arc, 180 / Math.PI)}°`],
+      ['needle torque', `${fmt(tq)} N m`]);
+  }
+  const shown = rows.length > 0;
+  $('suture-head').hidden = !shown;
+  $('suture').hidden = !shown;
+  if (shown) setRows($('suture'), rows);
 }
 
 // The status line: the bridge link, then the publisher's liveness (the bridge's message age plus our frame's).
