@@ -693,7 +693,7 @@ def test_timeline_integrates_to_the_waypoints(tmp_path):
     t, steps = 0.0, np.r_[np.full(37, 0.013), np.full(200, 0.0031)]
     for h in steps:
         apply_motions(t, h, m.mot_kind, m.mot_index, m.mot_t0, m.mot_t1, m.mot_vel, st.kin_target,
-                      st.grasp_target, st.twist)
+                      st.grasp_target, st.twist, st.nst, st.grasp_k, st.grasp_c, st.grasp_fmax)
         t += h
     assert t > 0.7
     np.testing.assert_allclose(st.kin_target[0], [0.2, 0.1, 0.0], atol=1e-12)

@@ -550,8 +550,9 @@ def grasp_at(sc, slot: int, t: float) -> np.ndarray:
     """The grasp target at time t, integrated by the solver's own motion kernel over [0, t]."""
     m = sc.model
     target = sc.initial.grasp_target.copy()
+    st = sc.initial.copy()
     apply_motions(0.0, t, m.mot_kind, m.mot_index, m.mot_t0, m.mot_t1, m.mot_vel,
-                  sc.initial.kin_target.copy(), target, np.zeros(2))
+                  st.kin_target, target, np.zeros(2), st.nst, st.grasp_k, st.grasp_c, st.grasp_fmax)
     return target[slot]
 
 
