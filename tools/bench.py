@@ -614,13 +614,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="suturesim bench",
         description="Time the solver against segment count, scenarios' real-time factors, PyElastica, the "
-                    "1 kHz loop of `suturesim serve`, the haptic device path and self-contact.")
-    parser.add_argument("what", nargs="?", choices=("solver", "suture", "loop", "haptics", "contact", "all"),
+                    "1 kHz loop of `suturesim serve`, the haptic device path, self-contact and the scripted "
+                    "suture with its needle and tissue.")
+    parser.add_argument("what", nargs="?",
+                        choices=("solver", "suture", "loop", "haptics", "contact", "tissue", "all"),
                         default="all",
                         help="solver: step time against N; suture: scenarios and PyElastica; loop: the 1 kHz "
                              "loop of `suturesim serve` (lateness, subscribers, start-up); haptics: pose-to-force "
                              "latency and servo callback time through the OpenHaptics emulator; contact: "
-                             "self-contact cost and force smoothness; all: every one")
+                             "self-contact cost and force smoothness; tissue: tick time of the scripted simple "
+                             "interrupted suture (needle, pads, punctures), whole and by phase; all: every one")
     parser.add_argument("--quick", action="store_true", help="short measurements (a smoke test)")
     parser.add_argument("--out", metavar="FILE", help="(re)write this markdown file, e.g. docs/BENCHMARKS.md")
     parser.add_argument("--no-elastica", action="store_true", help="skip the PyElastica comparison")
@@ -684,6 +687,13 @@ def main(argv: list[str] | None = None) -> int:
         log("self-contact ...")
         contact_lines = render_contact(measure_contact(args.quick, log))
         emit(contact_lines)
+    tissue_lines = None
+    if args.what in ("tissue", "all"):
+        from .bench_tissue import measure_tissue, render_tissue
+
+        log("tissue and the scripted suture ...")
+        tissue_lines = render_tissue(measure_tissue(args.quick, log))
+        emit(tissue_lines)
     emit(NOTES)
     log(f"done in {time.perf_counter() - t_start:.0f} s")
 
@@ -691,11 +701,13 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         text = "\n".join(doc)
-        if args.what in ("loop", "haptics", "contact") and out.exists():
-            # `bench loop|haptics|contact --out` updates its own section of an existing document, keeps the others
+        if args.what in ("loop", "haptics", "contact", "tissue") and out.exists():
+            # `bench loop|haptics|contact|tissue --out` updates its own section of an existing document, keeps the
+            # others
             from .bench_loop import splice_section
 
-            section = {"loop": loop_lines, "haptics": haptics_lines, "contact": contact_lines}[args.what]
+            section = {"loop": loop_lines, "haptics": haptics_lines, "contact": contact_lines,
+                       "tissue": tissue_lines}[args.what]
             text = splice_section(out.read_text(), section, f"{command.strip()}", info["date"])
         out.write_text(text.rstrip() + "\n")
         log(f"wrote {out}")

@@ -1,0 +1,100 @@
+"""`suturesim bench tissue`: what the needle, the tissue and the scripted suture cost (section 7 of
+docs/BENCHMARKS.md).
+
+1. Tick time (1 ms of simulation, all its substeps, as the server's loop calls it) of the whole scripted simple
+   interrupted suture (configs/scenarios/simple-interrupted-suture.yaml), p50 / p99 / max, over the whole scene
+   and over each of its phases: the needle's bite, drawing the thread through, the throw, cinching it.
+2. The same scene with the tissue and the needle left out of the step (the thread, its grasps and self-contact
+   alone on the same states), which says what the tissue adds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..solver.integrator import Stepper, step
+from ..solver.scenario import load_scenario
+
+SCENE = "simple-interrupted-suture"
+# the scene's phases, by its timeline (s)
+PHASES = (("needle bite (tip in and out of both edges)", 0.0, 4.0), ("drawing the thread through", 4.0, 6.5),
+          ("the throw (hands turn round each other)", 6.5, 10.5), ("cinching, then holding the wound closed", 10.5, 16.0))
+TARGET_P99_US = 500.0
+
+
+@dataclass
+class TissueBench:
+    ticks: np.ndarray = field(default_factory=lambda: np.zeros(0))        # us per tick, the whole scene
+    substeps: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    retries: int = 0
+    bare: list[tuple[str, float, float]] = field(default_factory=list)   # phase, us with tissue, us without
+
+
+def measure_tissue(quick: bool, log) -> TissueBench:
+    sc = load_scenario(SCENE)
+    model, state = sc.model, sc.new_state()
+    stepper = Stepper(model, state)
+    stepper.tick()            # every kernel loaded before timing
+    state = sc.new_state()
+    stepper = Stepper(model, state)
+    seconds = 6.5 if quick else sc.duration
+    n = int(round(seconds / model.solver.tick))
+    times = np.empty(n)
+    subs = np.empty(n)
+    snaps = {}
+    bare_model = dataclasses.replace(model, tissue_on=False, needle_on=False)
+    for k in range(n):
+        t0 = time.perf_counter_ns()
+        subs[k] = stepper.tick()
+        times[k] = (time.perf_counter_ns() - t0) / 1e3
+        for label, a, b in PHASES:
+            if abs((k + 1) * model.solver.tick - 0.5 * (a + b)) < 0.5 * model.solver.tick:
+                snaps[label] = state.copy()
+    out = TissueBench(ticks=times, substeps=subs, retries=stepper.retries)
+    log(f"  {SCENE}: {seconds:g} s, tick p50 {np.percentile(times, 50):.0f} us, p99 {np.percentile(times, 99):.0f} us")
+    # what the tissue adds: 200 ticks from each phase's middle, with and without it
+    for label, _, _ in PHASES:
+        if label not in snaps:
+            continue
+        per = []
+        for m in (model, bare_model):
+            s = snaps[label].copy()
+            t0 = time.perf_counter_ns()
+            for _ in range(200):
+                step(m, s, int(model.solver.max_substeps), model.solver.tick / model.solver.max_substeps,
+                     scale=True, tension_floor=0.2)
+            per.append((time.perf_counter_ns() - t0) / 1e3 / 200)
+        out.bare.append((label, per[0], per[1]))
+    return out
+
+
+def render_tissue(res: TissueBench) -> list[str]:
+    t = res.ticks
+    dt = 1e-3
+
+    def row(label: str, seg: np.ndarray) -> list[str]:
+        return [label, f"{np.percentile(seg, 50):.0f}", f"{np.percentile(seg, 99):.0f}", f"{seg.max():.0f}"]
+
+    rows = [row(f"whole scene ({len(t) * dt:g} s)", t)]
+    for label, a, b in PHASES:
+        seg = t[int(a / dt):int(b / dt)]
+        if len(seg):
+            rows.append(row(f"{label}, {a:g}-{b:g} s", seg))
+    lines = ["## 7. Tissue, needle and the scripted suture (`suturesim bench tissue`)", "",
+             f"Tick time (µs, 1 ms of simulation with all its substeps, as the server's loop calls `Stepper.tick`) of "
+             f"`configs/scenarios/{SCENE}.yaml`: two 3-0 silk strands' worth of thread (10 cm, 80 segments), "
+             f"a 3/8-circle 19 mm needle, two spring-held pads, four punctures, self-contact (1 mm contact "
+             f"distance, 8 rounds), {int(np.median(res.substeps))} substeps per tick (mass-scaled beyond). "
+             f"Target: p99 under {TARGET_P99_US:.0f} µs. Ticks run again: {res.retries}.", "",
+             "| part of the scene | p50 | p99 | max |", "|---|---|---|---|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    if res.bare:
+        lines += ["", "What the tissue and needle add: 200 ticks from the middle of each phase, the same states "
+                      "stepped with them and with `tissue_on` and `needle_on` off (µs per tick):", "",
+                  "| phase | with tissue and needle | thread, grasps and contact alone |", "|---|---|---|"]
+        lines += [f"| {label} | {a:.0f} | {b:.0f} |" for label, a, b in res.bare]
+    lines.append("")
+    return lines
