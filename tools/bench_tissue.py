@@ -85,7 +85,7 @@ def render_tissue(res: TissueBench) -> list[str]:
             rows.append(row(f"{label}, {a:g}-{b:g} s", seg))
     lines = ["## 7. Tissue, needle and the scripted suture (`suturesim bench tissue`)", "",
              f"Tick time (µs, 1 ms of simulation with all its substeps, as the server's loop calls `Stepper.tick`) of "
-             f"`configs/scenarios/{SCENE}.yaml`: two 3-0 silk strands' worth of thread (10 cm, 80 segments), "
+             f"`configs/scenarios/{SCENE}.yaml`: 10 cm of 3-0 silk in 80 segments, "
              f"a 3/8-circle 19 mm needle, two spring-held pads, four punctures, self-contact (1 mm contact "
              f"distance, 8 rounds), {int(np.median(res.substeps))} substeps per tick (mass-scaled beyond). "
              f"Target: p99 under {TARGET_P99_US:.0f} µs. Ticks run again: {res.retries}.", "",
