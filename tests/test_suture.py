@@ -99,6 +99,13 @@ def test_headless_recording_carries_the_suture(tmp_path):
     assert last["needle"]["radius"] == pytest.approx(0.019 / (0.75 * np.pi))
     assert events.count("puncture") == 4 and events.count("thread_through") == 4
     assert set(torques) == {"stylus0"}      # the needle's hand alone feels a torque
+    # `suturesim plot` adds the wound's gap against time; the NPZ export carries it
+    from suturesim.tools.export import load_recording
+    from suturesim.tools.plot import has_gap, plot_recording
+    rec = load_recording(str(out), ("state", "force", "stats"))
+    assert has_gap(rec) and rec.state["tissue.gap"][0] == pytest.approx(0.004, abs=1e-4)
+    fig = plot_recording(rec)
+    assert any("wound's gap" in ax.get_title() for ax in fig.axes)
 
 
 def test_serve_plays_the_suture_in_real_time_and_resimulates_exactly(tmp_path):

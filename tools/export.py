@@ -36,7 +36,8 @@ NPZ layout (``numpy.load(OUT.npz)``, no pickles): ``metadata`` (a JSON string: t
 * ``force/<device>/seq, t, pose (k, 3), stylus (k, 3) (if recorded), force (k, 3), axial, flags``;
 * ``state/seq, t, n, x (m, N, 3) float32, tension (m, N-1) float32, twist, contacts, energy.kinetic,
   energy.elastic, energy.gravity, solver.iters, solver.residual, solver.substeps, grasps`` (JSON strings);
-  ``x``/``tension`` entries beyond a message's own ``n`` are NaN;
+  ``x``/``tension`` entries beyond a message's own ``n`` are NaN; in a recording of a scene with tissue also
+  ``tissue.gap`` (m, the wound's gap; NaN with one pad) and ``tissue.throws`` (-1 where a message has none);
 * ``stats/seq, t, <flattened key>``: bool or int64 when every message has the key with that type, otherwise
   float64 with NaN where it is missing (strings and lists: JSON strings);
 * ``event/seq, t, kind, details`` (JSON strings).
@@ -268,6 +269,9 @@ def load_recording(path: str | os.PathLike, topics: Iterable[str] = TOPICS,
                     **{k: (np.int64 if k in ("contacts", "solver.iters", "solver.substeps") else np.float64)
                        for k in _STATE_SCALARS}, "grasps": object})
     xs, tensions = _Stack(), _Stack()
+    gaps: list[float] = []          # state.tissue.gap per state message (nan: none), kept if any message has tissue
+    throws: list[int] = []
+    has_tissue = False
     stats: list[dict[str, Any]] = []
     events = _Table({"seq": np.int64, "t": np.float64, "kind": object, "details": object})
     counts = {t: 0 for t in TOPICS}
@@ -300,6 +304,12 @@ def load_recording(path: str | os.PathLike, topics: Iterable[str] = TOPICS,
                 state.append((m["seq"], m["t"], m["n"], m["twist"], m["contacts"], energy["kinetic"],
                               energy["elastic"], energy["gravity"], solver["iters"], solver["residual"],
                               solver.get("substeps", -1), _json(m["grasps"])))
+                tissue = m.get("tissue")
+                has_tissue = has_tissue or tissue is not None
+                gap = tissue.get("gap") if tissue is not None else None
+                gaps.append(float(gap) if isinstance(gap, (int, float)) and not isinstance(gap, bool) else np.nan)
+                thr = tissue.get("throws") if tissue is not None else None
+                throws.append(thr if isinstance(thr, int) and not isinstance(thr, bool) else -1)
             elif topic == "stats":
                 stats.append(_flatten({k: v for k, v in m.items() if k != "v"}))
             else:
@@ -321,6 +331,9 @@ def load_recording(path: str | os.PathLike, topics: Iterable[str] = TOPICS,
     if len(state):
         rec.state = state.columns()
         rec.state["x"], rec.state["tension"] = xs.array(), tensions.array()
+        if has_tissue:   # a suture scene: the wound's gap (m) and the throws, per state message (NPZ only)
+            rec.state["tissue.gap"] = np.array(gaps, dtype=np.float64)
+            rec.state["tissue.throws"] = np.array(throws, dtype=np.int64)
     if stats:
         rec.stats = _stats_columns(stats)
     if len(events):

@@ -11,6 +11,9 @@ Three panels, read from the recording's topics (docs/PROTOCOL.md):
 (c) ``stats``: the distribution of the loop's lateness: every ``stats`` message carries percentiles of the
     last second's tick lateness (µs); the panel histograms the per-second p99 and max. A headless recording
     (`suturesim run`) has no ``stats``, and the panel says so.
+(d) only for a scene with tissue (``state.tissue``): the wound's gap (mm) against scene time t (s), with the
+    throws counted from the strands (docs/PHYSICS.md Sec. 9) on a second axis; read it with panel (a)'s axial
+    force to see the suture tighten and the wound close.
 
 The figure is drawn with matplotlib's Agg renderer (no display needed); matplotlib is an optional dependency,
 ``pip install 'suturesim[plot]'``.
@@ -35,7 +38,7 @@ __all__ = ["FIGSIZE_IN", "DPI", "PANEL_TITLES", "PlotError", "plot_recording", "
 
 FIGSIZE_IN = (10.0, 12.0)
 DPI = 100                      # so the PNG is 1000 x 1200 px
-PANEL_TITLES = ("(a) force per device", "(b) tension along the thread", "(c) loop lateness")
+PANEL_TITLES = ("(a) force per device", "(b) tension along the thread", "(c) loop lateness", "(d) the wound's gap")
 _INSTALL_HINT = "matplotlib is not installed: pip install 'suturesim[plot]'"
 
 
@@ -177,9 +180,29 @@ def _panel_lateness(ax, rec: Recording) -> None:
     ax.legend(loc="upper right", fontsize=8)
 
 
+def _panel_gap(ax, rec: Recording) -> None:
+    st = rec.state
+    ax.set_title(f"{PANEL_TITLES[3]}: the smallest separation of two tissue pads (solid) and the throws (steps)")
+    ax.set_xlabel("scene time t (s)")
+    ax.set_ylabel("gap (mm)")
+    ax.plot(st["t"], 1e3 * st["tissue.gap"], color="C0", lw=1.2, label="gap")
+    ax.grid(True, alpha=0.3)
+    ax2 = ax.twinx()
+    ax2.step(st["t"], np.maximum(st["tissue.throws"], 0), where="post", color="C3", lw=1.0, label="throws")
+    ax2.set_ylabel("throws")
+    ax2.set_ylim(-0.1, max(2, int(np.max(st["tissue.throws"], initial=0)) + 1))
+    ax.legend(loc="upper left", fontsize=8)
+    ax2.legend(loc="upper right", fontsize=8)
+
+
+def has_gap(rec: Recording) -> bool:
+    """Whether the recording's states carry a wound's gap (a scene with two tissue pads or more)."""
+    return bool(rec.state) and "tissue.gap" in rec.state and bool(np.isfinite(rec.state["tissue.gap"]).any())
+
+
 def plot_recording(rec: Recording, times: Sequence[float] | None = None,
                    devices: Sequence[str] | None = None) -> Figure:
-    """The three-panel figure (module docstring) of a loaded recording; ``times`` in s, ``devices`` by name
+    """The three-panel figure (four with a wound's gap; module docstring) of a loaded recording; ``times`` in s, ``devices`` by name
     (default: all). Raises :class:`PlotError` for a device the recording does not have."""
     Figure, FigureCanvasAgg = _matplotlib()
     known = rec.devices
@@ -189,10 +212,12 @@ def plot_recording(rec: Recording, times: Sequence[float] | None = None,
             raise PlotError(f"no device {', '.join(missing)} in {rec.path} (devices: {', '.join(known) or 'none'})")
     fig = Figure(figsize=FIGSIZE_IN, dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)           # Agg: renders without a display, and no pyplot global state
-    ax_force, ax_tension, ax_late = fig.subplots(3, 1)
-    _panel_force(ax_force, rec, known if devices is None else list(devices))
-    _panel_tension(ax_tension, rec, times)
-    _panel_lateness(ax_late, rec)
+    axes = fig.subplots(4 if has_gap(rec) else 3, 1)
+    _panel_force(axes[0], rec, known if devices is None else list(devices))
+    _panel_tension(axes[1], rec, times)
+    _panel_lateness(axes[2], rec)
+    if len(axes) == 4:
+        _panel_gap(axes[3], rec)
     fig.suptitle(f"suturesim recording {os.path.basename(rec.path)}: scenario "
                  f"'{rec.scenario or 'unknown (no scenario metadata)'}'", fontsize=13)
     return fig
