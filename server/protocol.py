@@ -108,6 +108,15 @@ def _canonical(obj: Any) -> Any:
     return obj
 
 
+def _maps(m: dict, key: str, where: str):
+    """(item, its path) for each item of the list m[key], every item a map."""
+    for i, item in enumerate(_get(m, key, list, where)):
+        path = f"{where}.{key}[{i}]"
+        if not isinstance(item, dict):
+            raise _fail(path, f"must be a map, got {type(item).__name__}")
+        yield item, path
+
+
 def encode_state(seq: int, t: float, x: np.ndarray, tension: np.ndarray, twist: float,
                  grasps: Sequence[Mapping[str, Any]], contacts: int, energy: Mapping[str, float],
                  solver: Mapping[str, Any], tissue: Mapping[str, Any] | None = None,
@@ -312,17 +321,11 @@ def _check_state(m: dict) -> dict:
         _get(solver, "substeps", int, "state.solver")
     if "tissue" in m:
         tissue = _get(m, "tissue", dict, topic)
-        for i, pad in enumerate(_get(tissue, "pads", list, "state.tissue")):
-            where = f"state.tissue.pads[{i}]"
-            if not isinstance(pad, dict):
-                raise _fail(where, f"must be a map, got {type(pad).__name__}")
+        for pad, where in _maps(tissue, "pads", "state.tissue"):
             _get(pad, "id", str, where)
             pad["pos"] = _vec3_in(pad, "pos", where)
             pad["size"] = _vec3_in(pad, "size", where)
-        for i, pun in enumerate(_get(tissue, "punctures", list, "state.tissue")):
-            where = f"state.tissue.punctures[{i}]"
-            if not isinstance(pun, dict):
-                raise _fail(where, f"must be a map, got {type(pun).__name__}")
+        for pun, where in _maps(tissue, "punctures", "state.tissue"):
             _get(pun, "pad", str, where)
             pun["pos"] = _vec3_in(pun, "pos", where)
             if _get(pun, "on", str, where) not in ("needle", "thread", "passed"):

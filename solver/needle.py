@@ -36,7 +36,8 @@ import numpy as np
 from numba import njit
 
 from .tissue import (PD_HALF, PF_LOCAL, PF_SIGMA, PF_SPEED, PI_MATE, PI_PAD, PI_STATE, PS_F, PS_X, PUN_ACTIVE,
-                     PUN_FREE, PUN_NEEDLE, TP_K_LAT, TP_RADIUS, closest_on_thread)
+                     PUN_FREE, PUN_NEEDLE, TP_K_LAT, TP_RADIUS, closest_on_thread,
+                     puncture_point)
 
 # npar: the needle's parameters
 NP_RADIUS = 0      # m, arc radius R
@@ -234,10 +235,8 @@ def _near_hole(cx, cy, cz, p, pst, pun_i, pun_f, dist) -> bool:
     """Whether a needle-held puncture of pad p lies within ``dist`` (m) of c."""
     for q in range(pun_i.shape[0]):
         if pun_i[q, PI_STATE] == PUN_NEEDLE and pun_i[q, PI_PAD] == p:
-            dx = pst[p, PS_X] + pun_f[q, PF_LOCAL] - cx
-            dy = pst[p, PS_X + 1] + pun_f[q, PF_LOCAL + 1] - cy
-            dz = pst[p, PS_X + 2] + pun_f[q, PF_LOCAL + 2] - cz
-            if dx * dx + dy * dy + dz * dz < dist * dist:
+            hx, hy, hz = puncture_point(q, pst, pun_i, pun_f)
+            if (hx - cx) ** 2 + (hy - cy) ** 2 + (hz - cz) ** 2 < dist * dist:
                 return True
     return False
 
@@ -355,9 +354,7 @@ def needle_constraints(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndar
         if pun_i[q, PI_STATE] != PUN_NEEDLE:
             continue
         p = pun_i[q, PI_PAD]
-        px = pst[p, PS_X] + pun_f[q, PF_LOCAL]
-        py = pst[p, PS_X + 1] + pun_f[q, PF_LOCAL + 1]
-        pz = pst[p, PS_X + 2] + pun_f[q, PF_LOCAL + 2]
+        px, py, pz = puncture_point(q, pst, pun_i, pun_f)
         th = arc_angle(xbar, nst, r, px, py, pz)
         if th < 0.0:
             # the swage went through: the thread now runs through the puncture

@@ -168,6 +168,22 @@ def closest_on_thread(x: np.ndarray, px: float, py: float, pz: float, j0: int, j
     return sig, best
 
 
+@njit(cache=True, error_model="numpy")
+def puncture_point(q: int, pst: np.ndarray, pun_i: np.ndarray, pun_f: np.ndarray):
+    """Where puncture q is now (m): its point fixed on its pad, moved with the pad."""
+    p = pun_i[q, PI_PAD]
+    return (pst[p, PS_X] + pun_f[q, PF_LOCAL], pst[p, PS_X + 1] + pun_f[q, PF_LOCAL + 1],
+            pst[p, PS_X + 2] + pun_f[q, PF_LOCAL + 2])
+
+
+@njit(cache=True, error_model="numpy")
+def _segment_of(q: int, m: int, pun_f: np.ndarray):
+    """(j, u): the segment and fraction along it of a thread-held puncture's thread coordinate sigma."""
+    sig = pun_f[q, PF_SIGMA]
+    j = min(int(sig), m - 1)
+    return j, sig - j
+
+
 SETTLED = 0.05   # thread radii: a vertex put back by less has settled on its face
 SEARCH = 3   # segments either side of its last place searched for a puncture's new closest point
 
@@ -185,10 +201,7 @@ def locate_punctures(h: float, x: np.ndarray, rest: np.ndarray, pst: np.ndarray,
     for q in range(pun_i.shape[0]):
         if pun_i[q, PI_STATE] != PUN_ACTIVE:
             continue
-        p = pun_i[q, PI_PAD]
-        px = pst[p, PS_X] + pun_f[q, PF_LOCAL]
-        py = pst[p, PS_X + 1] + pun_f[q, PF_LOCAL + 1]
-        pz = pst[p, PS_X + 2] + pun_f[q, PF_LOCAL + 2]
+        px, py, pz = puncture_point(q, pst, pun_i, pun_f)
         old = pun_f[q, PF_SIGMA]
         if full:
             j0 = 0
@@ -274,9 +287,7 @@ def puncture_predict(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarra
         if pun_i[q, PI_STATE] != PUN_ACTIVE:
             continue
         p = pun_i[q, PI_PAD]
-        sig = pun_f[q, PF_SIGMA]
-        j = min(int(sig), m - 1)
-        u = sig - j
+        j, u = _segment_of(q, m, pun_f)
         # the offset from the thread's point to the puncture (its pad moved this substep already)
         for d in range(3):
             pt = (1.0 - u) * x[j, d] + u * x[j + 1, d]
@@ -309,9 +320,7 @@ def puncture_forces(h: float, x: np.ndarray, x1: np.ndarray, kinematic: np.ndarr
         if pun_i[q, PI_STATE] != PUN_ACTIVE:
             continue
         p = pun_i[q, PI_PAD]
-        sig = pun_f[q, PF_SIGMA]
-        j = min(int(sig), m - 1)
-        u = sig - j
+        j, u = _segment_of(q, m, pun_f)
         c = pun_f[q, PF_DAMP]
         fx = 0.0
         fy = 0.0

@@ -175,3 +175,29 @@ def test_large_state_encodes_fast():
         P.encode_state(**a)
     per_call = (time.perf_counter() - t0) / 200
     assert per_call < 2e-3, per_call  # no per-vertex Python work
+
+
+def _suture_state(tissue: dict | None = None, needle: dict | None = None) -> bytes:
+    x = np.zeros((3, 3))
+    x[:, 0] = [0.0, 0.01, 0.02]
+    return P.encode_state(5, 0.005, x, np.zeros(2), 0.0, [], 0, {"kinetic": 0.0, "elastic": 0.0, "gravity": 0.0},
+                          {"iters": 1, "residual": 0.0, "substeps": 1}, tissue=tissue, needle=needle)
+
+
+def test_state_tissue_and_needle_round_trip_and_bad_ones_are_rejected():
+    tissue = {"pads": [{"id": "left", "pos": [0.0, 0.0, -0.005], "size": [0.02, 0.03, 0.01]}],
+              "punctures": [{"pad": "left", "pos": [0.0, 0.0, 0.0], "on": "needle", "drag": 0.1}],
+              "gap": None, "throws": 0, "linking": 0.0}
+    needle = {"pos": [0.0, 0.0, 0.01], "quat": [1.0, 0.0, 0.0, 0.0], "radius": 0.008, "arc": 2.36,
+              "tip": [0.01, 0.0, 0.0], "torque": [0.0, 0.0, 0.0]}
+    m = P.decode(_suture_state(tissue, needle), P.TOPIC_STATE)
+    assert m["tissue"]["pads"][0]["id"] == "left" and m["tissue"]["punctures"][0]["on"] == "needle"
+    assert m["needle"]["radius"] == 0.008 and m["needle"]["quat"] == [1.0, 0.0, 0.0, 0.0]
+    assert "tissue" not in P.decode(_suture_state(), P.TOPIC_STATE)     # a scene without tissue: no key
+    bad = dict(tissue, punctures=[dict(tissue["punctures"][0], on="bogus")])
+    with pytest.raises(ProtocolError, match=r"state.tissue.punctures\[0\]: on must be needle, thread or passed"):
+        P.decode(_suture_state(bad), P.TOPIC_STATE)
+    with pytest.raises(ProtocolError, match=r"state.tissue.pads\[0\]"):
+        P.decode(_suture_state(dict(tissue, pads=[7])), P.TOPIC_STATE)
+    with pytest.raises(ProtocolError, match=r"state.needle: quat must be 4 numbers"):
+        P.decode(_suture_state(tissue, dict(needle, quat=[1.0, 0.0])), P.TOPIC_STATE)
