@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 import multiprocessing
-from concurrent.futures import Future, ProcessPoolExecutor
+from multiprocessing.pool import AsyncResult
 from typing import Any, Callable
 
 import msgpack
@@ -92,10 +92,9 @@ class ControlHandler:
         self.loop = loop
         # spawned now, before the loop turns real-time (the handler is made before set_realtime), and started at
         # once so that the first `load` or `set` does not wait for its imports
-        self.worker = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                          initializer=_ordinary_process, initargs=(loop.cfg.loop.cpu,))
-        self.worker.submit(os.getpid)
-        self.pending: tuple[Callable[[Any], dict], Future] | None = None   # (apply, scene being built)
+        self.worker = multiprocessing.get_context("spawn").Pool(1, initializer=_ordinary_process,
+                                                                initargs=(loop.cfg.loop.cpu,))
+        self.pending: tuple[Callable[[Any], dict], AsyncResult] | None = None   # (apply, scene being built)
         self.commands: dict[str, Callable[[dict], dict]] = {
             "status": self.status, "reset": self.reset, "pause": self.pause, "resume": self.resume,
             "load": self.load, "set": self.set, "grasp": self.grasp, "release": self.release,
@@ -120,12 +119,12 @@ class ControlHandler:
 
     def finish_pending(self) -> None:
         """Called every tick: install a prepared `load`/`set` and reply, once the worker is done."""
-        if self.pending is None or not self.pending[1].done():
+        if self.pending is None or not self.pending[1].ready():
             return
         apply, future = self.pending
         self.pending = None
         try:
-            reply = {"ok": True, **apply(future.result())}
+            reply = {"ok": True, **apply(future.get())}
         except (RequestError, ConfigError) as exc:
             self.loop.stats.control_errors += 1
             reply = {"ok": False, "error": str(exc)}
@@ -135,9 +134,10 @@ class ControlHandler:
         self._send(reply)
 
     def close(self) -> None:
-        # the worker process is idle or a build (milliseconds) from it: wait for it, so that the physics
-        # process exits at once and leaves no child behind
-        self.worker.shutdown(wait=True, cancel_futures=True)
+        # stopped, not waited for (it may still be importing if the server is stopped right after its start):
+        # the physics process exits at once and leaves no child behind
+        self.worker.terminate()
+        self.worker.join()
 
     def _send(self, reply: dict) -> None:
         try:
@@ -219,8 +219,8 @@ class ControlHandler:
             lp.event("load", scenario=scenario.name)
             return {"scenario": scenario.name}
 
-        self.pending = (apply, self.worker.submit(load_scenario, spec) if isinstance(spec, str) else
-                        self.worker.submit(build_scenario, spec, "<load request>"))
+        self.pending = (apply, self.worker.apply_async(load_scenario, (spec,)) if isinstance(spec, str) else
+                        self.worker.apply_async(build_scenario, (spec, "<load request>")))
         return None
 
     def set(self, req: dict) -> None:
@@ -246,7 +246,7 @@ class ControlHandler:
             lp.event("set", path=path, value=value if isinstance(value, (int, float, str, bool)) else str(value))
             return {}
 
-        self.pending = (apply, self.worker.submit(build_scenario, data, f"<set {path}>"))
+        self.pending = (apply, self.worker.apply_async(build_scenario, (data, f"<set {path}>")))
         return None
 
     def grasp(self, req: dict) -> dict:

@@ -547,9 +547,9 @@ class PhysicsLoop:
             if self.stats.count >= stats_every:
                 self.publish_stats()
             k += 1
-        control.close()
         self.event("shutdown")
         self.zero_forces()
+        control.close()   # after the forces are zero: stopping its worker process must not delay them
         time.sleep(0.05)  # let the last messages leave before the sockets close
 
     def tick_scene(self, start_ns: int) -> tuple[int, int]:
