@@ -43,7 +43,7 @@ STAT_SCALED = 7         # vertices whose mass was scaled in the last tick
 STAT_MASS_FACTOR = 8    # largest mass scale factor of the last tick (1 = none)
 
 
-PAD_ROUNDS = 8       # rounds of (vertices put back out of the pads, constraint solve) per substep
+PAD_ROUNDS = 4       # rounds of (vertices put back out of the pads, constraint solve) per substep
 PAD_CRACK = 3.0      # thread radii left between two pads that meet: the thread that crosses between them
 FRICTION_TOL = 1e-3  # friction has settled when a round changes no contact point by more than this x min_gap
 
