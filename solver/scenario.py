@@ -192,9 +192,13 @@ def _polyline_shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
     rest = length - float(legs.sum())
     if rest < -1e-9 * length:
         raise sec.error("points", f"the polyline is {legs.sum():.6g} m long but the thread only {length:.6g} m")
-    spans = np.append(legs, max(rest, 0.0))
-    if len(legs) > n_seg:
-        raise sec.error("points", f"{len(legs)} legs need at least as many segments; the thread has {n_seg}")
+    if rest <= 1e-9 * length:
+        rest = 0.0      # the polyline is the whole thread (a rounding remainder would make a null segment)
+    spans = np.append(legs, rest)
+    need = len(legs) + (1 if rest > 0.0 else 0)
+    if need > n_seg:
+        raise sec.error("points", f"{len(legs)} legs{' and the rest of the thread past them' if rest > 0.0 else ''} "
+                                  f"need at least {need} segments; the thread has {n_seg}")
     share = spans / length * n_seg
     count = np.where(spans > 0.0, np.maximum(np.floor(share), 1), 0).astype(int)
     count[:-1] = np.maximum(count[:-1], 1)

@@ -418,8 +418,6 @@ def collide_pads(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, r
             corr0 = target - xbar[i, ax]
             xbar[i, ax] = target
             # Coulomb friction on the face: the slip relative to the pad over the substep shrinks by mu dn
-            t0 = 0.0
-            t1 = 0.0
             a0 = (ax + 1) % 3
             a1 = (ax + 2) % 3
             t0 = (xbar[i, a0] - x[i, a0]) - pst[p, PS_DX + a0]

@@ -208,3 +208,23 @@ def test_tissue_config_errors():
     fails({"pads": [dict(pad, size=[0.02, 0.0, 0.01])]}, r"tissue.pads\[0\].size: must be three positive")
     fails({"pads": [dict(pad, colour="red")]}, r"tissue.pads\[0\].colour: unknown key")
     fails({"pads": []}, r"tissue.pads: give at least one pad")
+
+
+def test_polyline_shape_puts_a_vertex_on_every_corner():
+    corners = [[0.0, 0.0, 0.0], [0.01, 0.0, 0.0], [0.01, 0.01, 0.0]]
+
+    def shape(length, segments):
+        return build_scenario({"thread": {"preset": "silk-3-0", "length": length, "segments": segments},
+                               "shape": {"kind": "polyline", "points": corners}}, "p.yaml")
+
+    sc = shape(0.03, 6)          # 2 cm of corners, 1 cm straight on past the last one
+    x = sc.initial.x
+    assert any(np.allclose(v, corners[1]) for v in x) and any(np.allclose(v, corners[2]) for v in x)
+    assert sc.model.rest_length.sum() == pytest.approx(0.03) and np.allclose(sc.model.rest_length, 0.005)
+    assert np.allclose(x[-1], [0.01, 0.02, 0.0])
+    # a length equal to the corners' but for rounding makes no null segment
+    assert shape(0.02 + 1e-15, 4).model.rest_length.min() == pytest.approx(0.005)
+    with pytest.raises(ConfigError, match=r"shape.points: 2 legs and the rest of the thread past them need at least 3"):
+        shape(0.03, 2)
+    with pytest.raises(ConfigError, match=r"shape.points: the polyline is 0.02 m long but the thread only 0.01 m"):
+        shape(0.01, 4)
