@@ -22,14 +22,16 @@ from numba import njit
 
 from .constraints import solve_multipliers
 from .contact_response import (CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS, CS_REBUILDS,
-                               CS_REVERTED, CS_SKIN, CS_STICKING, CP_MIN_GAP, CP_ROUNDS, CP_SKIN, apply_friction, enforce_min_gap,
-                               guard_crossings, largest_step, neighbours_stale, penalty_forces, rebuild_neighbours)
+                               CS_REVERTED, CS_SKIN, CS_STICKING, CP_MIN_GAP, CP_ROUNDS, CP_SKIN, apply_friction,
+                               enforce_min_gap, guard_crossings, largest_step, neighbours_stale, penalty_forces,
+                               rebuild_neighbours)
 from .forces import accumulate_forces, edge_vectors
 from .model import ThreadModel, ThreadState
 from .motion import apply_motions
 from .stability import fold_factor, omega_bound, scale_masses, substeps_for
 from .needle import NP_WIRE, needle_constraints, needle_finish, needle_pierce, needle_turn
-from .tissue import TP_RADIUS, collide_pads, locate_punctures, puncture_forces, puncture_load, puncture_predict, step_pads
+from .tissue import (TP_RADIUS, collide_pads, locate_punctures, puncture_forces, puncture_load, puncture_predict,
+                     step_pads)
 
 # state.stats slots
 STAT_ITERS = 0          # multiplier iterations of the last substep
@@ -91,8 +93,9 @@ def substep(h: float, t: float,
     """Advance the state by one substep h (s) starting at time t (s). Returns (iterations, residual).
     With ``contact_on``, the first ``n_cand`` pairs of the neighbour list get the contact response
     (solver/contact_response.py) and ``cstats`` its per-tick statistics. With ``tissue_on``, the pads move,
-    the punctures act on the thread and the thread is kept out of the pads (solver/tissue.py). With ``needle_on``, vertex 0 is a needle's swage and the needle turns, pierces and
-    is held by the tissue (solver/needle.py)."""
+    the punctures act on the thread and the thread is kept out of the pads (solver/tissue.py). With
+    ``needle_on``, vertex 0 is a needle's swage and the needle turns, pierces and is held by the tissue
+    (solver/needle.py)."""
     n = x.shape[0]
     m = n - 1
     g_count = grasp_vertex.shape[0]

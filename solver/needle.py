@@ -199,7 +199,8 @@ def _segment_box_entry(ax, ay, az, bx, by, bz, cx, cy, cz, hx, hy, hz):
 
 @njit(cache=True, error_model="numpy")
 def _inside(px, py, pz, pads, pst, p, grow):
-    return (abs(px - pst[p, PS_X]) < pads[p, PD_HALF] + grow and abs(py - pst[p, PS_X + 1]) < pads[p, PD_HALF + 1] + grow
+    return (abs(px - pst[p, PS_X]) < pads[p, PD_HALF] + grow
+            and abs(py - pst[p, PS_X + 1]) < pads[p, PD_HALF + 1] + grow
             and abs(pz - pst[p, PS_X + 2]) < pads[p, PD_HALF + 2] + grow)
 
 

@@ -190,8 +190,8 @@ class SutureWatch:
         tissue = needle = None
         m = self.model
         if m.tissue_on:
-            pads = [{"id": pid, "pos": state.pst[p, PS_X:PS_X + 3].tolist(), "size": (2.0 * m.pads[p, PD_HALF:PD_HALF + 3]).tolist()}
-                    for p, pid in enumerate(m.pad_ids)]
+            pads = [{"id": pid, "pos": state.pst[p, PS_X:PS_X + 3].tolist(),
+                     "size": (2.0 * m.pads[p, PD_HALF:PD_HALF + 3]).tolist()} for p, pid in enumerate(m.pad_ids)]
             punctures = []
             for q in range(state.pun_i.shape[0]):
                 st = int(state.pun_i[q, PI_STATE])
