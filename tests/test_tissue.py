@@ -69,29 +69,27 @@ def test_drag_through_a_puncture_matches_the_law(speed):
     assert np.mean(drag, axis=0) == pytest.approx([law, law], rel=0.05)
 
 
+def slid_through(max_force: float, seconds: float) -> float:
+    """Length of thread (m) a hand pulling with at most ``max_force`` (N) draws through the pad in ``seconds``
+    (s), after 0.3 s to take up the pull."""
+    model, state = drawn(speed=0.05, pull="grasp", max_force=max_force)
+    stepper = Stepper(model, state)
+    for _ in range(300):
+        stepper.tick()
+    s0 = state.pun_f[0, PF_SIGMA]
+    for _ in range(int(round(seconds * 1000))):
+        stepper.tick()
+    return (state.pun_f[0, PF_SIGMA] - s0) * model.rest_length[0]
+
+
 def test_a_puncture_holds_below_breakaway_and_slides_above_it():
     # a hand that can pull with 0.5 N, less than the two punctures' 2 x 0.3 N breakaway: the thread creeps
     # at most at stick_speed (1 mm/s) * 0.5/0.6
-    model, state = drawn(speed=0.05, pull="grasp", max_force=0.5)
-    stepper = Stepper(model, state)
-    for _ in range(300):
-        stepper.tick()
-    s0 = state.pun_f[0, PF_SIGMA]
-    for _ in range(1000):
-        stepper.tick()
-    crept = (state.pun_f[0, PF_SIGMA] - s0) * model.rest_length[0]
+    crept = slid_through(0.5, 1.0)
     assert 0.0 <= crept < 1e-3 * 0.5 / 0.6 * 1.0 + 1e-5
     # with 0.8 N it breaks away and slides at the speed where 2 (0.2 + 1.0 v) = 0.8, v = 0.2 m/s; the hand's
     # target moves at 0.05 m/s, so the grasp catches up and the thread follows the hand
-    model, state = drawn(speed=0.05, pull="grasp", max_force=0.8)
-    stepper = Stepper(model, state)
-    for _ in range(300):
-        stepper.tick()
-    s0 = state.pun_f[0, PF_SIGMA]
-    for _ in range(500):
-        stepper.tick()
-    slid = (state.pun_f[0, PF_SIGMA] - s0) * model.rest_length[0]
-    assert slid == pytest.approx(0.05 * 0.5, rel=0.1)
+    assert slid_through(0.8, 0.5) == pytest.approx(0.05 * 0.5, rel=0.1)
 
 
 def test_the_end_passes_through_and_the_punctures_go():
