@@ -1,13 +1,13 @@
-"""What a suture's state means to the people watching it: the wound's gap, the thread's strands either side of
-the tissue, how often they are wound round each other (throws), and what happened to the punctures.
+"""What a suture's state means to the people watching it: the wound's gap, the knot the thread is tied in and
+its throws, how the strands are wound, and what happened to the punctures.
 
-Throws are read from the strands' topology: the Gauss linking integral of the two strands (the thread from the
-needle to the first puncture it passes, and from the last puncture to the tail), computed exactly for
-polylines with the solid-angle formula of Klenin & Langowski (2000, Biopolymers 54:307). Two strands anchored in
-the tissue and wound once round each other (one throw) link about once; each further throw the same way adds
-about one. A square knot's second throw goes the other way and brings the linking back to about zero: as a
-braid of two strands it is trivial and holds only by friction, so the linking number cannot tell it from no
-knot (docs/PHYSICS.md Sec. 9). `SutureWatch` turns these into the server's events. SI units.
+The knot is read from the thread's topology (solver/knot_type.py): the Jones polynomial of the thread closed far
+away names it (unknot, half knot, double throw, square, granny, surgeon's knot) and counts its throws. The
+strands' Gauss linking integral (the thread from the needle to the first puncture it passes, and from the last
+puncture to the tail; exact for polylines by the solid-angle formula of Klenin & Langowski 2000, Biopolymers
+54:307) is reported beside it: it counts how often the strands are twisted round each other, which is not a
+knot (hands turning round each other twist the strands, and any closure undoes a twist; docs/PHYSICS.md
+Sec. 9). `SutureWatch` turns these into the server's events. SI units.
 """
 from __future__ import annotations
 
@@ -16,11 +16,13 @@ import math
 import numpy as np
 from numba import njit
 
+from .knot_type import knot_type, warm_up as warm_up_knots
 from .tissue import (MAX_PUNCTURES, PD_HALF, PF_DRAG, PF_LOCAL, PF_SIGMA, PI_MATE, PI_PAD, PI_STATE, PS_X,
                      PUN_ACTIVE, PUN_FREE, PUN_NEEDLE, PUN_PASSED, TP_RADIUS)
 
 STATE_NAMES = {PUN_ACTIVE: "thread", PUN_NEEDLE: "needle", PUN_PASSED: "passed"}
 LINK_EVERY = 100          # ticks between two readings of the strands' linking (10 Hz at 1 kHz)
+KNOT_EVERY = 250          # ticks between two readings of the knot (4 Hz; 0.1-0.8 ms each, solver/knot_type.py)
 GAP_CLOSED = 2e-4         # m above the crack the edges close to (integrator.PAD_CRACK thread radii): closed
 GAP_OPEN = 1e-3           # m above it: open again (hysteresis, so a closing wound does not chatter)
 
@@ -107,15 +109,10 @@ def strands(pun_i: np.ndarray, pun_f: np.ndarray, n_vertices: int) -> tuple[int,
     return lo, hi
 
 
-def throws_of(link: float) -> int:
-    """Throws read from the strands' linking: one per full winding, counted from three quarters of one."""
-    return int(abs(link) + 0.25)
-
-
 class SutureWatch:
     """Turns a tissue scene's state into events (puncture, thread_through, puncture_closed, needle_out,
-    gap_closed, gap_opened, throw) and the `tissue`/`needle` parts of the `state` topic. ``check`` runs every
-    tick and allocates only when something happened."""
+    gap_closed, gap_opened, knot, throw) and the `tissue`/`needle` parts of the `state` topic. ``check`` runs
+    every tick; it allocates when something happened, and when it reads the knot (KNOT_EVERY ticks)."""
 
     def __init__(self, model):
         self.model = model
@@ -125,6 +122,8 @@ class SutureWatch:
         self.closed = False
         self.throws = 0
         self.link = 0.0
+        self.knot = "unknot"
+        self.seen = "unknot"      # the knot read last time: a new one counts once read twice running
         self.ticks = 0
 
     def warm_up(self, state) -> None:
@@ -132,6 +131,7 @@ class SutureWatch:
         pad_gap(self.model.pads, state.pst)
         if state.x.shape[0] >= 4:
             linking(state.x, 0, 1, 2, 3)
+        warm_up_knots()
 
     def reset(self, state) -> None:
         self.prev[:] = state.pun_i[:, PI_STATE]
@@ -139,6 +139,7 @@ class SutureWatch:
         self.closed = bool(g <= self.crack + GAP_CLOSED)
         self.throws = 0
         self.link = 0.0
+        self.knot = self.seen = "unknot"
         self.ticks = 0
 
     def check(self, state, emit) -> None:
@@ -178,10 +179,17 @@ class SutureWatch:
                 lo, hi = ends
                 n = state.x.shape[0] - 1
                 self.link = float(linking(state.x, 0, lo, hi, n)) if lo >= 1 and hi <= n - 1 else 0.0
-                t = throws_of(self.link)
-                if t != self.throws:
-                    self.throws = t
-                    emit("throw", throws=t, linking=self.link)
+        if self.ticks % KNOT_EVERY == 0:
+            kt = knot_type(state.x)
+            # a knot counts once it has been read twice running: a strand sliding over another mid-reading, or a
+            # diagram too crossed to resolve, does not make an event
+            if kt.name not in ("unresolved", self.knot) and kt.name == self.seen:
+                self.knot = kt.name
+                emit("knot", name=kt.name, hand=kt.hand, throws=kt.throws, jones=[list(pc) for pc in kt.jones])
+                if kt.throws is not None and kt.throws != self.throws:
+                    self.throws = kt.throws
+                    emit("throw", throws=kt.throws, linking=self.link)
+            self.seen = kt.name
 
     def payload(self, state) -> tuple[dict | None, dict | None]:
         """The `tissue` and `needle` maps of the `state` topic (None when the scene has neither)."""
@@ -203,7 +211,7 @@ class SutureWatch:
                                   "on": STATE_NAMES[st], "drag": float(state.pun_f[q, PF_DRAG])})
             g = float(pad_gap(m.pads, state.pst))
             tissue = {"pads": pads, "punctures": punctures, "gap": g if math.isfinite(g) else None,
-                      "throws": self.throws, "linking": self.link}
+                      "knot": self.knot, "throws": self.throws, "linking": self.link}
         if m.needle_on:
             r, arc = float(m.needle_par[NP_RADIUS]), float(m.needle_par[NP_ARC])
             needle = {"pos": state.x[0].tolist(), "quat": state.nst[NS_Q:NS_Q + 4].tolist(), "radius": r,

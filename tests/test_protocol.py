@@ -187,11 +187,12 @@ def _suture_state(tissue: dict | None = None, needle: dict | None = None) -> byt
 def test_state_tissue_and_needle_round_trip_and_bad_ones_are_rejected():
     tissue = {"pads": [{"id": "left", "pos": [0.0, 0.0, -0.005], "size": [0.02, 0.03, 0.01]}],
               "punctures": [{"pad": "left", "pos": [0.0, 0.0, 0.0], "on": "needle", "drag": 0.1}],
-              "gap": None, "throws": 0, "linking": 0.0}
+              "gap": None, "knot": "square knot", "throws": 2, "linking": 0.0}
     needle = {"pos": [0.0, 0.0, 0.01], "quat": [1.0, 0.0, 0.0, 0.0], "radius": 0.008, "arc": 2.36,
               "tip": [0.01, 0.0, 0.0], "torque": [0.0, 0.0, 0.0]}
     m = P.decode(_suture_state(tissue, needle), P.TOPIC_STATE)
     assert m["tissue"]["pads"][0]["id"] == "left" and m["tissue"]["punctures"][0]["on"] == "needle"
+    assert m["tissue"]["knot"] == "square knot"
     assert m["needle"]["radius"] == 0.008 and m["needle"]["quat"] == [1.0, 0.0, 0.0, 0.0]
     assert "tissue" not in P.decode(_suture_state(), P.TOPIC_STATE)     # a scene without tissue: no key
     bad = dict(tissue, punctures=[dict(tissue["punctures"][0], on="bogus")])
@@ -199,5 +200,7 @@ def test_state_tissue_and_needle_round_trip_and_bad_ones_are_rejected():
         P.decode(_suture_state(bad), P.TOPIC_STATE)
     with pytest.raises(ProtocolError, match=r"state.tissue.pads\[0\]"):
         P.decode(_suture_state(dict(tissue, pads=[7])), P.TOPIC_STATE)
+    with pytest.raises(ProtocolError, match=r"state.tissue.*knot"):
+        P.decode(_suture_state(dict(tissue, knot=2)), P.TOPIC_STATE)
     with pytest.raises(ProtocolError, match=r"state.needle: quat must be 4 numbers"):
         P.decode(_suture_state(tissue, dict(needle, quat=[1.0, 0.0])), P.TOPIC_STATE)

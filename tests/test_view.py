@@ -505,7 +505,7 @@ def needle_point(theta: float, pos=(ARC_RADIUS_M, 0.0, 0.0), quat=NEEDLE_QUAT, r
 def suture_maps(t: float = 0.0) -> tuple[dict, dict]:
     tissue = {"pads": PADS, "punctures": [{"pad": pad, "pos": pos, "on": on, "drag": 0.0123456789}
                                           for pad, pos, on in PUNCTURES],
-              "gap": 0.0100000004, "throws": 1, "linking": -1.23456789}
+              "gap": 0.0100000004, "knot": "half knot", "throws": 1, "linking": -1.23456789}
     needle = {"pos": [ARC_RADIUS_M, 0.0, 0.0], "quat": NEEDLE_QUAT, "radius": NEEDLE_R, "arc": NEEDLE_ARC,
               "tip": needle_point(NEEDLE_ARC).tolist(), "torque": [1.234567e-4, 0.0, -2e-10]}
     return tissue, needle
@@ -530,7 +530,7 @@ def test_state_carries_tissue_and_needle_rounded():
     assert tissue["pads"] == PADS
     assert [(q["pad"], q["pos"], q["on"]) for q in tissue["punctures"]] == PUNCTURES
     assert {q["drag"] for q in tissue["punctures"]} == {0.012346}                  # 1 µN
-    assert (tissue["gap"], tissue["throws"], tissue["linking"]) == (0.01, 1, -1.234568)
+    assert (tissue["gap"], tissue["knot"], tissue["throws"], tissue["linking"]) == (0.01, "half knot", 1, -1.234568)
     assert needle["pos"] == [ARC_RADIUS_M, 0.0, 0.0] and needle["quat"] == NEEDLE_QUAT
     assert needle["radius"] == NEEDLE_R and needle["arc"] == round(NEEDLE_ARC, 6)
     assert needle["tip"] == [round(v, 6) for v in needle_point(NEEDLE_ARC)]         # 1 µm
@@ -597,6 +597,7 @@ def test_page_draws_tissue_and_needle(suture_live, browser):
     panel = browser.find_element(By.ID, "suture")
     wait_for(lambda: panel.is_displayed() and "gap" in panel.text, PAGE_TIMEOUT_S, "the suture panel")
     assert "gap 10.00 mm" in panel.text and "throws 1 (linking -1.23)" in panel.text, panel.text
+    assert "knot half knot" in panel.text, panel.text
     assert "punctures needle/thread/passed 1 / 1 / 1" in panel.text, panel.text
     time.sleep(0.2)                                 # a redraw after the first state's fit
     rgb = canvas_rgb(browser, "scene")

@@ -125,6 +125,7 @@ def tissue_to_json(tissue: dict) -> dict:
         "punctures": [{"pad": p["pad"], "pos": _floats(p["pos"]), "on": p["on"], "drag": _num(p.get("drag"))}
                       for p in tissue["punctures"]],
         "gap": _num(tissue.get("gap")),
+        "knot": tissue.get("knot") if isinstance(tissue.get("knot"), str) else None,
         "throws": _num(tissue.get("throws")),
         "linking": _num(tissue.get("linking")),
     }

@@ -443,9 +443,10 @@ export class Scene {
   }
 }
 
-// The wound's closure in a line: the gap between the pads (mm) and the throws tied.
+// The wound's closure in a line: the gap between the pads (mm), the throws tied and the knot they make.
 export function suture(tissue) {
   const gap = isNum(tissue.gap) ? `${(tissue.gap * 1000).toFixed(2)} mm` : '–';
   const n = tissue.throws;
-  return `gap ${gap}   ${isNum(n) ? n : '–'} throw${n === 1 ? '' : 's'}`;
+  const knot = typeof tissue.knot === 'string' && tissue.knot !== 'unknot' ? `   ${tissue.knot}` : '';
+  return `gap ${gap}   ${isNum(n) ? n : '–'} throw${n === 1 ? '' : 's'}${knot}`;
 }

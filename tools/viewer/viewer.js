@@ -116,6 +116,7 @@ function showSuture(tissue, needle) {
   if (tissue) {
     const count = on => (tissue.punctures || []).filter(q => q.on === on).length;
     rows.push(['gap', isNum(tissue.gap) ? `${(tissue.gap * 1000).toFixed(2)} mm` : '–'],
+      ['knot', typeof tissue.knot === 'string' ? tissue.knot : '–'],
       ['throws', `${isNum(tissue.throws) ? tissue.throws : '–'} (linking ${fmt(tissue.linking)})`],
       ['pads', (tissue.pads || []).map(p => p.id).join(', ') || 'none'],
       ['punctures needle/thread/passed', `${count('needle')} / ${count('thread')} / ${count('passed')}`]);
