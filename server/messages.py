@@ -51,6 +51,9 @@ class MessageBuilder:
         self.watch.reset(scenario.initial)
         #: per device: where its stylus is (m), for devices whose grasps follow a live stylus (the daemon's goals)
         self.stylus: dict[str, np.ndarray] = {}
+        #: per device holding the needle: the live stylus's last orientation (w, x, y, z) as it arrived, once it
+        #: sent one; sent with its `force`, so a recording keeps what turned the needle
+        self.quat: dict[str, np.ndarray] = {}
         for d in self.devices:
             self.add_device(d)
 
@@ -70,7 +73,7 @@ class MessageBuilder:
         """Stop ``device``'s `force` stream (a scripted stylus that let go: there is no motor to ramp down)."""
         if device in self.pipes:
             self.devices.remove(device)
-            for d in (self.pipes, self.force, self.axial_of, self.flags, self.pose, self.stylus):
+            for d in (self.pipes, self.force, self.axial_of, self.flags, self.pose, self.stylus, self.quat):
                 d.pop(device, None)
 
     def needle_device(self) -> str | None:
@@ -137,7 +140,7 @@ class MessageBuilder:
                 if not np.all(np.isfinite(torque)):
                     torque.fill(0.0)
             out.append(protocol.encode_force(seq, t, d, pose, self.force[d], axial, flags, self.stylus.get(d),
-                                             torque))
+                                             torque, self.quat.get(d) if d == needle_device else None))
         for v in self.scenario.force_vertices:
             axial = self.axial(state, v)
             out.append(protocol.encode_force(seq, t, f"vertex{v}", state.x[v], state.ext_force[v], axial, 0))

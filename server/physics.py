@@ -266,6 +266,12 @@ class PhysicsLoop:
                         for i in range(4):
                             nst[NS_QT + i] = quat[i] / qn
                         nst[NS_WT] = nst[NS_WT + 1] = nst[NS_WT + 2] = 0.0
+                        # kept as it came (normalised here, not there), so that a resimulation applying the
+                        # recorded value normalises the same numbers and turns the needle bit for bit alike
+                        kept = self.builder.quat.get(device)
+                        if kept is None:
+                            kept = self.builder.quat[device] = np.empty(4)
+                        kept[:] = quat
         if hit:
             self.device_live[device] = time.monotonic()
         return hit
@@ -320,11 +326,12 @@ class PhysicsLoop:
                     self.event("device_error", device=device, code=code)
 
     def read_replay_poses(self) -> None:
-        """The replay backend: each replayed device's recorded pose at the end of this tick."""
+        """The replay backend: each replayed device's recorded pose (and orientation, if it sent one) at the end
+        of this tick."""
         t_end = float(self.state.time[0]) + self.cfg.loop.tick_s
         for device, track in self.replay.items():
             if self.cfg.backend_of(device) == "replay" and track.pose_at(t_end, self._pose):
-                self.set_device_pose(device, self._pose)
+                self.set_device_pose(device, self._pose, self._quat if track.quat_at(self._quat) else None)
 
     def on_buttons(self, device: str, buttons: int, pos: np.ndarray) -> None:
         """The grasp button: pressed, grasp the nearest free vertex within reach; released, let go."""

@@ -29,6 +29,7 @@ free-form maps -- event details and stats -- are emitted with their keys sorted)
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, Mapping, Sequence
 
 import msgpack
@@ -173,7 +174,8 @@ def encode_state(seq: int, t: float, x: np.ndarray, tension: np.ndarray, twist: 
 
 
 def encode_force(seq: int, t: float, device: str, pose: Sequence[float], force: Sequence[float], axial: float,
-                 flags: int, stylus: Sequence[float] | None = None, torque: Sequence[float] | None = None) -> bytes:
+                 flags: int, stylus: Sequence[float] | None = None, torque: Sequence[float] | None = None,
+                 quat: Sequence[float] | None = None) -> bytes:
     """Encode a ``force`` payload.
 
     :param device: device name.
@@ -186,6 +188,9 @@ def encode_force(seq: int, t: float, device: str, pose: Sequence[float], force: 
     :param torque: for the device holding a needle: the torque its rotational coupling puts on the hand [3]
         (N m, scene frame); what a 6-DoF device would render (a 3-DoF one renders only the force). Omitted
         otherwise.
+    :param quat: for the device holding a needle, once a live stylus has sent its orientation: that orientation
+        [4] (w, x, y, z, scene frame) as it arrived (the needle turns toward it normalised); a recording keeps
+        it, so a session driven live resimulates exactly. Omitted otherwise.
     """
     msg = _envelope(seq, t)
     msg["device"] = str(device)
@@ -199,6 +204,11 @@ def encode_force(seq: int, t: float, device: str, pose: Sequence[float], force: 
     msg["flags"] = flags
     if torque is not None:
         msg["torque"] = _vec3(torque, "torque")
+    if quat is not None:
+        q = [float(c) for c in quat]
+        if len(q) != 4:
+            raise ProtocolError(f"quat must have 4 components, got {len(q)}")
+        msg["quat"] = q
     return _pack(msg)
 
 
@@ -352,6 +362,11 @@ def _check_force(m: dict) -> dict:
     m["axial"] = _num(m, "axial", topic)
     if _get(m, "flags", int, topic) < 0:
         raise _fail(topic, "flags must be >= 0")
+    if "quat" in m:
+        q = _get(m, "quat", list, topic)
+        if len(q) != 4 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                                  for v in q):
+            raise _fail(topic, "quat must be 4 finite numbers (w, x, y, z)")
     return m
 
 

@@ -5,6 +5,7 @@ recorded, and resimulated exactly."""
 from __future__ import annotations
 
 import subprocess
+import time
 import sys
 
 import numpy as np
@@ -19,6 +20,7 @@ from suturesim.solver.scenario import load_scenario
 from suturesim.solver.suture import SutureWatch, pad_gap
 from suturesim.solver.tissue import PI_STATE, PUN_ACTIVE, TP_RADIUS, count_inside
 from suturesim.tools.crossings import crossings
+from test_daemon import Daemon
 from test_replay import serve_and_record
 
 CLI = [sys.executable, "-m", "suturesim.server.cli"]
@@ -129,5 +131,54 @@ def test_serve_plays_the_suture_in_real_time_and_resimulates_exactly(tmp_path):
     assert kinds.count("puncture") == 4 and kinds.count("thread_through") == 4 and "gap_closed" in kinds
     assert [e["name"] for e in events if e["kind"] == "knot"] == ["half knot", "double throw"]
     done = subprocess.run([*CLI, "replay", str(path), "--to", "resimulate"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "EXACT" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_needle_turned_by_a_live_stylus_resimulates_exactly(tmp_path):
+    """A remote stylus holding the needle sends its orientation with its position: the needle turns, the
+    recording keeps the orientation in the device's `force` messages, and the session resimulates exactly,
+    the needle's pose in `state` included (without the orientation, the replayed stylus moves the swage but
+    does not turn the needle: the resimulation then reports the needle's pose different, by 0.12)."""
+    import math
+
+    import msgpack
+
+    from test_daemon import push_socket
+
+    out = tmp_path / "live-needle.mcap"
+    d = Daemon("--record", str(out), "--scenario", "simple-interrupted-suture", "--device", "remote")
+    swage = [0.0, 0.0, 0.0143908]
+    sent = []
+    try:
+        d.wait_serving()
+        push = push_socket(d, linger_ms=2000)
+        try:
+            for k in range(400):
+                # a slow wobble of the swage and a turn of up to 20 degrees about the needle's circle axis (world
+                # -y), the tip lifting away from the tissue; the quaternion deliberately not normalised
+                a = math.radians(20.0) * math.sin(k / 60.0)
+                turn = np.array([math.cos(a / 2), 0.0, -math.sin(a / 2), 0.0])
+                q0 = np.array([0.0, 0.0, 0.70710678, -0.70710678])
+                w0, v0 = turn[0], turn[1:]
+                w1, v1 = q0[0], q0[1:]
+                q = np.concatenate([[w0 * w1 - v0 @ v1], w0 * v1 + w1 * v0 + np.cross(v0, v1)]) * 1.001
+                pos = [swage[0] + 0.001 * math.sin(k / 40.0), swage[1], swage[2] + 0.0005 * (1 - math.cos(k / 40.0))]
+                push.send(msgpack.packb({"device": "stylus0", "seq": k, "t": k * 2e-3, "pos": pos, "quat": q.tolist(),
+                                         "buttons": 0}, use_bin_type=True))
+                sent.append(q.tolist())
+                time.sleep(0.002)
+        finally:
+            push.close()
+        time.sleep(0.5)
+    finally:
+        d.close()
+    assert d.proc.returncode == 0, d.output()
+    quats = [m["quat"] for m in (protocol.decode_force(p) for t, p, _, _ in read_messages(out) if t == "force")
+             if m["device"] == "stylus0" and "quat" in m]
+    assert len(quats) > 500 and quats[-1] == sent[-1]            # kept as sent (not normalised)
+    turned = [protocol.decode(p, t)["needle"]["quat"] for t, p, _, _ in read_messages(out) if t == "state"]
+    assert max(float(np.max(np.abs(np.subtract(q, turned[0])))) for q in turned) > 0.05   # the needle did turn
+    done = subprocess.run([*CLI, "replay", str(out), "--to", "resimulate"], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and "EXACT" in done.stdout, done.stdout + done.stderr

@@ -117,6 +117,8 @@ class ResimReport:
     max_axial: float = 0.0      # N
     max_pose: float = 0.0       # m
     max_x: float = 0.0          # m, positions in `state` (float32 on the wire)
+    max_needle: float = 0.0     # the needle's pose in `state`: largest difference of its quaternion's components
+    #                             and of its tip's coordinates (m)
     first_diff: tuple | None = None      # (seq, t, what)
     stopped: str | None = None  # why the comparison ended before the recording did
     missing: int = 0            # recorded force messages with no recomputed counterpart, or the reverse
@@ -125,7 +127,7 @@ class ResimReport:
     @property
     def exact(self) -> bool:
         return (self.max_force == 0.0 and self.max_axial == 0.0 and self.max_pose == 0.0 and self.max_x == 0.0
-                and self.missing == 0)
+                and self.max_needle == 0.0 and self.missing == 0)
 
     def lines(self) -> list[str]:
         out = [f"resimulated {self.ticks} ticks: compared {self.forces} force and {self.states} state messages"
@@ -133,6 +135,7 @@ class ResimReport:
                   "compared from there)" if self.first_seq != 1 else ""),
                f"largest difference: force {self.max_force:.3g} N, axial {self.max_axial:.3g} N, pose "
                f"{self.max_pose:.3g} m, positions {self.max_x:.3g} m"
+               + (f", needle {self.max_needle:.3g}" if self.max_needle else "")
                + (f"; {self.missing} messages without a counterpart" if self.missing else "")]
         if self.first_diff:
             seq, t, what = self.first_diff
@@ -162,7 +165,7 @@ def _merge_set(source: dict, assignments: list[str]) -> dict:
 def resimulate(path: str, assignments: list[str] | None = None, progress: bool = False) -> ResimReport:
     """Step the recorded session again and compare (module docstring). Raises RecordingError when the file
     cannot be resimulated (no scenario in its metadata, or it does not start at the scene's first tick)."""
-    from ..haptics.replay import PoseTrack
+    from ..haptics.replay import PoseTrack, quat_rows
     from ..server.config import server_config_from_metadata
     from ..server.physics import PhysicsLoop
     from ..solver.scenario import build_scenario
@@ -179,15 +182,16 @@ def resimulate(path: str, assignments: list[str] | None = None, progress: bool =
     forces: dict[int, dict[str, dict]] = {}
     states: dict[int, dict] = {}
     events: list[dict] = []
-    stylus: dict[str, tuple[list, list]] = {}
+    stylus: dict[str, tuple[list, list, list]] = {}
     for topic, payload, _, _ in read_messages(path):
         if topic == "force":
             m = protocol.decode_force(payload)
             forces.setdefault(m["seq"], {})[m["device"]] = m
-            ts, ps = stylus.setdefault(m["device"], ([], []))
+            ts, ps, qs = stylus.setdefault(m["device"], ([], [], []))
             if not ts or m["t"] >= ts[-1]:
                 ts.append(m["t"])
                 ps.append(m.get("stylus", m["pose"]))
+                qs.append(m.get("quat"))
         elif topic == "state":
             m = protocol.decode_state(payload)
             states[m["seq"]] = m
@@ -206,7 +210,8 @@ def resimulate(path: str, assignments: list[str] | None = None, progress: bool =
                                 for d in cfg.devices))
     out: list[tuple[bytes, bytes]] = []
     loop = PhysicsLoop(cfg, sink=lambda topic, payload: out.append((topic, payload)))
-    loop.replay = {d: PoseTrack(np.asarray(stylus[d][0]), np.asarray(stylus[d][1])) for d in live} or None
+    loop.replay = {d: PoseTrack(np.asarray(stylus[d][0]), np.asarray(stylus[d][1]), quat_rows(stylus[d][2]))
+                   for d in live} or None
 
     report = ResimReport(first_seq=first_seq)
     events.sort(key=lambda e: (e["seq"], e["t"]))
@@ -258,6 +263,12 @@ def resimulate(path: str, assignments: list[str] | None = None, progress: bool =
                     dx = float(np.max(np.abs(np.asarray(m["x"]) - np.asarray(r["x"])))) if m["n"] == r["n"] \
                         else math.inf
                     report.max_x = differ(seq, m["t"], "state positions", dx, report.max_x)
+                    if "needle" in r or "needle" in m:
+                        rn, mn = r.get("needle"), m.get("needle")
+                        dn = (max(float(np.max(np.abs(np.subtract(mn["quat"], rn["quat"])))),
+                                  float(np.max(np.abs(np.subtract(mn["tip"], rn["tip"])))))
+                              if rn is not None and mn is not None else math.inf)
+                        report.max_needle = differ(seq, m["t"], "needle pose", dn, report.max_needle)
                     report.states += 1
             for dev, r in recorded.items():
                 m = mine.get(dev)
