@@ -29,7 +29,7 @@ from .forces import accumulate_forces, edge_vectors
 from .model import ThreadModel, ThreadState
 from .motion import apply_motions
 from .stability import fold_factor, omega_bound, scale_masses, substeps_for
-from .needle import NP_WIRE, needle_constraints, needle_finish, needle_pierce, needle_turn
+from .needle import NP_WIRE, needle_constraints, needle_finish, needle_pierce, needle_thread, needle_turn
 from .tissue import (TP_RADIUS, collide_pads, locate_punctures, puncture_forces, puncture_load, puncture_predict,
                      step_pads)
 
@@ -227,6 +227,8 @@ def substep(h: float, t: float,
             moved = collide_pads(h, x, xbar, w_eff, rest, tpar, pads, pst, pun_i, pun_f, 1 if needle_on else 0)
             if needle_on:
                 moved += needle_constraints(h, x, xbar, w_eff, rest, npar, nst, tpar, pads, pst, pun_i, pun_f)
+                # and against its own thread (a thread and its needle are both solid)
+                moved += needle_thread(h, x, xbar, w_eff, npar, nst, tpar, pst, cscratch)
             if moved == 0:
                 break
             it2, residual = solve_again(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_iters,

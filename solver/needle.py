@@ -35,6 +35,7 @@ import math
 import numpy as np
 from numba import njit
 
+from .contact import segment_closest
 from .tissue import (PD_HALF, PF_LOCAL, PF_SIGMA, PF_SPEED, PI_MATE, PI_PAD, PI_STATE, PS_F, PS_X, PUN_ACTIVE,
                      PUN_FREE, PUN_NEEDLE, TP_K_LAT, TP_RADIUS, closest_on_thread,
                      puncture_point)
@@ -401,6 +402,103 @@ def needle_constraints(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndar
                      sgn if ax == 2 else 0.0, pst, p, 0.0):
                 moved += 1
     return moved
+
+
+THREAD_SKIP = 2     # thread segments from the swage that are not tested against the arc: they leave the swage
+
+
+@njit(cache=True, error_model="numpy")
+def needle_thread(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, npar: np.ndarray, nst: np.ndarray,
+                  tpar: np.ndarray, pst: np.ndarray, scratch: np.ndarray) -> int:
+    """One round of the needle against its own thread (after a solve, xbar): every thread segment (but the
+    first THREAD_SKIP, which leave the swage) closer than the needle's wire radius plus the thread's radius to a
+    chord of the arc (N_SAMPLES - 1 chords) is pushed apart from it, the move shared between the segment's two
+    vertices and the needle (swage and turn) by inverse mass, as `_push` shares a pad's. The gap is measured
+    along the normal between the two at the substep's start, at the closest points of then (x and the start
+    pose NS_Q0), as the self-contact floor does: a segment that would pass through the wire within one
+    substep shows a negative gap on the side it came from and is put back there. ``scratch`` (>= 3). Returns
+    how many pairs were pushed."""
+    r = npar[NP_RADIUS]
+    arc = npar[NP_ARC]
+    touch = npar[NP_WIRE] + tpar[TP_RADIUS]
+    inertia = npar[NP_INERTIA]
+    m = x.shape[0] - 1
+    pushed = 0
+    # the arc lies on the circle of radius R round its centre (body (0, R, 0)); a segment whose middle is
+    # further than its half length, the contact distance and its move this substep off that circle, at the
+    # start, cannot touch the wire: most of the thread is skipped here
+    ox, oy, oz = quat_rotate(nst, NS_Q0, 0.0, r, 0.0)
+    cx0 = x[0, 0] + ox
+    cy0 = x[0, 1] + oy
+    cz0 = x[0, 2] + oz
+    for j in range(THREAD_SKIP, m):
+        if w_eff[j] == 0.0 and w_eff[j + 1] == 0.0:
+            continue
+        lj = math.sqrt((x[j + 1, 0] - x[j, 0]) ** 2 + (x[j + 1, 1] - x[j, 1]) ** 2 + (x[j + 1, 2] - x[j, 2]) ** 2)
+        dmove = max(math.sqrt((xbar[j, 0] - x[j, 0]) ** 2 + (xbar[j, 1] - x[j, 1]) ** 2 + (xbar[j, 2] - x[j, 2]) ** 2),
+                    math.sqrt((xbar[j + 1, 0] - x[j + 1, 0]) ** 2 + (xbar[j + 1, 1] - x[j + 1, 1]) ** 2
+                              + (xbar[j + 1, 2] - x[j + 1, 2]) ** 2),
+                    math.sqrt((xbar[0, 0] - x[0, 0]) ** 2 + (xbar[0, 1] - x[0, 1]) ** 2 + (xbar[0, 2] - x[0, 2]) ** 2)
+                    + r * math.sqrt(nst[NS_W] ** 2 + nst[NS_W + 1] ** 2 + nst[NS_W + 2] ** 2) * h)
+        slack = 0.5 * lj + touch + 2.0 * dmove
+        dc = math.sqrt((0.5 * (x[j, 0] + x[j + 1, 0]) - cx0) ** 2 + (0.5 * (x[j, 1] + x[j + 1, 1]) - cy0) ** 2
+                       + (0.5 * (x[j, 2] + x[j + 1, 2]) - cz0) ** 2)
+        if abs(dc - r) > slack:
+            continue
+        for k in range(N_SAMPLES - 1):
+            t0 = arc * k / (N_SAMPLES - 1)
+            t1 = arc * (k + 1) / (N_SAMPLES - 1)
+            a0x, a0y, a0z = arc_point(x, nst, NS_Q0, r, t0)
+            a1x, a1y, a1z = arc_point(x, nst, NS_Q0, r, t1)
+            # quick reject on the start geometry: midpoints further apart than both half lengths and the margin
+            mx = 0.5 * (x[j, 0] + x[j + 1, 0]) - 0.5 * (a0x + a1x)
+            my = 0.5 * (x[j, 1] + x[j + 1, 1]) - 0.5 * (a0y + a1y)
+            mz = 0.5 * (x[j, 2] + x[j + 1, 2]) - 0.5 * (a0z + a1z)
+            reach = slack + 0.5 * math.sqrt((a1x - a0x) ** 2 + (a1y - a0y) ** 2 + (a1z - a0z) ** 2)
+            if mx * mx + my * my + mz * mz > reach * reach:
+                continue
+            segment_closest(x[j, 0], x[j, 1], x[j, 2], x[j + 1, 0], x[j + 1, 1], x[j + 1, 2],
+                            a0x, a0y, a0z, a1x, a1y, a1z, scratch)
+            sj = scratch[0]
+            tk = scratch[1]
+            d0 = math.sqrt(scratch[2])
+            if d0 < 1e-12:
+                continue   # the centre lines met at the start: no side to keep (not reached from a healthy start)
+            nx = (x[j, 0] + sj * (x[j + 1, 0] - x[j, 0]) - (a0x + tk * (a1x - a0x))) / d0
+            ny = (x[j, 1] + sj * (x[j + 1, 1] - x[j, 1]) - (a0y + tk * (a1y - a0y))) / d0
+            nz = (x[j, 2] + sj * (x[j + 1, 2] - x[j, 2]) - (a0z + tk * (a1z - a0z))) / d0
+            # the same points now (xbar, the current pose)
+            theta = t0 + tk * (t1 - t0)
+            b0x, b0y, b0z = arc_point(xbar, nst, NS_Q, r, t0)
+            b1x, b1y, b1z = arc_point(xbar, nst, NS_Q, r, t1)
+            qx = b0x + tk * (b1x - b0x)
+            qy = b0y + tk * (b1y - b0y)
+            qz = b0z + tk * (b1z - b0z)
+            gap = (nx * (xbar[j, 0] + sj * (xbar[j + 1, 0] - xbar[j, 0]) - qx)
+                   + ny * (xbar[j, 1] + sj * (xbar[j + 1, 1] - xbar[j, 1]) - qy)
+                   + nz * (xbar[j, 2] + sj * (xbar[j + 1, 2] - xbar[j, 2]) - qz))
+            if gap >= touch - POINT_TOL:
+                continue
+            # the needle's effective inverse mass at the point along n: the swage's and the turn's
+            rx = qx - xbar[0, 0]
+            ry = qy - xbar[0, 1]
+            rz = qz - xbar[0, 2]
+            cx = ry * nz - rz * ny
+            cy = rz * nx - rx * nz
+            cz = rx * ny - ry * nx
+            w_needle = w_eff[0] + (cx * cx + cy * cy + cz * cz) / inertia
+            w_thread = (1.0 - sj) * (1.0 - sj) * w_eff[j] + sj * sj * w_eff[j + 1]
+            if w_needle + w_thread <= 0.0:
+                continue
+            lam = (touch - gap) / (w_needle + w_thread)
+            for d, nd in enumerate((nx, ny, nz)):
+                xbar[j, d] += w_eff[j] * (1.0 - sj) * lam * nd
+                xbar[j + 1, d] += w_eff[j + 1] * sj * lam * nd
+            # the needle's share, the other way: `_push` moves its point by w_needle * lam along -n
+            _push(h, x, xbar, w_eff, npar, nst, theta, -w_needle * lam * nx, -w_needle * lam * ny,
+                  -w_needle * lam * nz, pst, -1, 0.0)
+            pushed += 1
+    return pushed
 
 
 @njit(cache=True, error_model="numpy")

@@ -9,7 +9,7 @@ import pytest
 
 from suturesim.solver.config import ConfigError
 from suturesim.solver.integrator import Stepper
-from suturesim.solver.needle import NP_ARC, NP_RADIUS, NS_Q, NS_TORQUE, arc_point, needle_inside
+from suturesim.solver.needle import NP_ARC, NP_RADIUS, NP_WIRE, NS_Q, NS_TORQUE, arc_point, needle_inside
 from suturesim.solver.scenario import build_scenario
 from suturesim.solver.tissue import PI_STATE, PUN_ACTIVE, PUN_FREE, PUN_NEEDLE, TP_RADIUS, count_inside
 
@@ -162,3 +162,60 @@ def test_needle_config_errors():
 def test_a_needle_may_not_start_inside_a_pad():
     with pytest.raises(ConfigError, match=r"bite.yaml: needle.orientation: the needle starts inside pad 'pad'"):
         bite(height=-0.2)
+
+
+def seg_seg_distance(p0, p1, q0, q1) -> float:
+    """The smallest distance (m) between any segment p0[i]p1[i] and any segment q0[k]q1[k], both sampled at 21
+    points (0.05 of a segment apart; an independent check, not the kernels' closest-point code); pairs whose
+    midpoints are more than 4 mm apart are left out (their segments are shorter than 3 mm)."""
+    mid = np.linalg.norm((p0 + p1)[:, None, :] / 2 - (q0 + q1)[None, :, :] / 2, axis=-1)
+    ii, kk = np.nonzero(mid < 0.004)
+    if ii.size == 0:
+        return math.inf
+    u = np.linspace(0.0, 1.0, 21)[None, :, None]
+    ps = p0[ii][:, None, :] + u * (p1 - p0)[ii][:, None, :]      # (pairs, 21, 3)
+    qs = q0[kk][:, None, :] + u * (q1 - q0)[kk][:, None, :]
+    return float(np.linalg.norm(ps[:, :, None, :] - qs[:, None, :, :], axis=-1).min())
+
+
+def test_the_needle_pushes_its_thread_and_never_passes_through_it():
+    """The thread is laid across the needle's circle just ahead of its tip; the needle is driven on round its
+    circle (no tissue in the way, no gravity). The tip meets the thread and pushes it along: the centre lines
+    of thread and wire never come closer than the wire's radius plus the thread's (without the needle-thread
+    contact the wire passes through the thread, to 5 um of its centre line)."""
+    swage, q = needle_above(3.0)
+    centre = np.array([0.0, 0.0, TOP + 3.0 * R])
+    data = {"thread": {"preset": "silk-3-0", "length": 0.1, "segments": 80},
+            "shape": {"kind": "straight", "start": swage.tolist(), "direction": [0.0, -1.0, 0.0]},
+            "tissue": {"pads": [{"id": "pad", "center": [0.0, 0.0, 0.0], "size": [0.03, 0.03, 0.01], "fixed": True}]},
+            "needle": {"preset": "3/8-12mm", "grasp": "needle", "orientation": q.tolist()},
+            "boundary": {"grasps": [{"id": "needle", "vertex": 0, "stiffness": 1000.0, "max_force": 3.0}]},
+            "timeline": [{"needle": "drive", "angle": 120.0, "from": 0.1, "to": 1.1}],
+            "gravity": [0.0, 0.0, 0.0]}
+    sc = build_scenario(data, "needle-thread.yaml")
+    tip0 = np.array(arc_point(sc.initial.x, sc.initial.nst, NS_Q, sc.model.needle_par[NP_RADIUS],
+                              sc.model.needle_par[NP_ARC]))
+    # the point of the circle 60 degrees on from the tip, the way the drive turns it (about -y)
+    a = math.radians(-60.0)
+    turn = np.array([[math.cos(a), 0.0, math.sin(a)], [0.0, 1.0, 0.0], [-math.sin(a), 0.0, math.cos(a)]])
+    ahead = centre + turn @ (tip0 - centre)
+    data["shape"] = {"kind": "polyline", "points": [swage.tolist(), (swage + [0.0, -0.008, 0.0]).tolist(),
+                                                    (ahead + [0.0, -0.008, 0.0]).tolist(),
+                                                    (ahead + [0.0, 0.008, 0.0]).tolist(),
+                                                    (ahead + [0.0, 0.03, 0.0]).tolist()]}
+    sc = build_scenario(data, "needle-thread.yaml")
+    model, state = sc.model, sc.new_state()
+    stepper = Stepper(model, state)
+    touch = model.needle_par[NP_WIRE] + model.tissue_par[TP_RADIUS]
+    x0 = state.x.copy()
+    theta = np.linspace(0.0, model.needle_par[NP_ARC], 13)
+    closest = math.inf
+    for _ in range(1300):
+        stepper.tick()
+        wire = np.array([arc_point(state.x, state.nst, NS_Q, model.needle_par[NP_RADIUS], th) for th in theta])
+        # thread segments from the third on (the first two leave the swage, on the wire by construction)
+        closest = min(closest, seg_seg_distance(state.x[2:-1], state.x[3:], wire[:-1], wire[1:]))
+    assert closest > 0.95 * touch, (closest, touch)
+    assert closest < 1.2 * touch                    # they did touch: the tip met the thread ...
+    assert np.abs(state.x - x0).max() > 0.005       # ... and pushed it along, by more than 5 mm
+    assert stepper.retries == 0
