@@ -303,6 +303,16 @@ def _needle_tunnel(theta: float, p: int, pun_i: np.ndarray, pun_f: np.ndarray, a
 
 
 @njit(cache=True, error_model="numpy")
+def _arm(xbar: np.ndarray, px: float, py: float, pz: float, nx: float, ny: float, nz: float):
+    """r x n for the needle's point p (arm r from the swage xbar[0]) and unit direction n: the turn a push
+    along n at p makes; |r x n|^2 / I is what the turn adds to the swage's inverse mass there."""
+    rx = px - xbar[0, 0]
+    ry = py - xbar[0, 1]
+    rz = pz - xbar[0, 2]
+    return ry * nz - rz * ny, rz * nx - rx * nz, rx * ny - ry * nx
+
+
+@njit(cache=True, error_model="numpy")
 def _push(h, x, xbar, w_eff, npar, nst, theta, dx, dy, dz, pst, p, compliance) -> bool:
     """Move the needle's point at angle theta toward d (m), sharing the move between the swage's translation
     and the body's turn by their inverse masses, less by the ``compliance`` (m/N) of what holds it (one XPBD
@@ -316,12 +326,7 @@ def _push(h, x, xbar, w_eff, npar, nst, theta, dx, dy, dz, pst, p, compliance) -
     ny = dy / d
     nz = dz / d
     px, py, pz = arc_point(xbar, nst, NS_Q, npar[NP_RADIUS], theta)
-    rx = px - xbar[0, 0]
-    ry = py - xbar[0, 1]
-    rz = pz - xbar[0, 2]
-    cx = ry * nz - rz * ny
-    cy = rz * nx - rx * nz
-    cz = rx * ny - ry * nx
+    cx, cy, cz = _arm(xbar, px, py, pz, nx, ny, nz)
     inertia = npar[NP_INERTIA]
     w_lin = w_eff[0]
     lam = d / (w_lin + (cx * cx + cy * cy + cz * cz) / inertia + compliance / (h * h))
@@ -480,12 +485,7 @@ def needle_thread(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, 
             if gap >= touch - POINT_TOL:
                 continue
             # the needle's effective inverse mass at the point along n: the swage's and the turn's
-            rx = qx - xbar[0, 0]
-            ry = qy - xbar[0, 1]
-            rz = qz - xbar[0, 2]
-            cx = ry * nz - rz * ny
-            cy = rz * nx - rx * nz
-            cz = rx * ny - ry * nx
+            cx, cy, cz = _arm(xbar, qx, qy, qz, nx, ny, nz)
             w_needle = w_eff[0] + (cx * cx + cy * cy + cz * cz) / inertia
             w_thread = (1.0 - sj) * (1.0 - sj) * w_eff[j] + sj * sj * w_eff[j + 1]
             if w_needle + w_thread <= 0.0:
