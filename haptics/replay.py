@@ -1,10 +1,10 @@
 """The `replay` backend's data: a stylus path taken from a recording, played back against scene time.
 
 A recording's `force` messages carry, every tick, each device's stylus position and the scene time ``t`` at the
-end of that tick, and for a device holding a needle, the orientation its live stylus sent (``quat``). Played back, the stylus is where it was recorded at the end of the tick being stepped
-(sample and hold, no interpolation), so re-stepping the same scenario on the same ticks moves the grasp
-exactly as recorded. Reading the file is the server's job (the message format is the wire protocol); this
-module only holds the samples.
+end of that tick, and for a device holding a needle, the orientation its live stylus sent (``quat``). Played
+back, the stylus is where it was recorded at the end of the tick being stepped (sample and hold, no
+interpolation), so re-stepping the same scenario on the same ticks moves the grasp exactly as recorded. Reading
+the file is the server's job (the message format is the wire protocol); this module only holds the samples.
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from .tissue import (MAX_PUNCTURES, PD_HALF, PF_DRAG, PF_LOCAL, PF_SIGMA, PI_MAT
 
 STATE_NAMES = {PUN_ACTIVE: "thread", PUN_NEEDLE: "needle", PUN_PASSED: "passed"}
 LINK_EVERY = 100          # ticks between two readings of the strands' linking (10 Hz at 1 kHz)
-KNOT_EVERY = 250          # ticks between two readings of the knot (4 Hz; 0.1-0.8 ms each, solver/knot_type.py)
+KNOT_EVERY = 250          # ticks between two readings of the knot (4 Hz; about 0.2 ms each, solver/knot_type.py)
 GAP_CLOSED = 2e-4         # m above the crack the edges close to (integrator.PAD_CRACK thread radii): closed
 GAP_OPEN = 1e-3           # m above it: open again (hysteresis, so a closing wound does not chatter)
 

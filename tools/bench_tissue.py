@@ -119,8 +119,9 @@ def render_tissue(res: TissueBench) -> list[str]:
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     if len(res.watch):
         w = res.watch
-        lines += ["", f"`SutureWatch.check` alone: p50 {np.percentile(w, 50):.1f} µs, p99 {np.percentile(w, 99):.1f} µs, "
-                      f"max {w.max():.0f} µs (the knot read every 250 ticks: {np.median(w[249::250]):.0f} µs median)."]
+        lines += ["", f"`SutureWatch.check` alone: p50 {np.percentile(w, 50):.1f} µs, "
+                      f"p99 {np.percentile(w, 99):.1f} µs, max {w.max():.0f} µs "
+                      f"(the knot read every 250 ticks: {np.median(w[249::250]):.0f} µs median)."]
     if res.bare:
         lines += ["", "What the tissue and needle add: 200 ticks from the middle of each phase, the same states "
                       "stepped with them and with `tissue_on` and `needle_on` off (µs per tick):", "",
