@@ -26,7 +26,7 @@ from .contact_response import (CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECT
                                enforce_min_gap, guard_crossings, largest_step, neighbours_stale, penalty_forces,
                                rebuild_neighbours)
 from .forces import accumulate_forces, edge_vectors
-from .model import ThreadModel, ThreadState
+from .model import ThreadModel, ThreadState, TickCopy
 from .motion import apply_motions
 from .stability import fold_factor, omega_bound, scale_masses, substeps_for
 from .needle import NP_WIRE, needle_constraints, needle_finish, needle_pierce, needle_thread, needle_turn
@@ -409,22 +409,26 @@ def grasp_tension_floor(state: ThreadState) -> float:
     vertex stayed where it is, min(max_force, k |p - x|). A stylus far from its vertex is about to pull. At an
     end of the thread, a coupling pushing the end back along the thread compresses it rather than pulls, and
     counts 0 (stability.py: compression sets no step limit)."""
+    return _grasp_tension_floor(state.x, state.grasp_vertex, state.grasp_target, state.grasp_k, state.grasp_fmax)
+
+
+@njit(cache=True, error_model="numpy")
+def _grasp_tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax) -> float:
     floor = 0.0
-    last = state.x.shape[0] - 1
-    for g in range(state.grasp_vertex.shape[0]):
-        v = state.grasp_vertex[g]
+    last = x.shape[0] - 1
+    for g in range(grasp_vertex.shape[0]):
+        v = grasp_vertex[g]
         if v < 0:
             continue
-        dx = state.grasp_target[g, 0] - state.x[v, 0]
-        dy = state.grasp_target[g, 1] - state.x[v, 1]
-        dz = state.grasp_target[g, 2] - state.x[v, 2]
+        dx = grasp_target[g, 0] - x[v, 0]
+        dy = grasp_target[g, 1] - x[v, 1]
+        dz = grasp_target[g, 2] - x[v, 2]
         if v == 0 or v == last:
             w = 1 if v == 0 else last - 1       # the end's neighbour: the coupling pulls if it points away
-            outward = (dx * (state.x[v, 0] - state.x[w, 0]) + dy * (state.x[v, 1] - state.x[w, 1])
-                       + dz * (state.x[v, 2] - state.x[w, 2]))
+            outward = dx * (x[v, 0] - x[w, 0]) + dy * (x[v, 1] - x[w, 1]) + dz * (x[v, 2] - x[w, 2])
             if outward < 0.0:
                 continue
-        f = min(state.grasp_fmax[g], state.grasp_k[g] * math.sqrt(dx * dx + dy * dy + dz * dz))
+        f = min(grasp_fmax[g], grasp_k[g] * math.sqrt(dx * dx + dy * dy + dz * dz))
         floor = max(floor, f)
     return floor
 
@@ -477,6 +481,8 @@ class Stepper:
         self.model = model
         self.state = state
         self._backup = state.copy()
+        self._save = TickCopy(state, self._backup)
+        self._restore = TickCopy(self._backup, state)
         self._tension = state.tension.copy()   # the tension estimate of the tick being run (N)
         self.retries = 0          # ticks run again since this stepper was made
         self.trace: np.ndarray | None = None   # (k, n, 3): if set, each tick writes its substeps' positions
@@ -499,7 +505,7 @@ class Stepper:
             floor = max(floor, puncture_load(model.tissue_par, state.pun_i, state.pun_f))
         np.maximum(est, floor, out=est)
         n, needed = choose_substeps(model, state, est)
-        state.copy_into(self._backup)
+        self._save()
         for attempt in range(self.MAX_RETRIES + 1):
             h = s.tick / n
             step(model, state, n, h, scale=needed > n, tension_floor=floor, trace=self.trace)
@@ -520,7 +526,7 @@ class Stepper:
                 np.maximum(est, np.abs(state.tension), out=est)
             floor = max(4.0 * floor, 1e-3)
             np.maximum(est, floor, out=est)
-            self._backup.copy_into(state)
+            self._restore()
             self.retries += 1
             omega_new = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length, est, 1.5,
                                     state.contact_k)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .contact_response import CS_COUNT, copy_neighbour_list
 from .needle import NP_COUNT, NS_COUNT, NS_Q, NS_QT
 from .tissue import MAX_PUNCTURES, PD_COUNT, PD_REST, PF_COUNT, PI_COUNT, PI_MATE, PS_COUNT, PS_X, TP_COUNT
 
@@ -202,6 +203,32 @@ class ThreadState:
         """Overwrite ``other``'s arrays in place (no allocation): how reset restores the initial state."""
         for name, value in vars(self).items():
             np.copyto(getattr(other, name), value)
+
+
+# What a tick writes before it reads: the contact grid and a rebuild's carry-over of the old list. A copy taken
+# to run a tick again leaves them out, and takes of the neighbour list only the pairs its count covers (with
+# both, the copy is about 0.1 MB rather than 0.4 MB for 80 segments, and a quarter of the time).
+TICK_SCRATCH = frozenset(("grid_head", "grid_next", "grid_cells", "grid_scratch", "old_j", "old_n", "old_fp",
+                          "old_next", "seg_head"))
+NEIGHBOUR_LIST = ("cand_i", "cand_j", "cand_s", "cand_t", "cand_d", "cand_n", "cand_f", "cand_fp", "cand_fa")
+
+
+class TickCopy:
+    """Copies what a tick starts from, ``src`` into ``dst`` (two states of one model), allocating nothing: the
+    Stepper's backup of the state before a tick, and its restore for a tick run again."""
+
+    def __init__(self, src: ThreadState, dst: ThreadState):
+        skip = TICK_SCRATCH.union(NEIGHBOUR_LIST)
+        self._pairs = [(value, getattr(dst, name)) for name, value in vars(src).items() if name not in skip]
+        self._lists = tuple(getattr(src, name) for name in NEIGHBOUR_LIST) + tuple(
+            getattr(dst, name) for name in NEIGHBOUR_LIST)
+        self._count = src.contact_stats
+
+    def __call__(self) -> None:
+        copyto = np.copyto
+        for value, target in self._pairs:
+            copyto(target, value)
+        copy_neighbour_list(int(self._count[CS_COUNT]), *self._lists)
 
 
 def lumped_masses(rest_length: np.ndarray, linear_density: float) -> np.ndarray:
