@@ -94,14 +94,27 @@ def _envelope(seq: int, t: float) -> dict:
 
 
 def _vec3(value: Iterable[float], what: str) -> list[float]:
+    if type(value) is np.ndarray and value.dtype == np.float64 and value.shape == (3,):
+        return value.tolist()    # Python floats, in a tenth of the time of the loop below (1 kHz per device)
     out = [float(c) for c in value]
     if len(out) != 3:
         raise ProtocolError(f"{what} must have 3 components, got {len(out)}")
     return out
 
 
+_SCALARS = (float, int, str, bool, type(None))
+
+
 def _canonical(obj: Any) -> Any:
     """Free-form values with map keys sorted (recursively), so encoding does not depend on insertion order."""
+    kind = type(obj)
+    # exact types first: the ABC check below costs about 1 us a value, and a state's tissue has hundreds
+    if kind in _SCALARS:
+        return obj
+    if kind is dict:
+        return {k: _canonical(obj[k]) for k in sorted(obj)}
+    if kind is list:
+        return [_canonical(v) for v in obj]
     if isinstance(obj, Mapping):
         return {k: _canonical(obj[k]) for k in sorted(obj)}
     if isinstance(obj, (list, tuple)):

@@ -23,6 +23,10 @@ from .tissue import (MAX_PUNCTURES, PD_HALF, PF_DRAG, PF_LOCAL, PF_SIGMA, PI_MAT
 STATE_NAMES = {PUN_ACTIVE: "thread", PUN_NEEDLE: "needle", PUN_PASSED: "passed"}
 LINK_EVERY = 100          # ticks between two readings of the strands' linking (10 Hz at 1 kHz)
 KNOT_EVERY = 250          # ticks between two readings of the knot (4 Hz; about 0.2 ms each, solver/knot_type.py)
+# the ticks within those periods that read: apart from each other and from the server's `state` message (every
+# 10th tick), so that no tick pays for two of them
+LINK_PHASE = 3
+KNOT_PHASE = 128
 GAP_CLOSED = 2e-4         # m above the crack the edges close to (integrator.PAD_CRACK thread radii): closed
 GAP_OPEN = 1e-3           # m above it: open again (hysteresis, so a closing wound does not chatter)
 
@@ -173,13 +177,13 @@ class SutureWatch:
                 self.closed = False
                 emit("gap_opened", gap=g)
         self.ticks += 1
-        if self.ticks % LINK_EVERY == 0:
+        if self.ticks % LINK_EVERY == LINK_PHASE:
             ends = strands(pun_i, state.pun_f, state.x.shape[0])
             if ends is not None:
                 lo, hi = ends
                 n = state.x.shape[0] - 1
                 self.link = float(linking(state.x, 0, lo, hi, n)) if lo >= 1 and hi <= n - 1 else 0.0
-        if self.ticks % KNOT_EVERY == 0:
+        if self.ticks % KNOT_EVERY == KNOT_PHASE:
             kt = knot_type(state.x)
             # a knot counts once it has been read twice running: a strand sliding over another mid-reading, or a
             # diagram too crossed to resolve, does not make an event
