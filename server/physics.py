@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass, replace
 
@@ -98,6 +99,22 @@ def wait_until(deadline_ns: int, spin_ns: int) -> None:
         time.sleep((deadline_ns - now - spin_ns) * 1e-9)
     while time.monotonic_ns() < deadline_ns:
         pass
+
+
+def raise_helper_threads(priority: int) -> list[str]:
+    """Every other Python thread of this process to SCHED_FIFO at ``priority`` (below the loop's). A helper
+    holding the GIL must not be preempted by an ordinary process on its CPU while the loop waits for the GIL (a
+    priority inversion: the loop then stalls for the other process's time slice, milliseconds). Returns notes."""
+    notes = []
+    me = threading.current_thread()
+    for t in threading.enumerate():
+        if t is me or t.native_id is None:
+            continue
+        try:
+            os.sched_setscheduler(t.native_id, os.SCHED_FIFO, os.sched_param(priority))
+        except (PermissionError, OSError, AttributeError) as exc:
+            notes.append(f"helper thread {t.name} not raised to SCHED_FIFO ({exc.__class__.__name__}: {exc})")
+    return notes
 
 
 def set_realtime(priority: int, cpu: int) -> tuple[bool, int, list[str]]:
@@ -500,6 +517,8 @@ class PhysicsLoop:
         self.realtime, self.cpu, notes = set_realtime(self.cfg.loop.priority if self.cfg.loop.realtime else 0,
                                                       self.cfg.loop.cpu) if self.cfg.loop.realtime else (
             False, -1, ["realtime disabled in the config"])
+        if self.realtime:
+            notes += raise_helper_threads(max(1, self.cfg.loop.priority - 1))
         for note in notes:
             print(f"suturesim physics: {note}", flush=True)
         gc.collect()
@@ -626,7 +645,8 @@ def physics_main(cfg: ServerConfig, link_name: str | None, ready, stop, conn=Non
     die_with_parent()  # a killed supervisor stops the loop too (SIGTERM: the handler below)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when to stop
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    # the control worker thread (control.py) may hold the GIL at most this long before the loop gets it back
+    # a control worker pool thread (control.py) that is running may hold the GIL at most this long before the
+    # loop gets it back; one that is not running cannot drop it at all, hence raise_helper_threads
     sys.setswitchinterval(5e-5)
     try:
         loop = PhysicsLoop(cfg, link_name, supervisor=conn)

@@ -1,7 +1,8 @@
 """The scripted simple interrupted suture (configs/scenarios/simple-interrupted-suture.yaml, issue 7): the needle
 bites through both edges of the wound, the thread is drawn through, a surgeon's double throw is tied and
-cinched, the wound closes and stays closed when the hands let go; in `serve` with two simulated styluses,
-recorded, and resimulated exactly."""
+cinched, the wound closes and stays closed as the forceps let go and the needle's hand eases off; in `serve`
+with two simulated styluses, recorded, and resimulated exactly. And the second throw tied with the needle
+(configs/scenarios/needle-tie-surgeons-knot.yaml), whose knot does not hold yet."""
 from __future__ import annotations
 
 import subprocess
