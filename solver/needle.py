@@ -413,6 +413,14 @@ THREAD_SKIP = 2     # thread segments from the swage that are not tested against
 
 
 @njit(cache=True, error_model="numpy")
+def _needle_move(h: float, x: np.ndarray, xbar: np.ndarray, nst: np.ndarray, r: float) -> float:
+    """A bound on how far any point of the needle moved this substep (m): the swage's move from x to xbar plus
+    the turn's at the radius r."""
+    return (math.sqrt((xbar[0, 0] - x[0, 0]) ** 2 + (xbar[0, 1] - x[0, 1]) ** 2 + (xbar[0, 2] - x[0, 2]) ** 2)
+            + r * math.sqrt(nst[NS_W] ** 2 + nst[NS_W + 1] ** 2 + nst[NS_W + 2] ** 2) * h)
+
+
+@njit(cache=True, error_model="numpy")
 def needle_thread(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, npar: np.ndarray, nst: np.ndarray,
                   tpar: np.ndarray, pst: np.ndarray, scratch: np.ndarray) -> int:
     """One round of the needle against its own thread (after a solve, xbar): every thread segment (but the
@@ -436,6 +444,7 @@ def needle_thread(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, 
     cx0 = x[0, 0] + ox
     cy0 = x[0, 1] + oy
     cz0 = x[0, 2] + oz
+    needle_move = _needle_move(h, x, xbar, nst, r)   # again after each push below, which moves the swage
     for j in range(THREAD_SKIP, m):
         if w_eff[j] == 0.0 and w_eff[j + 1] == 0.0:
             continue
@@ -443,8 +452,7 @@ def needle_thread(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, 
         dmove = max(math.sqrt((xbar[j, 0] - x[j, 0]) ** 2 + (xbar[j, 1] - x[j, 1]) ** 2 + (xbar[j, 2] - x[j, 2]) ** 2),
                     math.sqrt((xbar[j + 1, 0] - x[j + 1, 0]) ** 2 + (xbar[j + 1, 1] - x[j + 1, 1]) ** 2
                               + (xbar[j + 1, 2] - x[j + 1, 2]) ** 2),
-                    math.sqrt((xbar[0, 0] - x[0, 0]) ** 2 + (xbar[0, 1] - x[0, 1]) ** 2 + (xbar[0, 2] - x[0, 2]) ** 2)
-                    + r * math.sqrt(nst[NS_W] ** 2 + nst[NS_W + 1] ** 2 + nst[NS_W + 2] ** 2) * h)
+                    needle_move)
         slack = 0.5 * lj + touch + 2.0 * dmove
         dc = math.sqrt((0.5 * (x[j, 0] + x[j + 1, 0]) - cx0) ** 2 + (0.5 * (x[j, 1] + x[j + 1, 1]) - cy0) ** 2
                        + (0.5 * (x[j, 2] + x[j + 1, 2]) - cz0) ** 2)
@@ -497,6 +505,7 @@ def needle_thread(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, 
             # the needle's share, the other way: `_push` moves its point by w_needle * lam along -n
             _push(h, x, xbar, w_eff, npar, nst, theta, -w_needle * lam * nx, -w_needle * lam * ny,
                   -w_needle * lam * nz, pst, -1, 0.0)
+            needle_move = _needle_move(h, x, xbar, nst, r)
             pushed += 1
     return pushed
 
