@@ -16,10 +16,12 @@ any vertex has moved more than half the list's skin since it was built):
    the relative tangential slip Delta_t of the two contact points over the substep would be stopped by a force
    |Delta_t| / (W h^2), W the pair's effective inverse mass. If that is within mu_s f_n the pair sticks (the
    slip is removed, split by inverse mass); otherwise it slides and the force mu_k f_n opposes the slip. f_n
-   is the penalty force plus the floor's force of the substep before. It acts before the constraint solve and
-   again after each solve, whose displacement along the edges is itself sliding along the strands (a strand
-   drawn round another would otherwise slip through the constraints); the total it makes per substep is
-   tracked, so it is applied once, not once per round.
+   is the penalty force plus the floor's force of the substep before; with ``polygon_friction`` on (the
+   default) it is scaled by ``polygon_gain`` for the strands' turn at the pair: a polyline wrapped round a
+   strand is pressed at the middles of its chords and loses part of a rope's capstan gain (docs/PHYSICS.md
+   Sec. 7). It acts before the constraint solve and again after each solve, whose displacement along the
+   edges is itself sliding along the strands (a strand drawn round another would otherwise slip through the
+   constraints); the total it makes per substep is tracked, so it is applied once, not once per round.
 3. **The no-crossing floor** (continuous collision over the substep): after the constraint solve, each pair's
    gap at the end of the substep is measured along the normal frozen at its start, at the start's (s, t). A
    gap below ``min_gap`` is projected back to ``min_gap`` (an inelastic contact impulse, split by inverse mass
@@ -49,7 +51,8 @@ CP_MU_K = 5         # kinetic friction coefficient
 CP_SKIN = 6         # m: the neighbour list holds pairs closer than Delta d + skin
 CP_RECOVER = 7      # m/s: how fast the floor may push apart a pair that started the substep below it
 CP_ROUNDS = 8       # rounds of (no-crossing floor, friction, constraint solve) per substep at most
-CP_SIZE = 9
+CP_POLYGON = 9      # 1: friction's normal force scaled by polygon_gain (a polyline's capstan made a rope's)
+CP_SIZE = 10
 
 # contact_stats slots (per tick, filled by the integrator)
 CS_COUNT = 0        # candidate pairs in the neighbour list
@@ -65,6 +68,48 @@ CS_SIZE = 9
 
 GUARD = 0.25        # fraction of min_gap below which a gap left after the floor's rounds is unsafe
 GAP_TOL = 0.01      # fraction of min_gap a gap may fall short of the floor before it is projected (rounds end)
+
+
+TURN_MAX = 2.0 * math.pi / 3.0   # rad: the sharpest turn polygon_gain corrects for
+
+
+@njit(cache=True, error_model="numpy")
+def vertex_turns(x: np.ndarray, turn: np.ndarray) -> None:
+    """The thread's turn (rad) at every vertex into ``turn``: 0 at the ends, at most TURN_MAX."""
+    n = x.shape[0]
+    turn[0] = 0.0
+    turn[n - 1] = 0.0
+    for v in range(1, n - 1):
+        ax, ay, az = x[v, 0] - x[v - 1, 0], x[v, 1] - x[v - 1, 1], x[v, 2] - x[v - 1, 2]
+        bx, by, bz = x[v + 1, 0] - x[v, 0], x[v + 1, 1] - x[v, 1], x[v + 1, 2] - x[v, 2]
+        q = (ax * ax + ay * ay + az * az) * (bx * bx + by * by + bz * bz)
+        if q <= 0.0:
+            turn[v] = 0.0
+            continue
+        c = (ax * bx + ay * by + az * bz) / math.sqrt(q)
+        turn[v] = min(math.acos(max(-1.0, min(1.0, c))), TURN_MAX)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def polygon_gain(turn: np.ndarray, a: int, s: float, b: int, t: float, mu: float) -> float:
+    """The factor on a pair's normal force for friction that gives a polyline the capstan of a rope.
+
+    A polyline wrapped round another strand touches it at the middles of its chords, where the normal force is
+    square to the chord, not to the rope's tangent at the vertices. Balancing a vertex that turns the strand by
+    theta between two pressed chords (normal force N on each, split half and half to their ends, friction
+    mu N along each chord) gives T2^2 - 2 mu sin(theta) T1 T2 - T1^2 = 0, a tension ratio exp(asinh(mu sin
+    theta)) where the rope has exp(mu theta) (docs/PHYSICS.md Sec. 7: a 60-degree polygon keeps 0.82 of
+    mu = 0.3). A coefficient sinh(mu theta) / sin(theta) restores it, so f_n is scaled by that over mu. theta
+    is the turn at the contact (``turn``, vertex_turns), interpolated between the segment's two vertices at
+    (s, t), the larger of the two strands'."""
+    ta = (1.0 - s) * turn[a] + s * turn[a + 1]
+    tb = (1.0 - t) * turn[b] + t * turn[b + 1]
+    th = ta if ta > tb else tb
+    if th < 1e-4:
+        return 1.0
+    if mu <= 0.0:
+        return th / math.sin(th)
+    return math.sinh(mu * th) / (mu * math.sin(th))
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -187,17 +232,23 @@ def neighbours_stale(x: np.ndarray, x_ref: np.ndarray, skin: float, step: float)
 @njit(cache=True, error_model="numpy")
 def penalty_forces(x: np.ndarray, x_prev: np.ndarray, cpar: np.ndarray, n_cand: int, cand_i, cand_j,
                    cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa, scratch, force: np.ndarray,
-                   contact_k: np.ndarray, contact_k_act: np.ndarray) -> tuple:
+                   contact_k: np.ndarray, contact_k_act: np.ndarray, turn: np.ndarray) -> tuple:
     """Add the continuous penalty forces (N) of every candidate pair to ``force`` and freeze each pair's
-    (s, t), normal and gap (``cand_d``, m) for the rest of the substep. ``cand_f`` gets the pair's normal force (N): penalty plus
-    the floor's force of the substep before (``cand_fp``), for friction. ``contact_k`` (N/m per vertex) gets
-    the Gershgorin row sum of the penalty springs that act or may within the tick (pairs within half the
-    minimum skin of touching), for the stability bound; ``contact_k_act`` that of the springs acting now.
-    Returns (pairs closer than Delta d, largest penetration Delta d - gap in m)."""
+    (s, t), normal and gap (``cand_d``, m) for the rest of the substep. ``cand_f`` gets the pair's normal force
+    (N) as friction reads it: penalty plus the floor's force of the substep before (``cand_fp``), times
+    ``polygon_gain`` if ``CP_POLYGON`` is set. ``contact_k`` (N/m per vertex) gets the Gershgorin row sum of
+    the penalty springs that act or may within the tick (pairs within half the minimum skin of touching), for
+    the stability bound; ``contact_k_act`` that of the springs acting now; ``turn`` (n,) is scratch for the
+    vertices' turns. Returns (pairs closer than Delta d, largest penetration Delta d - gap in m)."""
     k_s = cpar[CP_STIFFNESS]
     dd = cpar[CP_DISTANCE]
     delta = cpar[CP_SMOOTH]
     reach = dd + 0.5 * cpar[CP_SKIN]
+    # the static coefficient's gain serves the kinetic one too (silk's 0.3 and 0.25 differ by under 1 % in it)
+    mu_gain = max(cpar[CP_MU_S], cpar[CP_MU_K])
+    polygon = cpar[CP_POLYGON] > 0.0 and mu_gain > 0.0 and n_cand > 0
+    if polygon:
+        vertex_turns(x, turn)
     for i in range(contact_k.shape[0]):
         contact_k[i] = 0.0
         contact_k_act[i] = 0.0
@@ -248,7 +299,8 @@ def penalty_forces(x: np.ndarray, x_prev: np.ndarray, cpar: np.ndarray, n_cand: 
             g1 += nd * ((pa + s * (pb - pa)) - (qa + t * (qb - qa)))
         # Wang 2017 Eq. E.7 (with E.5's k_s): the trapezoidal mean of the penalty at both ends of the substep
         f = 0.5 * k_s * (_penalty(dd - gap, delta) + _penalty(dd - g1, delta))
-        cand_f[c] = f + cand_fp[c]
+        fn = f + cand_fp[c]
+        cand_f[c] = fn * polygon_gain(turn, a, s, b, t, mu_gain) if polygon and fn > 0.0 else fn
         # warm start: the floor's force of the substep before acts again from the start (enforce_min_gap keeps it
         # in cand_fp and corrects it, down to zero): a knot held tight by the floor then starts each substep
         # close to where the floor will put it, and its rounds with the constraints end in a few

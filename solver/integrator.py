@@ -88,7 +88,7 @@ def substep(h: float, t: float,
             grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
             lo, di, up, rhs, cp, delta,
             contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa,
-            contact_k, contact_k_act, alpha_extra, cstats, cscratch,
+            contact_k, contact_k_act, turn, alpha_extra, cstats, cscratch,
             tissue_on, tpar, pads, pst, pun_i, pun_f, needle_on, npar, nst):
     """Advance the state by one substep h (s) starting at time t (s). Returns (iterations, residual).
     With ``contact_on``, the first ``n_cand`` pairs of the neighbour list get the contact response
@@ -136,7 +136,7 @@ def substep(h: float, t: float,
     if contact_on:
         touching, pen = penalty_forces(x, x_prev, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n,
                                        cand_f, cand_fp, cand_fa, cscratch, force, contact_k,
-                                       contact_k_act)
+                                       contact_k_act, turn)
         if touching > cstats[CS_CONTACTS]:
             cstats[CS_CONTACTS] = touching
         if pen > cstats[CS_PENETRATION]:
@@ -276,7 +276,7 @@ def advance(n_sub: int, h: float, t: float,
             lo, di, up, rhs, cp, delta, stats,
             scale, base_inv_mass, bend_gersh, fold, tension_floor, tension_margin, target,
             contact_on, cpar, cexclude, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa, x_ref,
-            contact_k, contact_k_act, alpha_extra, cstats, grid_head, grid_next, grid_cells, grid_scratch, old_j, old_n, old_fp,
+            contact_k, contact_k_act, turn, alpha_extra, cstats, grid_head, grid_next, grid_cells, grid_scratch, old_j, old_n, old_fp,
             old_next, seg_head, trace, tissue_on, tpar, pads, pst, pun_i, pun_f, needle_on, npar, nst):
     """Run n_sub substeps of h (s) from time t (s); write iteration statistics into ``stats``.
 
@@ -335,7 +335,7 @@ def advance(n_sub: int, h: float, t: float,
                           grasp_vel, grasp_force, grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
                           lo, di, up, rhs, cp, delta,
                           contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f,
-                          cand_fp, cand_fa, contact_k, contact_k_act, alpha_extra, cstats, grid_scratch,
+                          cand_fp, cand_fa, contact_k, contact_k_act, turn, alpha_extra, cstats, grid_scratch,
                           tissue_on, tpar, pads, pst, pun_i, pun_f, needle_on, npar, nst)
         if trace.shape[0] > s:
             for i in range(x.shape[0]):
@@ -396,7 +396,7 @@ def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, scale: bo
             model.contact.enabled, model.contact_par, model.contact.exclude, state.cand_i, state.cand_j,
             state.cand_s, state.cand_t, state.cand_d, state.cand_n, state.cand_f, state.cand_fp, state.cand_fa,
             state.x_ref,
-            state.contact_k, state.contact_k_act, state.alpha_extra, state.contact_stats, state.grid_head, state.grid_next,
+            state.contact_k, state.contact_k_act, state.turn, state.alpha_extra, state.contact_stats, state.grid_head, state.grid_next,
             state.grid_cells, state.grid_scratch, state.old_j, state.old_n, state.old_fp, state.old_next,
             state.seg_head, _NO_TRACE if trace is None else trace,
             model.tissue_on, model.tissue_par, model.pads, state.pst, state.pun_i, state.pun_f,

@@ -401,7 +401,8 @@ def _contact(sec: Section | None, params, rest: np.ndarray) -> ContactSettings:
         exclude=sec.get("exclude", int, max(1, math.ceil(distance / float(np.median(rest)) - 1e-9)), minval=1,
                         maxval=max(1, rest.shape[0] - 2)),
         max_pairs=sec.get("max_pairs", int, 32 * rest.shape[0], minval=1, maxval=10_000_000),
-        rounds=sec.get("rounds", int, 32, minval=1, maxval=256))
+        rounds=sec.get("rounds", int, 32, minval=1, maxval=256),
+        polygon_friction=sec.get("polygon_friction", bool, True))
     sec.finish()
     return settings
 

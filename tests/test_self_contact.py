@@ -21,8 +21,11 @@ KS = 100.0         # N/m
 
 
 def _par(mu_s=0.0, mu_k=0.0, smooth=0.0, min_gap=0.005):
+    # polygon friction off: the two strands of _cross are one 4-vertex thread whose joining segment turns it at
+    # the pair's ends, which would scale the normal force friction reads (test_polygon_gain... checks that)
     c = ContactSettings(enabled=True, stiffness=KS, distance=DD, smooth=smooth, min_gap=min_gap,
-                        friction_static=mu_s, friction_kinetic=mu_k, skin=DD, recover_speed=100.0)
+                        friction_static=mu_s, friction_kinetic=mu_k, skin=DD, recover_speed=100.0,
+                        polygon_friction=False)
     p = c.par()
     assert p.shape == (CP_SIZE,)
     return p
@@ -46,7 +49,7 @@ def _penalty(x, x_prev, par):
     ck = np.zeros(x.shape[0])
     cd = np.zeros(1)
     touching, pen = penalty_forces(x, x_prev, par, 1, ci, cj, cs, ct, cd, cn, cf, cfp, np.zeros((1, 3)), scratch,
-                                   force, ck, _penalty.k_act)
+                                   force, ck, _penalty.k_act, np.zeros(x.shape[0]))
     _penalty.k_near = ck
     return force, touching, pen, cs, ct, cn, cf
 
@@ -129,6 +132,29 @@ def test_static_friction_holds_within_the_cone():
     np.testing.assert_allclose(rel, 0.0, atol=1e-18)
     # the friction impulse is internal: the pair's momentum is unchanged
     np.testing.assert_allclose(xbar.sum(axis=0), _cross(0.004).sum(axis=0) + [2e-6, 0, 0], atol=1e-15)
+
+
+def test_polygon_gain_restores_the_capstan_of_a_turn():
+    """A vertex turning the thread by theta between two chords pressed at their middles gains
+    exp(asinh(mu sin theta)); polygon_gain's factor sinh(mu theta) / (mu sin theta) on the normal force makes it
+    exp(mu theta). A straight run and a thread's end get 1."""
+    from suturesim.solver.contact_response import polygon_gain, vertex_turns
+    mu = 0.3
+    turn = np.zeros(7)
+    for deg in (30.0, 60.0, 90.0):
+        th = math.radians(deg)
+        # a strand turning by th at vertex 1; segment 4 is the middle of a straight post (vertices 3-6)
+        x = np.array([[-math.cos(th / 2), -math.sin(th / 2), 0.0], [0.0, 0.0, 0.0],
+                      [math.cos(th / 2), -math.sin(th / 2), 0.0]] + [[k - 1.5, 2.0, 0.0] for k in range(4)]) * 1e-3
+        vertex_turns(x, turn)
+        assert turn[0] == turn[6] == 0.0 and turn[1] == pytest.approx(th, rel=1e-12)
+        g = polygon_gain(turn, 0, 1.0, 4, 0.5, mu)
+        assert math.exp(math.asinh(g * mu * math.sin(th))) == pytest.approx(math.exp(mu * th), rel=1e-12)
+        half = polygon_gain(turn, 0, 0.5, 4, 0.5, mu)     # halfway to the vertex: half the turn
+        assert half == pytest.approx(math.sinh(mu * th / 2) / (mu * math.sin(th / 2)), rel=1e-12)
+        assert polygon_gain(turn, 4, 0.5, 0, 1.0, mu) == g                                # either strand's turn
+    vertex_turns(np.array([[k * 1e-3, 0.0, 0.0] for k in range(7)]), turn)
+    assert polygon_gain(turn, 0, 0.5, 4, 0.5, mu) == 1.0
 
 
 def test_kinetic_friction_opposes_the_slip_with_mu_k_fn():

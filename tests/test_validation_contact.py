@@ -73,6 +73,12 @@ def test_capstan_friction_follows_exp_mu_pi():
 
 
 @pytest.mark.long
+def test_polygon_friction_gives_a_coarse_wrap_the_capstan_of_a_rope():
+    for c in vc.capstan_polygon_case():
+        assert c.passed, c.row()
+
+
+@pytest.mark.long
 def test_choi_trefoil_audoly_law_and_speed_independence():
     for c in vc.choi_n1_case():
         assert c.passed, c.row()

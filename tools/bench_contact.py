@@ -93,7 +93,7 @@ def response_cost(sc: Scenario, st) -> tuple[int, float, float]:
     def respond():
         penalty_forces(st.x, st.x_prev, par, n, st.cand_i, st.cand_j, st.cand_s, st.cand_t, st.cand_d, st.cand_n,
                        st.cand_f, st.cand_fp, st.cand_fa, st.grid_scratch, force, st.contact_k,
-                       st.contact_k_act)
+                       st.contact_k_act, st.turn)
         apply_friction(st.x, xbar, m.inv_mass, h, par, n, st.cand_i, st.cand_j, st.cand_s, st.cand_t, st.cand_n,
                        st.cand_f, st.cand_fa)
         enforce_min_gap(xbar, m.inv_mass, h, par, n, st.cand_i, st.cand_j, st.cand_s, st.cand_t, st.cand_d,

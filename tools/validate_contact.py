@@ -227,6 +227,8 @@ def run_contact(quick: bool = False, plots: Path | None = None, add=print) -> No
         add(c)
     for c in capstan_case():
         add(c)
+    for c in capstan_polygon_case():
+        add(c)
     for c in choi_n1_case((6e-3,) if quick else (3e-3, 6e-3, 9e-3)):
         add(c)
     for c in (bend_case(("reef", "granny"), start=0.5) if quick else bend_case()):
@@ -301,21 +303,24 @@ def choi_n1_case(speeds=(3e-3, 6e-3, 9e-3)) -> list[Case]:
     return cases
 
 
-def capstan_scenario(mu: float, load: float = 0.1, speed: float = 0.005, duration: float = 4.0) -> Scenario:
-    """A thick, limp thread (contact distance 3 cm, so a strand wraps its neighbour over a 3 cm radius in 19
-    segments) draped over a stretch of itself: a post of 40 pinned segments along x; the strand goes up at
-    y = -3 cm, over the post in a half circle and down at y = +3 cm. The left leg's foot carries ``load`` (N,
-    pulling down); a grasp pulls the right leg's foot down at ``speed`` (m/s) from t = 0.5 s, so the strand
-    slides over the post. The post and the left foot are joined by a slack loop of thread that carries nothing.
-    Weightless, friction mu (static = kinetic)."""
-    l, R, leg = 0.005, 0.03, 0.1
+def capstan_scenario(mu: float, load: float = 0.1, speed: float = 0.005, duration: float = 4.0,
+                     radius: float = 0.03, polygon: bool | None = None) -> Scenario:
+    """A limp thread of 5 mm segments draped over a stretch of itself: a post of 40 pinned segments along x;
+    the strand goes up at y = -radius, over the post in a half circle (contact distance = radius, so with the
+    default 3 cm the strand wraps its neighbour in 19 segments) and down at y = +radius. The left leg's foot
+    carries ``load`` (N, pulling down); a grasp pulls the right leg's foot down at ``speed`` (m/s) from t = 0.5 s,
+    so the strand slides over the post. The post and the left foot are joined by a slack loop of thread that
+    carries nothing. Weightless, friction mu (static = kinetic); ``polygon`` sets contact.polygon_friction (None:
+    its default)."""
+    l, R, leg = 0.005, radius, 0.1
     post = [[-0.1 + l * i, 0.0, 0.0] for i in range(41)]
     # the slack loop from the post's end down and round to the left foot, 0.4 m for a 0.18 m span
     loop = [[0.1, -0.02 * k, -0.03 * k] for k in range(1, 6)]
     loop += [[0.1 - 0.02 * k, -0.1, -0.15 - 0.02 * math.sin(math.pi * k / 5)] for k in range(1, 6)]
     foot_l = [0.0, -R, -leg]
     up = [[0.0, -R, -leg + l * k] for k in range(int(round(leg / l)) + 1)]
-    arc = [[0.0, -R * math.cos(a), R * math.sin(a)] for a in np.linspace(0.0, math.pi, 20)[1:]]
+    n_arc = max(3, int(round(math.pi * R / l)))
+    arc = [[0.0, -R * math.cos(a), R * math.sin(a)] for a in np.linspace(0.0, math.pi, n_arc + 1)[1:]]
     down = [[0.0, R, -l * k] for k in range(1, int(round(leg / l)) + 1)]
     pts = np.array(post + loop + up + arc + down)
     seg = np.linalg.norm(np.diff(pts, axis=0), axis=1)
@@ -337,10 +342,22 @@ def capstan_scenario(mu: float, load: float = 0.1, speed: float = 0.005, duratio
                                  "max_force": 10.0}]},
         "timeline": [{"grasp": "pull", "velocity": [0.0, 0.0, -speed], "from": 0.5, "to": duration}],
         # exclude: the strand bent over the post at radius R = distance meets itself within an arc of pi R / 3
-        "contact": {"distance": R, "stiffness": 1000.0, "exclude": 8,
+        "contact": {"distance": R, "stiffness": 1000.0, "exclude": int(math.ceil(math.pi * R / 3.0 / l)) + 1,
                     "min_gap": 0.9 * R, "friction_static": mu, "friction_kinetic": mu},
     }
+    if polygon is not None:
+        data["contact"]["polygon_friction"] = polygon
     return build_scenario(data, f"capstan-mu{mu:g}")
+
+
+def capstan_pull(mu: float, load: float = 0.1, radius: float = 0.03,
+                 polygon: bool | None = None) -> tuple[float, "TracedRun"]:
+    """The mean pull (N) over the last 2 s of capstan_scenario's 4 s, and the run."""
+    sc = capstan_scenario(mu, load, radius=radius, polygon=polygon)
+    run = TracedRun(sc)
+    rows = np.array(run.run(sc.duration, lambda st: (st.time[0], float(np.linalg.norm(st.grasp_force[0]))),
+                            every=10))
+    return float(np.mean(rows[rows[:, 0] >= sc.duration - 2.0, 1])), run
 
 
 def capstan_case(mus=(0.0, 0.1, 0.3), load: float = 0.1) -> list[Case]:
@@ -349,12 +366,7 @@ def capstan_case(mus=(0.0, 0.1, 0.3), load: float = 0.1) -> list[Case]:
     10 % of it, for each mu; tunnelling checked throughout."""
     cases = []
     for mu in mus:
-        sc = capstan_scenario(mu, load)
-        run = TracedRun(sc)
-        rows = np.array(run.run(sc.duration, lambda st: (st.time[0], float(np.linalg.norm(st.grasp_force[0]))),
-                                every=10))
-        sliding = rows[:, 0] >= sc.duration - 2.0
-        pull = float(np.mean(rows[sliding, 1]))
+        pull, run = capstan_pull(mu, load)
         expected = load * math.exp(mu * math.pi)
         err = pull / expected - 1.0
         cases.append(Case(f"capstan mu = {mu:g}: pull / load", pull / load, f"exp(mu pi) = {expected / load:.3f}",
@@ -362,6 +374,24 @@ def capstan_case(mus=(0.0, 0.1, 0.3), load: float = 0.1) -> list[Case]:
                           f"pull {pull:.4f} N for a {load} N load ({err * 100:+.1f} %), most contacts "
                           f"{run.max_contacts}; {run.tunnelling()}"))
     return cases
+
+
+def capstan_polygon_case(mu: float = 0.3, load: float = 0.1) -> list[Case]:
+    """The capstan over a radius of one segment: the strand wraps the post in three chords turning 60 degrees
+    each. With contact.polygon_friction (the default) the pull is within 5 % of load * exp(mu pi); without it, the
+    polygon's own lower gain, about exp(pi / theta * asinh(mu sin theta)) (docs/PHYSICS.md Sec. 7), reported
+    beside it."""
+    th = math.pi / 3.0
+    expected = load * math.exp(mu * math.pi)
+    plain, _ = capstan_pull(mu, load, radius=0.005)
+    pull, run = capstan_pull(mu, load, radius=0.005, polygon=True)
+    err = pull / expected - 1.0
+    own = math.exp(math.pi / th * math.asinh(mu * math.sin(th)))
+    return [Case(f"capstan over a 1-segment radius, mu = {mu:g}, polygon friction: pull / load", pull / load,
+                 f"exp(mu pi) = {expected / load:.3f}", abs(err) <= 0.05 and not run.crossings,
+                 f"{err * 100:+.1f} %; without polygon_friction {plain / load:.3f} "
+                 f"({(plain / expected - 1.0) * 100:+.1f} %; a 60-degree polygon's own gain {own:.3f}); "
+                 f"{run.tunnelling()}")]
 
 
 def bend_scenario(kind: str, mu: float, duration: float = 3.0) -> tuple[Scenario, tuple[int, int]]:
