@@ -104,8 +104,9 @@ def test_a_needle_tie_ties_the_second_throw_of_a_surgeons_knot(needle_tie):
     assert stepper.retries == 0
 
 
-@pytest.mark.xfail(strict=True, reason="knot security: the first throw slips open while the hands tie the second, "
-                                       "and the surgeon's knot runs open when they let go (docs/PHYSICS.md Sec. 9)")
+@pytest.mark.xfail(strict=True, reason="the first throw opens while the hands tie the second, and the surgeon's "
+                                       "knot, cinched 5 mm above the wound, is pulled down and along its loop when "
+                                       "they let go (docs/PHYSICS.md Sec. 9)")
 def test_the_surgeons_knot_holds_the_wound_closed_when_the_hands_let_go(needle_tie):
     events, gaps, crack, _ = needle_tie
     assert max(gaps[t] for t in (16.0, 18.0, 20.0)) < crack + 2e-4        # the first throw holds while tying
