@@ -101,14 +101,12 @@ def polygon_gain(turn: np.ndarray, a: int, s: float, b: int, t: float, mu: float
     theta)) where the rope has exp(mu theta) (docs/PHYSICS.md Sec. 7: a 60-degree polygon keeps 0.82 of
     mu = 0.3). A coefficient sinh(mu theta) / sin(theta) restores it, so f_n is scaled by that over mu. theta
     is the turn at the contact (``turn``, vertex_turns), interpolated between the segment's two vertices at
-    (s, t), the larger of the two strands'."""
+    (s, t), the larger of the two strands'. ``mu`` > 0."""
     ta = (1.0 - s) * turn[a] + s * turn[a + 1]
     tb = (1.0 - t) * turn[b] + t * turn[b + 1]
     th = ta if ta > tb else tb
     if th < 1e-4:
         return 1.0
-    if mu <= 0.0:
-        return th / math.sin(th)
     return math.sinh(mu * th) / (mu * math.sin(th))
 
 
