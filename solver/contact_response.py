@@ -41,6 +41,7 @@ import numpy as np
 from numba import njit
 
 from .contact import find_contacts, segment_closest
+from .forces import hinge_cos
 
 CP_STIFFNESS = 0    # k_s, N/m (Wang 2017 Eq. 14)
 CP_DISTANCE = 1     # Delta d, m: centre-line distance at which strands touch (twice the contact radius)
@@ -80,13 +81,10 @@ def vertex_turns(x: np.ndarray, turn: np.ndarray) -> None:
     turn[0] = 0.0
     turn[n - 1] = 0.0
     for v in range(1, n - 1):
-        ax, ay, az = x[v, 0] - x[v - 1, 0], x[v, 1] - x[v - 1, 1], x[v, 2] - x[v - 1, 2]
-        bx, by, bz = x[v + 1, 0] - x[v, 0], x[v + 1, 1] - x[v, 1], x[v + 1, 2] - x[v, 2]
-        q = (ax * ax + ay * ay + az * az) * (bx * bx + by * by + bz * bz)
-        if q <= 0.0:
+        c = hinge_cos(x, v)
+        if not math.isfinite(c):   # a zero-length edge: no turn
             turn[v] = 0.0
             continue
-        c = (ax * bx + ay * by + az * bz) / math.sqrt(q)
         turn[v] = min(math.acos(max(-1.0, min(1.0, c))), TURN_MAX)
 
 
