@@ -51,6 +51,7 @@ class LoopStats:
         self.lateness = np.zeros(self.capacity)
         self.period = np.zeros(self.capacity)
         self.step = np.zeros(self.capacity)
+        self.busy = np.zeros(self.capacity)
         self.substeps = np.zeros(self.capacity)
         self.count = 0
         self.overruns = 0
@@ -59,11 +60,12 @@ class LoopStats:
         self.stylus_accepted = 0
         self.control_errors = 0
 
-    def add(self, lateness_us: float, period_us: float, step_us: float, substeps: int) -> None:
+    def add(self, lateness_us: float, period_us: float, step_us: float, substeps: int, tick_us: float = 0.0) -> None:
         i = self.count % self.capacity
         self.lateness[i] = lateness_us
         self.period[i] = period_us
         self.step[i] = step_us
+        self.busy[i] = tick_us
         self.substeps[i] = substeps
         self.count += 1
         self.ticks += 1
@@ -79,13 +81,14 @@ class LoopStats:
         out = self.summary_counters()
         if n == 0:
             return out
-        lat, per, st, sub = self.lateness[:n], self.period[:n], self.step[:n], self.substeps[:n]
+        lat, per, st, sub, busy = self.lateness[:n], self.period[:n], self.step[:n], self.substeps[:n], self.busy[:n]
         q = np.percentile
         out["lateness_us"] = {"p50": float(q(lat, 50)), "p99": float(q(lat, 99)), "p999": float(q(lat, 99.9)),
                               "max": float(lat.max())}
         out["period_us"] = {"p50": float(q(per, 50)), "p99": float(q(per, 99)), "p999": float(q(per, 99.9)),
                             "max": float(per.max())}
         out["step_us"] = {"p50": float(q(st, 50)), "p99": float(q(st, 99)), "max": float(st.max())}
+        out["tick_us"] = {"p50": float(q(busy, 50)), "p99": float(q(busy, 99)), "max": float(busy.max())}
         out["substeps"] = {"mean": float(sub.mean()), "max": int(sub.max())}
         self.count = 0
         return out
@@ -568,7 +571,8 @@ class PhysicsLoop:
                 control.finish_pending()
             elif self.ctl.poll(0, poller_flags):
                 control.handle_one()
-            self.stats.add(late / 1000.0, (start - last_start) / 1000.0, step_ns / 1000.0, substeps)
+            self.stats.add(late / 1000.0, (start - last_start) / 1000.0, step_ns / 1000.0, substeps,
+                           (time.monotonic_ns() - start) / 1000.0)
             last_start = start
             if self.stats.count >= stats_every:
                 self.publish_stats()

@@ -30,6 +30,7 @@ STATS = {
     "lateness_us": {"p50": 4.0, "p99": 20.0, "p999": 45.0, "max": 60.0},
     "period_us": {"p50": 1000.0, "p99": 1010.0, "p999": 1030.0, "max": 1050.0},
     "step_us": {"p50": 300.0, "p99": 450.0, "max": 600.0},
+    "tick_us": {"p50": 340.0, "p99": 520.0, "max": 700.0},
     "overruns": 0, "ticks": 1000, "substeps": {"mean": 27.0, "max": 27}, "realtime": True, "cpu": 3,
     "retries": 0,
 }

@@ -22,7 +22,7 @@ from suturesim.solver.scenario import load_scenario
 from suturesim.solver.suture import SutureWatch, pad_gap
 from suturesim.solver.tissue import PI_STATE, PUN_ACTIVE, TP_RADIUS, count_inside
 from suturesim.tools.crossings import crossings
-from test_daemon import Daemon
+from test_daemon import Daemon, overruns_past_catch_up
 from test_replay import serve_and_record
 
 CLI = [sys.executable, "-m", "suturesim.server.cli"]
@@ -166,10 +166,12 @@ def test_serve_plays_the_suture_in_real_time_and_resimulates_exactly(tmp_path):
     events = [protocol.decode(p, t) for t, p, _, _ in read_messages(path) if t == "event"]
     ticks = stats[-1]["ticks"]
     assert ticks > 19000
-    # the loop keeps time: a CI machine without SCHED_FIFO may miss the odd deadline, not one in two hundred
-    assert stats[-1]["overruns"] < 0.005 * ticks, [
-        (s["overruns"], round(s["lateness_us"]["p99"]), round(s["step_us"]["p99"]), s["realtime"], s["cpu"])
-        for s in stats]    # per second: overruns so far, lateness and step p99 (us), SCHED_FIFO, CPU pinned
+    # the loop keeps time: it misses no deadline but while catching up after a stall of the host's
+    # (overruns_past_catch_up: a tick that does not fit the 1 ms explains nothing), not one in two hundred
+    past = overruns_past_catch_up(stats, [e for e in events if e["kind"] == "overrun"])
+    per_second = [(s["overruns"], round(s["lateness_us"]["p99"]), round(s["tick_us"]["p99"]), s["realtime"], s["cpu"])
+                  for s in stats]    # overruns so far, lateness and tick p99 (µs), SCHED_FIFO, CPU pinned
+    assert past < 0.005 * ticks, (stats[-1]["overruns"], past, per_second)
     kinds = [e["kind"] for e in events]
     assert kinds.count("puncture") == 4 and kinds.count("thread_through") == 4 and "gap_closed" in kinds
     assert [e["name"] for e in events if e["kind"] == "knot"] == ["half knot", "double throw"]
