@@ -80,6 +80,7 @@ function showStats(item) {
     ['rate', `${fmt(rate, 4)} Hz`],
     ['lateness p50/p99/max', `${us(s.lateness_us)} µs`],
     ['step p50/p99/max', `${us(s.step_us)} µs`],
+    ['tick p50/p99/max', `${us(s.tick_us)} µs`],
     ['period p50/p99/max', `${us(s.period_us)} µs`],
     ['overruns', fmt(s.overruns, 9)],
     ['ticks', fmt(s.ticks, 12)],
