@@ -1,4 +1,5 @@
-"""Stylus paths read from a recording, for the `replay` device backend (haptics/replay.py)."""
+"""Stylus paths read from a recording: for the `replay` device backend (haptics/replay.py) and for a
+resimulation (tools/replay.py), which must drive a live device exactly as it moved."""
 from __future__ import annotations
 
 import os
@@ -10,28 +11,45 @@ from . import protocol
 from .recording import read_messages
 
 
-def load_pose_tracks(path: str | os.PathLike) -> dict[str, PoseTrack]:
-    """Every device's stylus path in the recording ``path``: device -> PoseTrack (scene time, position m, and
-    the orientation a needle's live stylus sent).
-    Externally loaded vertices ("vertex<i>") are not styluses and are left out. Raises ValueError if the file
-    has no `force` messages from a device. A scene reset inside the recording ends each path (the first run
-    is replayed)."""
-    samples: dict[str, tuple[list, list, list]] = {}
-    ended: set[str] = set()
-    for topic, payload, _log, _pub in read_messages(path):
-        if topic != protocol.TOPIC_FORCE.decode():
-            continue
-        msg = protocol.decode_force(payload)
+class PoseSamples:
+    """Each device's stylus path, gathered from decoded `force` messages in recording order: scene time (s), the
+    stylus position (m; `stylus`, or `pose` in recordings made before `stylus` was recorded: a grasp lags its
+    stylus after a jump, so `pose` would replay the lag twice) and the orientation a needle's live stylus sent.
+    A scene reset or reload inside the recording (the scene time going back) ends a device's path: the first run
+    is what is replayed."""
+
+    def __init__(self):
+        self.samples: dict[str, tuple[list, list, list]] = {}
+        self.ended: set[str] = set()
+
+    def add(self, msg: dict) -> None:
         device = msg["device"]
-        if device.startswith("vertex") or device in ended:
-            continue
-        ts, ps, qs = samples.setdefault(device, ([], [], []))
-        if ts and msg["t"] < ts[-1]:   # the scene was reset or reloaded: the replay is the first run only
-            ended.add(device)
-            continue
+        if device in self.ended:
+            return
+        ts, ps, qs = self.samples.setdefault(device, ([], [], []))
+        if ts and msg["t"] < ts[-1]:
+            self.ended.add(device)
+            return
         ts.append(msg["t"])
-        ps.append(msg["pose"])
+        ps.append(msg.get("stylus", msg["pose"]))
         qs.append(msg.get("quat"))
-    if not samples:
+
+    def devices(self) -> list[str]:
+        """The styluses seen; externally loaded vertices ("vertex<i>") are not styluses."""
+        return [d for d in self.samples if not d.startswith("vertex")]
+
+    def track(self, device: str) -> PoseTrack:
+        ts, ps, qs = self.samples[device]
+        return PoseTrack(np.asarray(ts), np.asarray(ps), quat_rows(qs))
+
+
+def load_pose_tracks(path: str | os.PathLike) -> dict[str, PoseTrack]:
+    """Every device's stylus path in the recording ``path`` (PoseSamples): device -> PoseTrack. Raises
+    ValueError if the file has no `force` messages from a device."""
+    samples = PoseSamples()
+    for topic, payload, _log, _pub in read_messages(path):
+        if topic == protocol.TOPIC_FORCE.decode():
+            samples.add(protocol.decode_force(payload))
+    if not samples.devices():
         raise ValueError(f"{path}: no stylus poses (no `force` messages from a device) to replay")
-    return {d: PoseTrack(np.asarray(ts), np.asarray(ps), quat_rows(qs)) for d, (ts, ps, qs) in samples.items()}
+    return {d: samples.track(d) for d in samples.devices()}

@@ -417,6 +417,18 @@ def test_load_pose_tracks_reads_the_first_run_of_each_device(tmp_path):
         np.testing.assert_array_equal(tracks[d].pos, [first(d, k) for k in range(1, 6)])
 
 
+def test_load_pose_tracks_replays_the_stylus_not_the_lagging_grasp(tmp_path):
+    """After a jump a grasp follows its stylus at the device's max_speed, so `pose` lags `stylus`: the replay
+    (and a resimulation, which gathers the paths the same way) drives the device with where the stylus was."""
+    path = tmp_path / "lag.mcap"
+    with McapRecorder(path, background_flush=False) as rec:
+        for k in range(1, 4):
+            rec.write(protocol.TOPIC_FORCE, protocol.encode_force(k, k * 1e-3, "stylus0", [0.001 * k, 0.0, 0.0],
+                                                                  [0.0, 0.0, 0.0], 0.0, 0, [0.05, 0.0, 0.0]),
+                      k, k, k)
+    np.testing.assert_array_equal(load_pose_tracks(path)["stylus0"].pos, [[0.05, 0.0, 0.0]] * 3)
+
+
 def test_load_pose_tracks_without_styluses_raises(tmp_path):
     path = tmp_path / "vertex_only.mcap"
     with McapRecorder(path, background_flush=False) as rec:

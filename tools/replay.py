@@ -165,9 +165,9 @@ def _merge_set(source: dict, assignments: list[str]) -> dict:
 def resimulate(path: str, assignments: list[str] | None = None, progress: bool = False) -> ResimReport:
     """Step the recorded session again and compare (module docstring). Raises RecordingError when the file
     cannot be resimulated (no scenario in its metadata, or it does not start at the scene's first tick)."""
-    from ..haptics.replay import PoseTrack, quat_rows
     from ..server.config import server_config_from_metadata
     from ..server.physics import PhysicsLoop
+    from ..server.replay_poses import PoseSamples
     from ..solver.scenario import build_scenario
 
     meta = read_metadata(path)
@@ -182,16 +182,12 @@ def resimulate(path: str, assignments: list[str] | None = None, progress: bool =
     forces: dict[int, dict[str, dict]] = {}
     states: dict[int, dict] = {}
     events: list[dict] = []
-    stylus: dict[str, tuple[list, list, list]] = {}
+    stylus = PoseSamples()
     for topic, payload, _, _ in read_messages(path):
         if topic == "force":
             m = protocol.decode_force(payload)
             forces.setdefault(m["seq"], {})[m["device"]] = m
-            ts, ps, qs = stylus.setdefault(m["device"], ([], [], []))
-            if not ts or m["t"] >= ts[-1]:
-                ts.append(m["t"])
-                ps.append(m.get("stylus", m["pose"]))
-                qs.append(m.get("quat"))
+            stylus.add(m)
         elif topic == "state":
             m = protocol.decode_state(payload)
             states[m["seq"]] = m
@@ -201,7 +197,7 @@ def resimulate(path: str, assignments: list[str] | None = None, progress: bool =
         raise RecordingError(f"{path}: no `force` messages to compare")
     first_seq, last_seq = min(forces), max(forces)
     # every device that was not scripted is driven by its recorded stylus positions (the replay backend)
-    live = [d for d in stylus if not d.startswith("vertex") and cfg.backend_of(d) != "simulated"]
+    live = [d for d in stylus.devices() if cfg.backend_of(d) != "simulated"]
     if first_seq != 1 and live:
         raise RecordingError(f"{path}: the recording starts at seq {first_seq}, not at the scene's first tick, and "
                              f"{', '.join(live)} moved the thread before it: a resimulation needs the whole session")
@@ -210,8 +206,7 @@ def resimulate(path: str, assignments: list[str] | None = None, progress: bool =
                                 for d in cfg.devices))
     out: list[tuple[bytes, bytes]] = []
     loop = PhysicsLoop(cfg, sink=lambda topic, payload: out.append((topic, payload)))
-    loop.replay = {d: PoseTrack(np.asarray(stylus[d][0]), np.asarray(stylus[d][1]), quat_rows(stylus[d][2]))
-                   for d in live} or None
+    loop.replay = {d: stylus.track(d) for d in live} or None
 
     report = ResimReport(first_seq=first_seq)
     events.sort(key=lambda e: (e["seq"], e["t"]))
