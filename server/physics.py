@@ -51,7 +51,7 @@ class LoopStats:
         self.lateness = np.zeros(self.capacity)
         self.period = np.zeros(self.capacity)
         self.step = np.zeros(self.capacity)
-        self.busy = np.zeros(self.capacity)
+        self.tick = np.zeros(self.capacity)
         self.substeps = np.zeros(self.capacity)
         self.count = 0
         self.overruns = 0
@@ -60,12 +60,12 @@ class LoopStats:
         self.stylus_accepted = 0
         self.control_errors = 0
 
-    def add(self, lateness_us: float, period_us: float, step_us: float, substeps: int, tick_us: float = 0.0) -> None:
+    def add(self, lateness_us: float, period_us: float, step_us: float, substeps: int, tick_us: float) -> None:
         i = self.count % self.capacity
         self.lateness[i] = lateness_us
         self.period[i] = period_us
         self.step[i] = step_us
-        self.busy[i] = tick_us
+        self.tick[i] = tick_us
         self.substeps[i] = substeps
         self.count += 1
         self.ticks += 1
@@ -81,14 +81,14 @@ class LoopStats:
         out = self.summary_counters()
         if n == 0:
             return out
-        lat, per, st, sub, busy = self.lateness[:n], self.period[:n], self.step[:n], self.substeps[:n], self.busy[:n]
+        lat, per, st, sub, tick = self.lateness[:n], self.period[:n], self.step[:n], self.substeps[:n], self.tick[:n]
         q = np.percentile
         out["lateness_us"] = {"p50": float(q(lat, 50)), "p99": float(q(lat, 99)), "p999": float(q(lat, 99.9)),
                               "max": float(lat.max())}
         out["period_us"] = {"p50": float(q(per, 50)), "p99": float(q(per, 99)), "p999": float(q(per, 99.9)),
                             "max": float(per.max())}
         out["step_us"] = {"p50": float(q(st, 50)), "p99": float(q(st, 99)), "max": float(st.max())}
-        out["tick_us"] = {"p50": float(q(busy, 50)), "p99": float(q(busy, 99)), "max": float(busy.max())}
+        out["tick_us"] = {"p50": float(q(tick, 50)), "p99": float(q(tick, 99)), "max": float(tick.max())}
         out["substeps"] = {"mean": float(sub.mean()), "max": int(sub.max())}
         self.count = 0
         return out
