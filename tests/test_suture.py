@@ -108,22 +108,12 @@ def test_a_needle_tie_ties_the_second_throw_of_a_surgeons_knot(needle_tie):
 def test_the_surgeons_knot_holds_the_wound_closed_when_the_hands_let_go(needle_tie):
     """Both throws cinched along the tissue, which seats them on the wound: the double throw holds the wound
     closed with both strands slack while the second throw is tied (15.5-20.6 s), and the finished knot holds it
-    closed for 3 s after both hands let go (24.2 and 24.6 s), read every 0.1 s (docs/PHYSICS.md Sec. 9)."""
+    closed for the 9.4 s after both hands let go (24.2 and 24.6 s), read every 0.1 s (docs/PHYSICS.md Sec. 9)."""
     events, gaps, crack, _, state = needle_tie
     assert all(g < crack + 2e-4 for t, g in gaps.items() if 14.5 <= t <= 22.0), gaps   # the first throw
-    assert all(g < crack + 2e-4 for t, g in gaps.items() if 24.0 <= t <= 27.6), gaps    # the knot, let go
-    assert np.all(state.grasp_force == 0.0)                                             # both hands let go
-
-
-@pytest.mark.xfail(strict=True, reason="known fault: a knot let go creeps open within seconds, its thread never "
-                                       "at rest (docs/PHYSICS.md Sec. 9)")
-def test_the_surgeons_knot_holds_the_wound_closed_to_the_end(needle_tie):
-    """What a surgeon's knot does: it holds for good. This one opens 4 s after the hands let go (28.8 s): the
-    released thread never comes to rest (median vertex speed 1-7 mm/s), so most of the knot's contacts slide
-    rather than stick, and the edges' pull draws the throws loose."""
-    events, gaps, crack, _, _ = needle_tie
+    assert all(g < crack + 2e-4 for t, g in gaps.items() if t >= 24.0), gaps            # the knot, let go
     assert max(gaps) >= 33.9
-    assert all(g < crack + 2e-4 for t, g in gaps.items() if t >= 24.0), gaps
+    assert np.all(state.grasp_force == 0.0)                                             # both hands let go
     assert [k for _, k, _ in events if k in ("gap_closed", "gap_opened")][-1] == "gap_closed"
 
 
