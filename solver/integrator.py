@@ -323,7 +323,7 @@ def advance(n_sub: int, h: float, t: float,
             if s > 0:
                 fold = fold_factor(x)  # hinges can fold within a tick (a whip); their stiffness grows fast
             ns, f = scale_masses(mass, base_inv_mass, bend_gersh, fold, rest, tension, tension_floor,
-                                 tension_margin, h, target, contact_k, inv_mass, x, x_prev)
+                                 tension_margin, h, target, contact_k, inv_mass)
             if ns > n_scaled:
                 n_scaled = ns
             if f > worst:

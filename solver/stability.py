@@ -86,7 +86,7 @@ def substeps_for(omega: float, tick: float, target: float, max_substeps: int) ->
 @njit(cache=True, error_model="numpy")
 def scale_masses(mass: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray, fold: float, rest: np.ndarray,
                  tension: np.ndarray, tension_floor: float, tension_margin: float, h: float, target: float,
-                 contact_k: np.ndarray, out: np.ndarray, x: np.ndarray, x_prev: np.ndarray) -> tuple:
+                 contact_k: np.ndarray, out: np.ndarray) -> tuple:
     """Selective mass scaling: the inverse masses (1/kg) for a substep h (s) such that every vertex's Gershgorin
     bound meets h * omega_i <= target. A vertex that already does keeps its mass; a stiffer one (a taut or
     sharply bent stretch of a light suture) gets just enough extra inertia, m_i' = h^2 K_i / target^2, with K_i
@@ -108,7 +108,6 @@ def scale_masses(mass: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray,
         f_right = 1.0
         if i < n - 1:
             f_right = inv_mass[i + 1] / out[i + 1] if out[i + 1] > 0.0 else 1.0
-        old = out[i]
         if inv_mass[i] == 0.0:
             out[i] = 0.0
         else:
@@ -126,11 +125,6 @@ def scale_masses(mass: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray,
                     worst = f
             else:
                 out[i] = inv_mass[i]
-            if old > 0.0 and out[i] < old:
-                # the mass grew under a moving vertex: keep its kinetic energy, not its velocity
-                r = math.sqrt(out[i] / old)
-                for d in range(3):
-                    x_prev[i, d] = x[i, d] - r * (x[i, d] - x_prev[i, d])
         f_left = f_here
         f_here = f_right
     return scaled, worst
