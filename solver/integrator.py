@@ -43,6 +43,8 @@ STAT_TOTAL_ITERS = 5    # iterations summed over the last tick
 STAT_OMEGA = 6          # stability bound (rad/s) used for the last tick
 STAT_SCALED = 7         # vertices whose mass was scaled in the last tick
 STAT_MASS_FACTOR = 8    # largest mass scale factor of the last tick (1 = none)
+STAT_OMEGA_END = 9      # stability bound (rad/s) at the masses, tensions and acting contact springs the last
+                        # tick ended with (Stepper's check that h * omega < 2 held)
 
 
 PAD_ROUNDS = 4       # rounds of (vertices put back out of the pads, constraint solve) per substep
@@ -354,6 +356,8 @@ def advance(n_sub: int, h: float, t: float,
     stats[5] = total
     stats[7] = n_scaled
     stats[8] = worst
+    # the springs that acted, not those that may act next tick (contact_k), which set the next tick's substeps
+    stats[9] = omega_bound(x, inv_mass, bend_gersh, rest, tension, 1.0, contact_k_act)
 
 
 @njit(cache=True, error_model="numpy")
@@ -433,16 +437,34 @@ def _grasp_tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax) -> 
     return floor
 
 
-def choose_substeps(model: ThreadModel, state: ThreadState, tension: np.ndarray | None = None) -> tuple[int, int]:
+@njit(cache=True, error_model="numpy")
+def plan_tick(x, tension, grasp_vertex, grasp_target, grasp_k, grasp_fmax, tissue_on, tpar, pun_i, pun_f,
+              inv_mass, bend_gersh, rest, contact_k, est) -> tuple:
+    """The tension estimate of the coming tick into ``est`` (N): each segment's |tension|, but at least what the
+    grasps can pull with (grasp_tension_floor) and what the punctures hold (tissue.puncture_load), static
+    tensions that the mass scaling's discount of inertial tension must not discount (stability.scale_masses).
+    Returns (that floor in N, the stability bound in rad/s at the estimate x1.5). One kernel call: the parts
+    called one by one from Python cost about 7 us a tick."""
+    floor = _grasp_tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax)
+    if tissue_on:
+        floor = max(floor, puncture_load(tpar, pun_i, pun_f))
+    for j in range(tension.shape[0]):
+        est[j] = max(abs(tension[j]), floor)
+    return floor, omega_bound(x, inv_mass, bend_gersh, rest, est, 1.5, contact_k)
+
+
+def choose_substeps(model: ThreadModel, state: ThreadState, tension: np.ndarray | None = None,
+                    omega: float | None = None) -> tuple[int, int]:
     """(substeps for the next tick, substeps the stability bound asks for). Fixed if the model says so; else
-    from the bound with the given tension estimate (default: the current tensions; x1.5, tension can grow within
-    a tick), capped at max_substeps."""
+    from the bound ``omega`` (rad/s), by default taken with the given tension estimate (default: the current
+    tensions; x1.5, tension can grow within a tick), capped at max_substeps."""
     s = model.solver
     if s.substeps > 0:
         return s.substeps, s.substeps
-    t_est = state.tension if tension is None else tension
-    omega = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length, t_est, 1.5,
-                        state.contact_k)
+    if omega is None:
+        t_est = state.tension if tension is None else tension
+        omega = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length, t_est, 1.5,
+                            state.contact_k)
     state.stats[STAT_OMEGA] = omega
     needed = substeps_for(omega, s.tick, s.stability_target, 1 << 30)
     n = min(needed, s.max_substeps)
@@ -497,24 +519,17 @@ class Stepper:
             self._check_finite(n)
             return n
         est = self._tension
-        np.abs(state.tension, out=est)
-        # what the grasps can pull with, and what the punctures hold: static tensions, which the mass scaling's
-        # discount of inertial tension must not discount (stability.scale_masses)
-        floor = grasp_tension_floor(state)
-        if model.tissue_on:
-            floor = max(floor, puncture_load(model.tissue_par, state.pun_i, state.pun_f))
-        np.maximum(est, floor, out=est)
-        n, needed = choose_substeps(model, state, est)
+        floor, omega = plan_tick(state.x, state.tension, state.grasp_vertex, state.grasp_target, state.grasp_k,
+                                 state.grasp_fmax, model.tissue_on, model.tissue_par, state.pun_i, state.pun_f,
+                                 model.inv_mass, model.bend_gersh, model.rest_length, state.contact_k, est)
+        n, needed = choose_substeps(model, state, est, omega)
         self._save()
         for attempt in range(self.MAX_RETRIES + 1):
             h = s.tick / n
             step(model, state, n, h, scale=needed > n, tension_floor=floor, trace=self.trace)
             ok = state.stats[STAT_MAX_RESIDUAL] <= self.CONVERGED  # False for NaN too
             if ok:
-                # the springs that acted, not those that may act next tick (contact_k), which set its substeps
-                omega = omega_bound(state.x, state.inv_mass_tick, model.bend_gersh, model.rest_length,
-                                    state.tension, 1.0, state.contact_k_act)
-                ok = h * omega < 2.0
+                ok = h * state.stats[STAT_OMEGA_END] < 2.0
             if ok or attempt == self.MAX_RETRIES:
                 self._check_finite(n)
                 return n

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -199,13 +199,30 @@ class ThreadState:
     tri_cp: np.ndarray
     tri_delta: np.ndarray
 
+    def __post_init__(self) -> None:
+        self._carry = _pack_carried(self)
+
+    # pickling (a scene built in a worker process) and deepcopy take the arrays one by one; the copy packs them
+    # again, so its carried arrays are views of its own buffers, not independent copies
+    def __getstate__(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
+
     def copy(self) -> "ThreadState":
         return copy.deepcopy(self)
 
+    def carried(self) -> tuple:
+        """The buffers (one per dtype) whose views are every array a tick carries over to the next: copying
+        these copies the state a tick starts from (TickCopy), bar the neighbour list."""
+        return self._carry
+
     def copy_into(self, other: "ThreadState") -> None:
         """Overwrite ``other``'s arrays in place (no allocation): how reset restores the initial state."""
-        for name, value in vars(self).items():
-            np.copyto(getattr(other, name), value)
+        for f in fields(self):
+            np.copyto(getattr(other, f.name), getattr(self, f.name))
 
 
 # What a tick writes before it reads: the contact grid and a rebuild's carry-over of the old list. A copy taken
@@ -216,21 +233,44 @@ TICK_SCRATCH = frozenset(("grid_head", "grid_next", "grid_cells", "grid_scratch"
 NEIGHBOUR_LIST = ("cand_i", "cand_j", "cand_s", "cand_t", "cand_d", "cand_n", "cand_f", "cand_fp", "cand_fa")
 
 
+def _pack_carried(state: ThreadState) -> tuple:
+    """Move every array a tick carries over (all but TICK_SCRATCH and NEIGHBOUR_LIST) into one buffer per
+    dtype, each field becoming a view of it (same shape, C-contiguous, so the kernels see the same types).
+    Copying a tick's start is then a few memcpy's instead of one call per array (about 15 us a tick for 42
+    arrays, against 2 us; the budget of a 200-segment knot's tick is 250 us)."""
+    skip = TICK_SCRATCH.union(NEIGHBOUR_LIST)
+    groups: dict = {}
+    for f in fields(state):
+        if f.name not in skip:
+            value = getattr(state, f.name)
+            groups.setdefault(value.dtype.str, []).append((f.name, value))
+    buffers = []
+    for key in sorted(groups):
+        members = groups[key]
+        buf = np.empty(sum(v.size for _, v in members), dtype=np.dtype(key))
+        at = 0
+        for name, value in members:
+            view = buf[at:at + value.size].reshape(value.shape)
+            view[...] = value
+            setattr(state, name, view)
+            at += value.size
+        buffers.append(buf)
+    return tuple(buffers)
+
+
 class TickCopy:
     """Copies what a tick starts from, ``src`` into ``dst`` (two states of one model), allocating nothing: the
     Stepper's backup of the state before a tick, and its restore for a tick run again."""
 
     def __init__(self, src: ThreadState, dst: ThreadState):
-        skip = TICK_SCRATCH.union(NEIGHBOUR_LIST)
-        self._pairs = [(value, getattr(dst, name)) for name, value in vars(src).items() if name not in skip]
+        self._pairs = tuple(zip(src.carried(), dst.carried(), strict=True))
         self._lists = tuple(getattr(src, name) for name in NEIGHBOUR_LIST) + tuple(
             getattr(dst, name) for name in NEIGHBOUR_LIST)
         self._count = src.contact_stats
 
     def __call__(self) -> None:
-        copyto = np.copyto
         for value, target in self._pairs:
-            copyto(target, value)
+            np.copyto(target, value)
         copy_neighbour_list(int(self._count[CS_COUNT]), *self._lists)
 
 
