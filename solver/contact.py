@@ -9,13 +9,14 @@ contacts do to the thread is solver/contact_response.py.
   1-D problem. Solving for s first from the unconstrained system, clamping it, then computing t for that s and
   clamping t (re-solving s when t was clamped) reaches the minimum in every case; when the segments are
   parallel the system is singular (the determinant a e - b^2 vanishes) and any s is optimal, so s = 0 is taken.
-* Broad phase: a uniform grid hashed into a table of 2N buckets (:func:`find_contacts`). Every segment goes
-  into the cell of its midpoint; the cell size is the longest segment plus the contact distance, so two
-  segments closer than the contact distance have midpoints at most one cell apart on each axis, and each
-  segment is tested against its own cell and the 13 neighbouring cells on one side (the other 13 see it from
-theirs), so each pair is met once. With the thread's segments of bounded length and its
-  vertices not piling up, each cell holds O(1) segments: O(N) expected work, no allocation (every buffer lives
-  in :class:`ContactBuffers`).
+* Broad phase: a uniform grid hashed into a table of N to 2N buckets, a power of two (:func:`find_contacts`).
+  Every segment goes into the cell of its midpoint; the cell size is the longest segment plus the contact
+  distance, so two segments closer than the contact distance have midpoints at most one cell apart on each
+  axis, and each segment is tested against its own cell and the 13 neighbouring cells on one side (the other
+  13 see it from theirs), so each pair is met once; a pair whose midpoints are further apart than the contact
+  distance plus the longest segment is dropped before its closest points are computed. With the thread's
+  segments of bounded length and its vertices not piling up, each cell holds O(1) segments: O(N) expected
+  work, no allocation (every buffer lives in :class:`ContactBuffers`).
 * Segments sharing a vertex, or within ``exclude`` segments of each other along the thread, are never paired:
   neighbours along the thread are kept apart by bending, not by contact.
 
@@ -87,10 +88,10 @@ def _cell(v: float, inv: float) -> int:
 
 
 @njit(cache=True, error_model="numpy")
-def _hash(ix: int, iy: int, iz: int, size: int) -> int:
-    # large primes mixing the three coordinates (Teschner et al. 2003's spatial hash), then modulo the table
-    h = (ix * 73856093) ^ (iy * 19349663) ^ (iz * 83492791)
-    return h % size if h >= 0 else (-h) % size
+def _hash(ix: int, iy: int, iz: int, mask: int) -> int:
+    # large primes mixing the three coordinates (Teschner et al. 2003's spatial hash), then the low bits: the
+    # table is a power of two, so no integer division in the 14 bucket visits per segment
+    return ((ix * 73856093) ^ (iy * 19349663) ^ (iz * 83492791)) & mask
 
 
 @njit(cache=True, error_model="numpy")
@@ -117,7 +118,10 @@ def find_contacts(x: np.ndarray, radius: float, exclude: int, head: np.ndarray, 
     if size_cell <= 0.0:
         size_cell = 1.0
     inv = 1.0 / size_cell
-    table = head.shape[0]
+    table = 1
+    while 2 * table <= head.shape[0]:
+        table *= 2
+    mask = table - 1
     for b in range(table):
         head[b] = -1
     for k in range(m):
@@ -127,14 +131,20 @@ def find_contacts(x: np.ndarray, radius: float, exclude: int, head: np.ndarray, 
         cells[k, 0] = ix
         cells[k, 1] = iy
         cells[k, 2] = iz
-        b = _hash(ix, iy, iz, table)
+        b = _hash(ix, iy, iz, mask)
         nxt[k] = head[b]
         head[b] = k
     r2 = radius * radius
+    # segments closer than radius have midpoints closer than radius + longest: a cheap test before the
+    # closest points, which most pairs of neighbouring cells fail
+    reach2 = (radius + longest) * (radius + longest)
     count = 0
     cap = pair_i.shape[0]
     for i in range(m):
         ci0, ci1, ci2 = cells[i, 0], cells[i, 1], cells[i, 2]
+        mx = x[i, 0] + x[i + 1, 0]
+        my = x[i, 1] + x[i + 1, 1]
+        mz = x[i, 2] + x[i + 1, 2]
         # the own cell and the 13 cells after it in (x, y, z) order: every pair of neighbouring cells is
         # visited from one side only, so each pair of segments is met once (in the own cell: when j > i)
         for k in range(14):
@@ -142,12 +152,16 @@ def find_contacts(x: np.ndarray, radius: float, exclude: int, head: np.ndarray, 
             if k > 0:
                 ox, oy, oz = _FORWARD[k - 1, 0], _FORWARD[k - 1, 1], _FORWARD[k - 1, 2]
             cx, cy, cz = ci0 + ox, ci1 + oy, ci2 + oz
-            j = head[_hash(cx, cy, cz, table)]
+            j = head[_hash(cx, cy, cz, mask)]
             while j >= 0:
                 # a bucket shared by two cells (a hash collision) is filtered by the cell check; neighbours
                 # along the thread are never paired
+                dmx = 0.5 * (mx - x[j, 0] - x[j + 1, 0])
+                dmy = 0.5 * (my - x[j, 1] - x[j + 1, 1])
+                dmz = 0.5 * (mz - x[j, 2] - x[j + 1, 2])
                 if (cells[j, 0] == cx and cells[j, 1] == cy and cells[j, 2] == cz
-                        and (j > i + exclude or (k > 0 and j < i - exclude))):
+                        and (j > i + exclude or (k > 0 and j < i - exclude))
+                        and dmx * dmx + dmy * dmy + dmz * dmz < reach2):
                     a, b = (i, j) if i < j else (j, i)
                     segment_closest(x[a, 0], x[a, 1], x[a, 2], x[a + 1, 0], x[a + 1, 1], x[a + 1, 2],
                                     x[b, 0], x[b, 1], x[b, 2], x[b + 1, 0], x[b + 1, 1], x[b + 1, 2], scratch)
