@@ -30,8 +30,8 @@ from .model import ThreadModel, ThreadState, TickCopy
 from .motion import apply_motions
 from .stability import fold_factor, omega_bound, scale_masses, substeps_for
 from .needle import NP_WIRE, needle_constraints, needle_finish, needle_pierce, needle_thread, needle_turn
-from .tissue import (TP_RADIUS, collide_pads, locate_punctures, puncture_forces, puncture_load, puncture_predict,
-                     step_pads)
+from .tissue import (TP_RADIUS, TP_ROUNDS, collide_pads, locate_punctures, puncture_forces, puncture_load,
+                     puncture_predict, step_pads)
 
 # state.stats slots
 STAT_ITERS = 0          # multiplier iterations of the last substep
@@ -47,7 +47,6 @@ STAT_OMEGA_END = 9      # stability bound (rad/s) at the masses, tensions and ac
                         # tick ended with (Stepper's check that h * omega < 2 held)
 
 
-PAD_ROUNDS = 4       # rounds of (vertices put back out of the pads, constraint solve) per substep
 PAD_CRACK = 3.0      # thread radii left between two pads that meet: the thread that crosses between them
 FRICTION_TOL = 1e-3  # friction has settled when a round changes no contact point by more than this x min_gap
 
@@ -225,7 +224,7 @@ def substep(h: float, t: float,
         # tissue; then the constraints again (tissue.collide_pads, needle.needle_constraints)
         if needle_on:
             needle_pierce(xbar, npar, nst, pads, pst, pun_i, pun_f)
-        for _ in range(PAD_ROUNDS):
+        for _ in range(int(tpar[TP_ROUNDS])):
             moved = collide_pads(h, x, xbar, w_eff, rest, tpar, pads, pst, pun_i, pun_f, 1 if needle_on else 0)
             if needle_on:
                 moved += needle_constraints(h, x, xbar, w_eff, rest, npar, nst, tpar, pads, pst, pun_i, pun_f)
@@ -276,7 +275,7 @@ def advance(n_sub: int, h: float, t: float,
             grasp_vertex, grasp_k, grasp_c, grasp_fmax, grasp_target, grasp_target_prev, grasp_vel, grasp_force,
             grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
             lo, di, up, rhs, cp, delta, stats,
-            scale, base_inv_mass, bend_gersh, fold, tension_floor, tension_margin, target,
+            scale, base_inv_mass, bend_gersh, fold, tension_floor, tension_margin, target, keep_energy,
             contact_on, cpar, cexclude, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa, x_ref,
             contact_k, contact_k_act, turn, alpha_extra, cstats, grid_head, grid_next, grid_cells, grid_scratch, old_j, old_n, old_fp,
             old_next, seg_head, trace, tissue_on, tpar, pads, pst, pun_i, pun_f, needle_on, npar, nst):
@@ -325,7 +324,7 @@ def advance(n_sub: int, h: float, t: float,
             if s > 0:
                 fold = fold_factor(x)  # hinges can fold within a tick (a whip); their stiffness grows fast
             ns, f = scale_masses(mass, base_inv_mass, bend_gersh, fold, rest, tension, tension_floor,
-                                 tension_margin, h, target, contact_k, inv_mass)
+                                 tension_margin, h, target, contact_k, inv_mass, x, x_prev, keep_energy)
             if ns > n_scaled:
                 n_scaled = ns
             if f > worst:
@@ -396,7 +395,7 @@ def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, scale: bo
             state.edges, state.elen, state.new_edges, state.alpha, state.tri_lo, state.tri_di, state.tri_up,
             state.tri_rhs, state.tri_cp, state.tri_delta, state.stats,
             scale, model.inv_mass, model.bend_gersh, fold, tension_floor, tension_margin,
-            model.solver.stability_target,
+            model.solver.stability_target, model.solver.scaled_mass_keeps == "energy",
             model.contact.enabled, model.contact_par, model.contact.exclude, state.cand_i, state.cand_j,
             state.cand_s, state.cand_t, state.cand_d, state.cand_n, state.cand_f, state.cand_fp, state.cand_fa,
             state.x_ref,
@@ -408,17 +407,25 @@ def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, scale: bo
     state.time[0] += n_sub * h
 
 
-def grasp_tension_floor(state: ThreadState) -> float:
+def grasp_tension_floor(model: ThreadModel, state: ThreadState) -> float:
     """The tension (N) the grasps can put into the thread during the next tick: each coupling's force if its
     vertex stayed where it is, min(max_force, k |p - x|). A stylus far from its vertex is about to pull. At an
     end of the thread, a coupling pushing the end back along the thread compresses it rather than pulls, and
     counts 0 (stability.py: compression sets no step limit)."""
-    return _grasp_tension_floor(state.x, state.grasp_vertex, state.grasp_target, state.grasp_k, state.grasp_fmax)
+    return _grasp_tension_floor(state.x, state.grasp_vertex, state.grasp_target, state.grasp_k, state.grasp_fmax,
+                                model.solver.scaled_mass_keeps == "energy")
 
 
 @njit(cache=True, error_model="numpy")
-def _grasp_tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax) -> float:
+def _grasp_tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide: bool) -> float:
+    """With ``wide`` (mass scaling that keeps energy), an end's coupling counts unless it points back along the
+    end's segment within 45 degrees: a pull across the segment swings it round into tension within the tick
+    (3 N on the 0.08 mg end of a 3-0 silk suture is 4e7 m/s^2), and with kinetic energy kept a vertex made
+    lighter is no longer held back by the inertia it had (the default scene diverged at 6.13 s with a pull
+    1.3 degrees behind the perpendicular). Without it, any pull with a backward component counts 0, as the
+    suture scripts were tuned under."""
     floor = 0.0
+    cos_back = -0.7071 if wide else 0.0
     last = x.shape[0] - 1
     for g in range(grasp_vertex.shape[0]):
         v = grasp_vertex[g]
@@ -429,8 +436,11 @@ def _grasp_tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax) -> 
         dz = grasp_target[g, 2] - x[v, 2]
         if v == 0 or v == last:
             w = 1 if v == 0 else last - 1       # the end's neighbour: the coupling pulls if it points away
-            outward = dx * (x[v, 0] - x[w, 0]) + dy * (x[v, 1] - x[w, 1]) + dz * (x[v, 2] - x[w, 2])
-            if outward < 0.0:
+            ex = x[v, 0] - x[w, 0]
+            ey = x[v, 1] - x[w, 1]
+            ez = x[v, 2] - x[w, 2]
+            outward = dx * ex + dy * ey + dz * ez
+            if outward < cos_back * math.sqrt((dx * dx + dy * dy + dz * dz) * (ex * ex + ey * ey + ez * ez)):
                 continue
         f = min(grasp_fmax[g], grasp_k[g] * math.sqrt(dx * dx + dy * dy + dz * dz))
         floor = max(floor, f)
@@ -438,14 +448,14 @@ def _grasp_tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax) -> 
 
 
 @njit(cache=True, error_model="numpy")
-def plan_tick(x, tension, grasp_vertex, grasp_target, grasp_k, grasp_fmax, tissue_on, tpar, pun_i, pun_f,
+def plan_tick(x, tension, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide, tissue_on, tpar, pun_i, pun_f,
               inv_mass, bend_gersh, rest, contact_k, est) -> tuple:
     """The tension estimate of the coming tick into ``est`` (N): each segment's |tension|, but at least what the
     grasps can pull with (grasp_tension_floor) and what the punctures hold (tissue.puncture_load), static
     tensions that the mass scaling's discount of inertial tension must not discount (stability.scale_masses).
     Returns (that floor in N, the stability bound in rad/s at the estimate x1.5). One kernel call: the parts
     called one by one from Python cost about 7 us a tick."""
-    floor = _grasp_tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax)
+    floor = _grasp_tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide)
     if tissue_on:
         floor = max(floor, puncture_load(tpar, pun_i, pun_f))
     for j in range(tension.shape[0]):
@@ -520,8 +530,9 @@ class Stepper:
             return n
         est = self._tension
         floor, omega = plan_tick(state.x, state.tension, state.grasp_vertex, state.grasp_target, state.grasp_k,
-                                 state.grasp_fmax, model.tissue_on, model.tissue_par, state.pun_i, state.pun_f,
-                                 model.inv_mass, model.bend_gersh, model.rest_length, state.contact_k, est)
+                                 state.grasp_fmax, s.scaled_mass_keeps == "energy", model.tissue_on,
+                                 model.tissue_par, state.pun_i, state.pun_f, model.inv_mass, model.bend_gersh,
+                                 model.rest_length, state.contact_k, est)
         n, needed = choose_substeps(model, state, est, omega)
         self._save()
         for attempt in range(self.MAX_RETRIES + 1):

@@ -57,6 +57,8 @@ class SolverSettings:
     max_substeps: int = 32        # budget of automatic substeps; beyond it, selective mass scaling (stability.py)
     retry_substeps: int = 1024    # a tick that failed may be run again with up to this many (a transient overrun)
     stability_target: float = 1.0  # h * omega_max aimed for (the explicit limit is 2)
+    scaled_mass_keeps: str = "energy"  # what a vertex keeps when mass scaling makes it heavier: "energy" or
+                                       # "velocity" (docs/PHYSICS.md Sec. 6)
 
 
 @dataclass(frozen=True)

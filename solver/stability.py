@@ -86,7 +86,8 @@ def substeps_for(omega: float, tick: float, target: float, max_substeps: int) ->
 @njit(cache=True, error_model="numpy")
 def scale_masses(mass: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray, fold: float, rest: np.ndarray,
                  tension: np.ndarray, tension_floor: float, tension_margin: float, h: float, target: float,
-                 contact_k: np.ndarray, out: np.ndarray) -> tuple:
+                 contact_k: np.ndarray, out: np.ndarray, x: np.ndarray, x_prev: np.ndarray,
+                 keep_energy: bool) -> tuple:
     """Selective mass scaling: the inverse masses (1/kg) for a substep h (s) such that every vertex's Gershgorin
     bound meets h * omega_i <= target. A vertex that already does keeps its mass; a stiffer one (a taut or
     sharply bent stretch of a light suture) gets just enough extra inertia, m_i' = h^2 K_i / target^2, with K_i
@@ -108,6 +109,7 @@ def scale_masses(mass: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray,
         f_right = 1.0
         if i < n - 1:
             f_right = inv_mass[i + 1] / out[i + 1] if out[i + 1] > 0.0 else 1.0
+        old = out[i]
         if inv_mass[i] == 0.0:
             out[i] = 0.0
         else:
@@ -125,6 +127,16 @@ def scale_masses(mass: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray,
                     worst = f
             else:
                 out[i] = inv_mass[i]
+            if keep_energy and old > 0.0 and out[i] < old:
+                # the mass grew under a moving vertex: keep its kinetic energy, not its velocity (the velocity is
+                # the position history, (x - x_prev) / h, so the history is shortened by sqrt(m / m')). Kept
+                # velocity would give it (m' / m - 1) of its kinetic energy from nothing, and the masses follow
+                # the tensions, which a swinging or vibrating thread modulates at twice its frequency: parametric
+                # pumping (docs/PHYSICS.md Sec. 6). A vertex made lighter keeps its velocity and so loses energy:
+                # no change of mass adds any.
+                r = math.sqrt(out[i] / old)
+                for d in range(3):
+                    x_prev[i, d] = x[i, d] - r * (x[i, d] - x_prev[i, d])
         f_left = f_here
         f_here = f_right
     return scaled, worst

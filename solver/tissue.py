@@ -46,7 +46,8 @@ TP_VISCOUS = 3     # N*s/m, the part of the drag that grows with the slide speed
 TP_V_STICK = 4     # m/s, the slide speed below which a puncture holds
 TP_MU = 5          # Coulomb coefficient of the thread on a pad's surface
 TP_RADIUS = 6      # m, the thread's radius against a pad
-TP_COUNT = 7
+TP_ROUNDS = 7      # rounds of (vertices put back out of the pads, constraint solve) per substep at most
+TP_COUNT = 8
 
 # pads (P, PD_COUNT): the pads' parameters
 PD_HALF = 0        # 3 columns: half extents (m)

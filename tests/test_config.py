@@ -516,10 +516,14 @@ def test_solver_bounds(tmp_path):
     _error(tmp_path, THREAD + "solver:\n  tol: 1.0e-3\n", "solver.tol", "<= 1e-06")
     _error(tmp_path, THREAD + "solver:\n  tick: 0\n", "solver.tick", "> 0")
     _error(tmp_path, THREAD + "solver:\n  stability_target: 2.5\n", "solver.stability_target", "<= 2")
+    _error(tmp_path, THREAD + "solver:\n  scaled_mass_keeps: momentum\n", "solver.scaled_mass_keeps", "one of")
     _error(tmp_path, THREAD + "record:\n  state_rate: 2000\n", "record.state_rate", "<= 1000")
     s = _load(tmp_path, THREAD + "solver:\n  method: contraction\n  tick: 0.002\n  substeps: auto\n"
               "record:\n  state_rate: 500\n")
     assert s.model.solver.method == "contraction" and s.model.solver.substeps == 0 and s.state_rate == 500
+    assert s.model.solver.scaled_mass_keeps == "energy"
+    s = _load(tmp_path, THREAD + "solver:\n  scaled_mass_keeps: velocity\n")
+    assert s.model.solver.scaled_mass_keeps == "velocity"
 
 
 def test_error_shape(tmp_path):

@@ -206,6 +206,7 @@ def test_tissue_config_errors():
     fails({"pads": [dict(pad, size=[0.02, 0.0, 0.01])]}, r"tissue.pads\[0\].size: must be three positive")
     fails({"pads": [dict(pad, colour="red")]}, r"tissue.pads\[0\].colour: unknown key")
     fails({"pads": []}, r"tissue.pads: give at least one pad")
+    fails({"pads": [pad], "passes": [through], "rounds": 0}, r"tissue.rounds: must be >= 1")
 
 
 def test_polyline_shape_puts_a_vertex_on_every_corner():

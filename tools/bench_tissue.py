@@ -81,7 +81,7 @@ def measure_tissue(quick: bool, log) -> TissueBench:
             t0 = time.perf_counter_ns()
             for _ in range(200):
                 # the scaling floor the Stepper would use: what the grasps can pull, and the punctures hold
-                floor = grasp_tension_floor(s)
+                floor = grasp_tension_floor(sc.model, s)
                 if m.tissue_on:
                     floor = max(floor, puncture_load(m.tissue_par, s.pun_i, s.pun_f))
                 step(m, s, int(model.solver.max_substeps), model.solver.tick / model.solver.max_substeps,
