@@ -26,7 +26,7 @@ SCENE = "simple-interrupted-suture"
 # the scene's phases, by its timeline (s)
 PHASES = (("needle bite (tip in and out of both edges)", 0.0, 4.0), ("drawing the thread through", 4.0, 6.5),
           ("the double throw (the tail twice through the strands' loop)", 6.5, 13.6),
-          ("cinching (3 N in each hand)", 13.6, 16.0), ("the knot holding the wound, the forceps let go", 16.0, 20.0))
+          ("cinching (3 N in each hand)", 13.6, 16.0), ("the knot holding the wound, both hands let go", 16.0, 20.0))
 TARGET_P99_US = 500.0
 
 
