@@ -411,7 +411,8 @@ def grasp_tension_floor(model: ThreadModel, state: ThreadState) -> float:
     """The tension (N) the grasps can put into the thread during the next tick: each coupling's force if its
     vertex stayed where it is, min(max_force, k |p - x|). A stylus far from its vertex is about to pull. At an
     end of the thread, a coupling pushing the end back along the thread compresses it rather than pulls, and
-    counts 0 (stability.py: compression sets no step limit)."""
+    counts 0 (stability.py: compression sets no step limit); how far back counts as pushing depends on the mass
+    scaling (_grasp_tension_floor)."""
     return _grasp_tension_floor(state.x, state.grasp_vertex, state.grasp_target, state.grasp_k, state.grasp_fmax,
                                 model.solver.scaled_mass_keeps == "energy")
 
