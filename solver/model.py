@@ -238,8 +238,9 @@ NEIGHBOUR_LIST = ("cand_i", "cand_j", "cand_s", "cand_t", "cand_d", "cand_n", "c
 def _pack_carried(state: ThreadState) -> tuple:
     """Move every array a tick carries over (all but TICK_SCRATCH and NEIGHBOUR_LIST) into one buffer per
     dtype, each field becoming a view of it (same shape, C-contiguous, so the kernels see the same types).
-    Copying a tick's start is then a few memcpy's instead of one call per array (about 15 us a tick for 42
-    arrays, against 2 us; the budget of a 200-segment knot's tick is 250 us)."""
+    Copying a tick's start is then a few memcpy's instead of one call per array: for a 200-segment knot,
+    15.3 us a tick with 42 arrays, 5.5 us with the buffers, the neighbour list included (the tick's budget is
+    250 us)."""
     skip = TICK_SCRATCH.union(NEIGHBOUR_LIST)
     groups: dict = {}
     for f in fields(state):

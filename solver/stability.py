@@ -97,8 +97,9 @@ def scale_masses(mass: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray,
 
     ``out`` holds the inverse masses the tensions were computed with. Under scaled masses the inertial part of
     a tension is inflated by the scale factor, so each tension is divided by the larger factor at its segment's
-    ends before it is used; without that the scaling would feed on itself. Returns (vertices scaled, largest
-    factor)."""
+    ends before it is used; without that the scaling would feed on itself. With ``keep_energy``, a vertex made
+    heavier has its history ``x_prev`` (m; positions ``x``) shortened so that its kinetic energy stays, not its
+    velocity. Returns (vertices scaled, largest factor)."""
     n = mass.shape[0]
     scaled = 0
     worst = 1.0
