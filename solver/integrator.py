@@ -407,19 +407,22 @@ def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, scale: bo
     state.time[0] += n_sub * h
 
 
-def grasp_tension_floor(model: ThreadModel, state: ThreadState) -> float:
-    """The tension (N) the grasps can put into the thread during the next tick: each coupling's force if its
-    vertex stayed where it is, min(max_force, k |p - x|). A stylus far from its vertex is about to pull. At an
-    end of the thread, a coupling pushing the end back along the thread compresses it rather than pulls, and
-    counts 0 (stability.py: compression sets no step limit); how far back counts as pushing depends on the mass
-    scaling (_grasp_tension_floor)."""
-    return _grasp_tension_floor(state.x, state.grasp_vertex, state.grasp_target, state.grasp_k, state.grasp_fmax,
-                                model.solver.scaled_mass_keeps == "energy")
+def tension_floor(model: ThreadModel, state: ThreadState) -> float:
+    """The static tension (N) the coming tick's mass scaling must count on every segment, as Stepper.tick takes
+    it (plan_tick): what the grasps can pull with and what the punctures hold (_tension_floor)."""
+    return _tension_floor(state.x, state.grasp_vertex, state.grasp_target, state.grasp_k, state.grasp_fmax,
+                          model.solver.scaled_mass_keeps == "energy", model.tissue_on, model.tissue_par,
+                          state.pun_i, state.pun_f)
 
 
 @njit(cache=True, error_model="numpy")
 def _grasp_tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide: bool) -> float:
-    """With ``wide`` (mass scaling that keeps energy), an end's coupling counts unless it points back along the
+    """The tension (N) the grasps can put into the thread during the next tick: each coupling's force if its
+    vertex stayed where it is, min(max_force, k |p - x|). A stylus far from its vertex is about to pull. At an
+    end of the thread, a coupling pushing the end back along the thread compresses it rather than pulls, and
+    counts 0 (stability.py: compression sets no step limit).
+
+    With ``wide`` (mass scaling that keeps energy), an end's coupling counts unless it points back along the
     end's segment within 45 degrees: a pull across the segment swings it round into tension within the tick
     (3 N on the 0.08 mg end of a 3-0 silk suture is 4e7 m/s^2), and with kinetic energy kept a vertex made
     lighter is no longer held back by the inertia it had (the default scene diverged at 6.13 s with a pull
@@ -449,16 +452,24 @@ def _grasp_tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wid
 
 
 @njit(cache=True, error_model="numpy")
-def plan_tick(x, tension, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide, tissue_on, tpar, pun_i, pun_f,
-              inv_mass, bend_gersh, rest, contact_k, est) -> tuple:
-    """The tension estimate of the coming tick into ``est`` (N): each segment's |tension|, but at least what the
-    grasps can pull with (grasp_tension_floor) and what the punctures hold (tissue.puncture_load), static
-    tensions that the mass scaling's discount of inertial tension must not discount (stability.scale_masses).
-    Returns (that floor in N, the stability bound in rad/s at the estimate x1.5). One kernel call: the parts
-    called one by one from Python cost about 7 us a tick."""
+def _tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide, tissue_on, tpar, pun_i,
+                   pun_f) -> float:
+    """What the grasps can pull with (_grasp_tension_floor) and what the punctures hold (tissue.puncture_load),
+    N: static tensions, which the mass scaling's discount of inertial tension must not discount
+    (stability.scale_masses)."""
     floor = _grasp_tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide)
     if tissue_on:
         floor = max(floor, puncture_load(tpar, pun_i, pun_f))
+    return floor
+
+
+@njit(cache=True, error_model="numpy")
+def plan_tick(x, tension, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide, tissue_on, tpar, pun_i, pun_f,
+              inv_mass, bend_gersh, rest, contact_k, est) -> tuple:
+    """The tension estimate of the coming tick into ``est`` (N): each segment's |tension|, but at least the
+    static floor (_tension_floor). Returns (that floor in N, the stability bound in rad/s at the estimate
+    x1.5). One kernel call: the parts called one by one from Python cost about 7 us a tick."""
+    floor = _tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide, tissue_on, tpar, pun_i, pun_f)
     for j in range(tension.shape[0]):
         est[j] = max(abs(tension[j]), floor)
     return floor, omega_bound(x, inv_mass, bend_gersh, rest, est, 1.5, contact_k)
@@ -499,7 +510,7 @@ class Stepper:
     the budget. A tick that fails its checks is run again with up to solver.retry_substeps substeps (an
     overrun of the real-time budget, reported by the caller, rather than a diverging state). The bound uses a
     tension estimate: the current tensions, but at least what the grasps can pull
-    with during the tick (grasp_tension_floor). A tick is checked after it ran: every substep's multipliers must
+    with during the tick (tension_floor). A tick is checked after it ran: every substep's multipliers must
     have converged, and the bound at the tensions the tick ended with must still hold (h * omega < 2). Tension
     can rise within one tick faster than any estimate (a thread snapping taut), so a tick that fails is run
     again from a copy of the state taken before it, with more substeps and a larger estimate: the tensions it

@@ -44,34 +44,30 @@ def knot(segments: int, contact: dict | None = None, duration: float | None = No
 
 def knot_run(label: str, sc: Scenario, seconds: float) -> KnotRun:
     """Pull the knot for ``seconds`` and time every tick; the last second gives its force, speed and scaling."""
-    st = sc.new_state()
-    stepper = Stepper(sc.model, st)
-    ticks = int(round(seconds / sc.model.solver.tick))
-    last = min(ticks, int(round(1.0 / sc.model.solver.tick)))
-    times = np.empty(ticks)
-    subs = np.empty(ticks)
-    force = np.empty(last)
-    speed = np.empty(last)
-    factor = 1.0
-    stepper.tick()
-    for k in range(ticks):
-        before = st.x.copy() if k >= ticks - last else None
-        t0 = time.perf_counter_ns()
-        subs[k] = stepper.tick()
-        times[k] = (time.perf_counter_ns() - t0) / 1e3
-        if before is not None:
-            j = k - (ticks - last)
-            force[j] = np.linalg.norm(st.grasp_force[0])
-            speed[j] = np.median(np.linalg.norm(st.x - before, axis=1)) / sc.model.solver.tick
-            factor = max(factor, float(st.stats[STAT_MASS_FACTOR]))
+    tick = sc.model.solver.tick
+    ticks = int(round(seconds / tick))
+    last = min(ticks, int(round(1.0 / tick)))
+    prev = np.empty((sc.model.n_vertices, 3))
+    speed: list[float] = []
+    factor = [1.0]
+
+    def after(k: int, st) -> None:
+        if k >= ticks - last and k > 0:
+            speed.append(float(np.median(np.linalg.norm(st.x - prev, axis=1))) / tick)
+            factor[0] = max(factor[0], float(st.stats[STAT_MASS_FACTOR]))
+        np.copyto(prev, st.x)
+
+    times, force, subs, stepper = tick_times(sc, seconds, after)
+    st = stepper.state
     length = float(sc.model.rest_length.sum())
-    return KnotRun(label, times, subs, int(st.contact_stats[CS_CONTACTS]), stepper.retries, factor,
-                   float(force.mean()), float(np.linalg.norm(st.x[-1] - st.x[0]) / length),
+    return KnotRun(label, times, subs, int(st.contact_stats[CS_CONTACTS]), stepper.retries, factor[0],
+                   float(force[-last:].mean()), float(np.linalg.norm(st.x[-1] - st.x[0]) / length),
                    float(np.median(speed)))
 
 
-def tick_times(sc: Scenario, seconds: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, Stepper]:
-    """Wall time of every tick (us), the end force (N) and the substeps of the run kept after it."""
+def tick_times(sc: Scenario, seconds: float, after=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, Stepper]:
+    """Wall time of every tick (us), the end force (N) and the substeps of the run kept after it; ``after(k,
+    state)``, if given, is called after tick k, outside the timing."""
     st = sc.new_state()
     stepper = Stepper(sc.model, st)
     ticks = int(round(seconds / sc.model.solver.tick))
@@ -84,6 +80,8 @@ def tick_times(sc: Scenario, seconds: float) -> tuple[np.ndarray, np.ndarray, np
         subs[k] = stepper.tick()
         times[k] = (time.perf_counter_ns() - t0) / 1e3
         force[k] = np.linalg.norm(st.grasp_force[0])
+        if after is not None:
+            after(k, st)
     return times, force, subs, stepper
 
 

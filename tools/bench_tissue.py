@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..solver.integrator import Stepper, grasp_tension_floor, step
+from ..solver.integrator import Stepper, step, tension_floor
 from ..solver.scenario import load_scenario
 from ..solver.suture import KNOT_EVERY, KNOT_PHASE, SutureWatch
-from ..solver.tissue import puncture_load
 
 SCENE = "simple-interrupted-suture"
 # the scene's phases, by its timeline (s)
@@ -81,9 +80,7 @@ def measure_tissue(quick: bool, log) -> TissueBench:
             t0 = time.perf_counter_ns()
             for _ in range(200):
                 # the scaling floor the Stepper would use: what the grasps can pull, and the punctures hold
-                floor = grasp_tension_floor(sc.model, s)
-                if m.tissue_on:
-                    floor = max(floor, puncture_load(m.tissue_par, s.pun_i, s.pun_f))
+                floor = tension_floor(m, s)
                 step(m, s, int(model.solver.max_substeps), model.solver.tick / model.solver.max_substeps,
                      scale=True, tension_floor=floor)
             per.append((time.perf_counter_ns() - t0) / 1e3 / 200)
