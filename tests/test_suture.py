@@ -82,16 +82,16 @@ def test_the_scripted_suture_closes_the_wound():
 
 @pytest.mark.long
 def test_the_seated_double_throw_holds_the_wound_closed_for_good():
-    """The same scene run on to 40 s: the wound stays closed at the crack, read every 0.5 s, 23.6 s after both
+    """The same scene run on to 90 s: the wound stays closed at the crack, read every 0.5 s, 73.6 s after both
     hands let go. (Cinched from 10 mm above the tissue instead of 4, this double throw slipped open within 1-3 s
     of the hands letting go; from 3 mm it held about 11 s, and from 5 mm to 30 s (the end of that run): docs/PHYSICS.md Sec. 9.)"""
     gaps = {}
-    for stepper, _, model, state, events in play(duration=40.0):
+    for stepper, _, model, state, events in play(duration=90.0):
         t = round(float(state.time[0]), 3)
         if t >= 16.5 and abs(t * 2 - round(t * 2)) < 1e-6:
             gaps[t] = float(pad_gap(model.pads, state.pst))
     crack = 3.0 * model.tissue_par[TP_RADIUS]
-    assert len(gaps) == 48 and all(g < crack + 2e-4 for g in gaps.values()), gaps
+    assert len(gaps) == 148 and all(g < crack + 2e-4 for g in gaps.values()), gaps
     assert [k for _, k, _ in events if k in ("gap_closed", "gap_opened")][-1] == "gap_closed"
     assert stepper.retries == 0
 
