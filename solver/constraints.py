@@ -42,6 +42,49 @@ def thomas_solve(lo: np.ndarray, di: np.ndarray, up: np.ndarray, rhs: np.ndarray
 
 
 @njit(cache=True, error_model="numpy")
+def inertial_tension(x: np.ndarray, x_prev: np.ndarray, inv_mass: np.ndarray, w: np.ndarray, e: np.ndarray,
+                     elen: np.ndarray, E: np.ndarray, rest: np.ndarray, compliance: np.ndarray, alpha: np.ndarray,
+                     h: float, lo: np.ndarray, di: np.ndarray, up: np.ndarray, rhs: np.ndarray, cp: np.ndarray,
+                     out: np.ndarray) -> None:
+    """The part of the solved tensions (N) that the vertices' velocities make, into ``out``: the change of the
+    multipliers if the prediction's inertial term, (x - x_prev) as the couplings left it (w / inv_mass of it),
+    were taken out. At a solution (E the new edges of ``alpha``) G_j = |E_j|^2 - s_j^2 = 0; moving the predicted
+    edges by delta_j changes alpha by d with J d = -2 E_j . delta_j, J the Newton matrix of solve_multipliers
+    (linear in delta: exact for small velocities, a first-order split otherwise). Under mass scaling this part
+    grows with the added mass and the rest (loads, couplings, contact) does not (stability.scale_masses).
+    Kinematic vertices (w = 0) count as driven, not inertial."""
+    m = e.shape[0]
+    inv_h2 = 1.0 / (h * h)
+    for j in range(m):
+        wl = w[j]
+        wr = w[j + 1]
+        if wl + wr == 0.0:
+            lo[j] = 0.0
+            di[j] = 1.0
+            up[j] = 0.0
+            rhs[j] = 0.0
+            continue
+        fl = wl / inv_mass[j] if inv_mass[j] > 0.0 else 0.0
+        fr = wr / inv_mass[j + 1] if inv_mass[j + 1] > 0.0 else 0.0
+        px = 2.0 * E[j, 0]
+        py = 2.0 * E[j, 1]
+        pz = 2.0 * E[j, 2]
+        dv = 0.0
+        for d in range(3):
+            p = px if d == 0 else (py if d == 1 else pz)
+            dv += p * (fr * (x[j + 1, d] - x_prev[j + 1, d]) - fl * (x[j, d] - x_prev[j, d]))
+        s = rest[j] * (1.0 + compliance[j] * alpha[j] * elen[j] * inv_h2)
+        dcomp = 2.0 * s * rest[j] * compliance[j] * elen[j] * inv_h2
+        di[j] = -(wl + wr) * (px * e[j, 0] + py * e[j, 1] + pz * e[j, 2]) - dcomp
+        lo[j] = wl * (px * e[j - 1, 0] + py * e[j - 1, 1] + pz * e[j - 1, 2]) if j > 0 else 0.0
+        up[j] = wr * (px * e[j + 1, 0] + py * e[j + 1, 1] + pz * e[j + 1, 2]) if j < m - 1 else 0.0
+        rhs[j] = -dv
+    thomas_solve(lo, di, up, rhs, cp, out, m)
+    for j in range(m):
+        out[j] *= elen[j] * inv_h2
+
+
+@njit(cache=True, error_model="numpy")
 def _new_edges(xbar: np.ndarray, e: np.ndarray, w: np.ndarray, alpha: np.ndarray, E: np.ndarray) -> None:
     # Eq. D.4 with per-vertex inverse masses
     m = e.shape[0]

@@ -53,7 +53,9 @@ CP_SKIN = 6         # m: the neighbour list holds pairs closer than Delta d + sk
 CP_RECOVER = 7      # m/s: how fast the floor may push apart a pair that started the substep below it
 CP_ROUNDS = 8       # rounds of (no-crossing floor, friction, constraint solve) per substep at most
 CP_POLYGON = 9      # 1: friction's normal force scaled by polygon_gain (a polyline's capstan made a rope's)
-CP_SIZE = 10
+CP_NEAR = 10        # segments apart (exclude + 1) at or below which a pair counts for the stability bound only as
+                    # its approach brings it near (REACH_*); 0: every pair half a skin ahead
+CP_SIZE = 11
 
 # contact_stats slots (per tick, filled by the integrator)
 CS_COUNT = 0        # candidate pairs in the neighbour list
@@ -65,6 +67,12 @@ CS_OVERFLOW = 5     # 1 if the neighbour list was too small for every candidate 
 CS_STICKING = 6     # pairs in static friction in the last substep
 CS_REVERTED = 7     # vertices the last-resort guard put back to the start of their substep in the last tick
 CS_SKIN = 8         # m, the skin the neighbour list was built with
+
+# how far ahead of touching a pair one segment past the excluded ones (j, j + exclude + 1) counts for the
+# stability bound: its present approach per substep times REACH_SUBSTEPS (the substep budget's default), but at
+# least REACH_MIN and at most half of the skin (every other pair: half of the skin)
+REACH_SUBSTEPS = 32.0
+REACH_MIN = 0.1
 CS_SIZE = 9
 
 GUARD = 0.25        # fraction of min_gap below which a gap left after the floor's rounds is unsafe
@@ -239,7 +247,9 @@ def penalty_forces(x: np.ndarray, x_prev: np.ndarray, cpar: np.ndarray, n_cand: 
     k_s = cpar[CP_STIFFNESS]
     dd = cpar[CP_DISTANCE]
     delta = cpar[CP_SMOOTH]
-    reach = dd + 0.5 * cpar[CP_SKIN]
+    reach_min = REACH_MIN * cpar[CP_SKIN]
+    reach_max = 0.5 * cpar[CP_SKIN]
+    near = int(cpar[CP_NEAR])
     # the static coefficient's gain serves the kinetic one too (silk's 0.3 and 0.25 differ by under 1 % in it)
     mu_gain = max(cpar[CP_MU_S], cpar[CP_MU_K])
     polygon = cpar[CP_POLYGON] > 0.0 and mu_gain > 0.0 and n_cand > 0
@@ -304,11 +314,15 @@ def penalty_forces(x: np.ndarray, x_prev: np.ndarray, cpar: np.ndarray, n_cand: 
         cand_fa[c, 0] = 0.0   # and apply_friction this
         cand_fa[c, 1] = 0.0
         cand_fa[c, 2] = 0.0
-        if min(gap, g1) < reach:
+        reach = min(reach_max, reach_min + REACH_SUBSTEPS * max(gap - g1, 0.0)) if b - a <= near else reach_max
+        if min(gap, g1) < dd + reach:
             # the spring k_s acts on g = sum_v c_v n . x_v with |c| summing to 2: row sums k_s |c_v| * 2. It
-            # counts for the stability bound once the pair is within half a skin of touching, not only once it
-            # touches: the bound and the mass scaling are set at the start of a tick, and a 3-0 silk vertex
-            # (0.2 mg) on a 1000 N/m spring needs h < 15 us, so a spring that engages unforeseen mid-tick rings up
+            # counts for the stability bound before it touches: the bound and the mass scaling are set at the
+            # start of a tick, and a 3-0 silk vertex (0.2 mg) on a 1000 N/m spring needs h < 15 us, so a spring
+            # that engages unforeseen mid-tick rings up. Half a skin ahead for most pairs; the pair one segment
+            # past the excluded ones only as far ahead as its approach reaches (REACH_*): a straight strand's
+            # segments j and j + 2 lie 1.25 mm apart with a 1 mm contact distance, inside half a skin, and
+            # counting them made every free 3-0 silk strand 5,400 times heavier (docs/PHYSICS.md Sec. 6)
             _add_spring_rows(contact_k, a, b, s, t, k_s)
         if f <= 0.0:
             continue

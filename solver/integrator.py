@@ -20,7 +20,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .constraints import solve_multipliers
+from .constraints import inertial_tension, solve_multipliers
 from .contact_response import (CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS, CS_REBUILDS,
                                CS_REVERTED, CS_SKIN, CS_STICKING, CP_MIN_GAP, CP_ROUNDS, CP_SKIN, apply_friction,
                                enforce_min_gap, guard_crossings, largest_step, neighbours_stale, penalty_forces,
@@ -28,9 +28,9 @@ from .contact_response import (CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECT
 from .forces import accumulate_forces, edge_vectors
 from .model import ThreadModel, ThreadState, TickCopy
 from .motion import apply_motions
-from .stability import fold_factor, omega_bound, scale_masses, substeps_for
+from .stability import omega_bound, scale_masses, substeps_for
 from .needle import NP_WIRE, needle_constraints, needle_finish, needle_pierce, needle_thread, needle_turn
-from .tissue import (TP_RADIUS, TP_ROUNDS, collide_pads, locate_punctures, puncture_forces, puncture_load,
+from .tissue import (PF_SIGMA, PI_STATE, PUN_ACTIVE, TP_RADIUS, TP_ROUNDS, collide_pads, locate_punctures, puncture_forces, puncture_load,
                      puncture_predict, step_pads)
 
 # state.stats slots
@@ -84,7 +84,7 @@ def solve_again(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_
 def substep(h: float, t: float,
             rest, mass, inv_mass, kinematic, hinge_k, k_d, drag_quad, drag_lin, compliance, gravity, twist_k,
             mot_kind, mot_index, mot_t0, mot_t1, mot_vel, method, tol, max_iters,
-            x, x_prev, tension, twist, kin_target, ext_force,
+            x, x_prev, tension, tension_in, split, twist, kin_target, ext_force,
             grasp_vertex, grasp_k, grasp_c, grasp_fmax, grasp_target, grasp_target_prev, grasp_vel, grasp_force,
             grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
             lo, di, up, rhs, cp, delta,
@@ -92,6 +92,8 @@ def substep(h: float, t: float,
             contact_k, contact_k_act, turn, alpha_extra, cstats, cscratch,
             tissue_on, tpar, pads, pst, pun_i, pun_f, needle_on, npar, nst):
     """Advance the state by one substep h (s) starting at time t (s). Returns (iterations, residual).
+    With ``split``, ``tension_in`` gets the part of the tensions the velocities make (for the local mass
+    scaling, constraints.inertial_tension); otherwise zeros.
     With ``contact_on``, the first ``n_cand`` pairs of the neighbour list get the contact response
     (solver/contact_response.py) and ``cstats`` its per-tick statistics. With ``tissue_on``, the pads move,
     the punctures act on the thread and the thread is kept out of the pads (solver/tissue.py). With
@@ -199,6 +201,13 @@ def substep(h: float, t: float,
 
     iters, residual = solve_multipliers(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_iters,
                                         alpha, new_edges, lo, di, up, rhs, cp, delta)
+    # which part of the tensions the velocities make, for the next substep's (local) mass scaling; without
+    # it, none: all counts as static, which never makes a vertex too light
+    if split:
+        inertial_tension(x, x_prev, inv_mass, w_eff, edges, elen, new_edges, rest, compliance, alpha, h, lo, di,
+                         up, rhs, cp, tension_in)
+    else:
+        tension_in[:] = 0.0
     # x^{k+1} = xbar + constraint displacement (Eq. D.3), built in xbar
     constraint_displace(xbar, w_eff, alpha, edges)
     if contact_on:
@@ -271,11 +280,11 @@ def substep(h: float, t: float,
 def advance(n_sub: int, h: float, t: float,
             rest, mass, inv_mass, kinematic, hinge_k, k_d, drag_quad, drag_lin, compliance, gravity, twist_k,
             mot_kind, mot_index, mot_t0, mot_t1, mot_vel, method, tol, max_iters,
-            x, x_prev, tension, twist, kin_target, ext_force,
+            x, x_prev, tension, tension_in, twist, kin_target, ext_force,
             grasp_vertex, grasp_k, grasp_c, grasp_fmax, grasp_target, grasp_target_prev, grasp_vel, grasp_force,
             grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
             lo, di, up, rhs, cp, delta, stats,
-            scale, base_inv_mass, bend_gersh, fold, tension_floor, tension_margin, target, keep_energy,
+            scale, base_inv_mass, bend_gersh, tension_floor, tension_margin, target, keep_energy, local,
             contact_on, cpar, cexclude, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa, x_ref,
             contact_k, contact_k_act, turn, alpha_extra, cstats, grid_head, grid_next, grid_cells, grid_scratch, old_j, old_n, old_fp,
             old_next, seg_head, trace, tissue_on, tpar, pads, pst, pun_i, pun_f, needle_on, npar, nst):
@@ -283,7 +292,8 @@ def advance(n_sub: int, h: float, t: float,
 
     With ``scale``, ``inv_mass`` is rewritten before every substep from ``base_inv_mass`` by selective mass
     scaling (stability.scale_masses) with the tensions of the substep before, so the scaling follows a tension
-    that rises within the tick (a thread snapping taut).
+    that rises within the tick (a thread snapping taut); ``local`` chooses its reading of the stiffness
+    (SolverSettings.mass_scaling), and ``tension_floor`` (N per segment) the least tension it counts.
 
     With ``contact_on``, the neighbour list is rebuilt before any substep at which a vertex has moved more than
     half its skin since it was built (a Verlet list: every pair within the contact distance is then in it), and
@@ -306,6 +316,7 @@ def advance(n_sub: int, h: float, t: float,
     worst = 1.0
     n_cand = int(cstats[CS_COUNT])
     skin = cpar[CP_SKIN]
+    split = scale and local
     for s in range(n_sub):
         # the list's skin grows with the motion: a thread whipping at metres per second moves a millimetre a
         # substep, more than a suture's skin, and a pair further than the skin could cross within one substep
@@ -321,17 +332,16 @@ def advance(n_sub: int, h: float, t: float,
                                old_next, seg_head, x_ref, cstats)
             n_cand = int(cstats[CS_COUNT])
         if scale:
-            if s > 0:
-                fold = fold_factor(x)  # hinges can fold within a tick (a whip); their stiffness grows fast
-            ns, f = scale_masses(mass, base_inv_mass, bend_gersh, fold, rest, tension, tension_floor,
-                                 tension_margin, h, target, contact_k, inv_mass, x, x_prev, keep_energy)
+            # the hinges' fold is read every substep: they can fold within a tick (a whip), and stiffen fast
+            ns, f = scale_masses(mass, base_inv_mass, bend_gersh, rest, tension, tension_in, tension_floor,
+                                 tension_margin, h, target, contact_k, inv_mass, x, x_prev, keep_energy, local)
             if ns > n_scaled:
                 n_scaled = ns
             if f > worst:
                 worst = f
         it, res = substep(h, t + s * h, rest, mass, inv_mass, kinematic, hinge_k, k_d, drag_quad, drag_lin,
                           compliance, gravity, twist_k, mot_kind, mot_index, mot_t0, mot_t1, mot_vel, method, tol,
-                          max_iters, x, x_prev, tension, twist, kin_target, ext_force,
+                          max_iters, x, x_prev, tension, tension_in, split, twist, kin_target, ext_force,
                           grasp_vertex, grasp_k, grasp_c, grasp_fmax, grasp_target, grasp_target_prev,
                           grasp_vel, grasp_force, grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
                           lo, di, up, rhs, cp, delta,
@@ -356,7 +366,7 @@ def advance(n_sub: int, h: float, t: float,
     stats[7] = n_scaled
     stats[8] = worst
     # the springs that acted, not those that may act next tick (contact_k), which set the next tick's substeps
-    stats[9] = omega_bound(x, inv_mass, bend_gersh, rest, tension, 1.0, contact_k_act)
+    stats[9] = omega_bound(x, inv_mass, bend_gersh, rest, tension, 1.0, contact_k_act, local)
 
 
 @njit(cache=True, error_model="numpy")
@@ -371,12 +381,11 @@ _NO_TRACE = np.zeros((0, 0, 3))
 
 
 def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, scale: bool = False,
-         tension_floor: float = 0.0, tension_margin: float = 1.5, trace: np.ndarray | None = None) -> None:
+         tension_margin: float = 1.5, trace: np.ndarray | None = None) -> None:
     """Advance ``state`` by n_sub substeps of h seconds (one kernel call). With ``scale``, masses are scaled
     before every substep wherever the substep is too long for the local stiffness (docs/PHYSICS.md Sec. 6),
-    counting every segment's tension as at least ``tension_floor`` (N). ``trace`` (k >= n_sub, n, 3), if
-    given, gets the positions (m) after each substep."""
-    fold = fold_factor(state.x) if scale else 1.0
+    counting each segment's tension as at least ``state.tension_floor`` (N; tension_floors sets it).
+    ``trace`` (k >= n_sub, n, 3), if given, gets the positions (m) after each substep."""
     if h != state.h[0]:
         rescale_history(state.x, state.x_prev, h / state.h[0])
         state.h[0] = h
@@ -389,13 +398,14 @@ def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, scale: bo
             model.bending_dissipation, model.drag_quad, model.drag_lin, model.compliance, model.gravity,
             model.twist_k, model.mot_kind, model.mot_index, model.mot_t0, model.mot_t1, model.mot_vel,
             model.method_code, s.tol, s.max_iters,
-            state.x, state.x_prev, state.tension, state.twist, state.kin_target, state.ext_force,
+            state.x, state.x_prev, state.tension, state.tension_in, state.twist, state.kin_target, state.ext_force,
             state.grasp_vertex, state.grasp_k, state.grasp_c, state.grasp_fmax, state.grasp_target,
             state.grasp_target_prev, state.grasp_vel, state.grasp_force, state.grasp_sat, state.force, state.twist_grad, state.xbar, state.w_eff,
             state.edges, state.elen, state.new_edges, state.alpha, state.tri_lo, state.tri_di, state.tri_up,
             state.tri_rhs, state.tri_cp, state.tri_delta, state.stats,
-            scale, model.inv_mass, model.bend_gersh, fold, tension_floor, tension_margin,
+            scale, model.inv_mass, model.bend_gersh, state.tension_floor, tension_margin,
             model.solver.stability_target, model.solver.scaled_mass_keeps == "energy",
+            model.solver.mass_scaling == "local",
             model.contact.enabled, model.contact_par, model.contact.exclude, state.cand_i, state.cand_j,
             state.cand_s, state.cand_t, state.cand_d, state.cand_n, state.cand_f, state.cand_fp, state.cand_fa,
             state.x_ref,
@@ -407,12 +417,13 @@ def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, scale: bo
     state.time[0] += n_sub * h
 
 
-def tension_floor(model: ThreadModel, state: ThreadState) -> float:
-    """The static tension (N) the coming tick's mass scaling must count on every segment, as Stepper.tick takes
-    it (plan_tick): what the grasps can pull with and what the punctures hold (_tension_floor)."""
-    return _tension_floor(state.x, state.grasp_vertex, state.grasp_target, state.grasp_k, state.grasp_fmax,
-                          model.solver.scaled_mass_keeps == "energy", model.tissue_on, model.tissue_par,
-                          state.pun_i, state.pun_f)
+def tension_floors(model: ThreadModel, state: ThreadState) -> float:
+    """Set ``state.tension_floor``, the static tension (N) the coming tick's mass scaling must count on each
+    segment, as Stepper.tick does (plan_tick): what the grasps can pull with and what the punctures hold
+    (_tension_floors). Returns the largest."""
+    return _tension_floors(state.x, state.grasp_vertex, state.grasp_target, state.grasp_k, state.grasp_fmax,
+                           model.solver.scaled_mass_keeps == "energy", model.tissue_on, model.tissue_par,
+                           state.pun_i, state.pun_f, state.tension_floor, model.solver.mass_scaling == "local")
 
 
 @njit(cache=True, error_model="numpy")
@@ -452,27 +463,45 @@ def _grasp_tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wid
 
 
 @njit(cache=True, error_model="numpy")
-def _tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide, tissue_on, tpar, pun_i,
-                   pun_f) -> float:
-    """What the grasps can pull with (_grasp_tension_floor) and what the punctures hold (tissue.puncture_load),
-    N: static tensions, which the mass scaling's discount of inertial tension must not discount
-    (stability.scale_masses)."""
-    floor = _grasp_tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide)
+def _tension_floors(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide, tissue_on, tpar, pun_i,
+                    pun_f, out, local) -> float:
+    """Into ``out`` (N per segment): tension that may arise within the coming tick, before the multipliers
+    show it, which the mass scaling counts as static. What the grasps can pull with (_grasp_tension_floor),
+    on every segment, and what the punctures' drag can hold (tissue.puncture_load), on the segments from the
+    first active puncture to the last: beyond them a free strand carries none of it (counted there too, it
+    made a released 3-0 silk tail 3,900 times heavier; docs/PHYSICS.md Sec. 6). The whole-thread scaling
+    (not ``local``) counts both on every segment. Returns the largest."""
+    grasp = _grasp_tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide)
+    m = out.shape[0]
+    lo = m
+    hi = -1
+    load = 0.0
     if tissue_on:
-        floor = max(floor, puncture_load(tpar, pun_i, pun_f))
-    return floor
+        load = puncture_load(tpar, pun_i, pun_f)
+        for q in range(pun_i.shape[0]):
+            if pun_i[q, PI_STATE] == PUN_ACTIVE:
+                j = min(int(pun_f[q, PF_SIGMA]), m - 1)
+                lo = min(lo, j - 1)
+                hi = max(hi, j + 1)
+    top = grasp
+    for j in range(m):
+        out[j] = max(grasp, load) if lo <= j <= hi or not local else grasp
+        top = max(top, out[j])
+    return top
 
 
 @njit(cache=True, error_model="numpy")
 def plan_tick(x, tension, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide, tissue_on, tpar, pun_i, pun_f,
-              inv_mass, bend_gersh, rest, contact_k, est) -> tuple:
-    """The tension estimate of the coming tick into ``est`` (N): each segment's |tension|, but at least the
-    static floor (_tension_floor). Returns (that floor in N, the stability bound in rad/s at the estimate
-    x1.5). One kernel call: the parts called one by one from Python cost about 7 us a tick."""
-    floor = _tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide, tissue_on, tpar, pun_i, pun_f)
+              inv_mass, bend_gersh, rest, contact_k, est, floors, local) -> tuple:
+    """The static floors of the coming tick into ``floors`` (N per segment, _tension_floors) and the tension
+    estimate into ``est`` (N): each segment's |tension|, but at least its floor. Returns (the largest floor in
+    N, the stability bound in rad/s at the estimate x1.5). One kernel call: the parts called one by one from
+    Python cost about 7 us a tick."""
+    floor = _tension_floors(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide, tissue_on, tpar, pun_i,
+                            pun_f, floors, local)
     for j in range(tension.shape[0]):
-        est[j] = max(abs(tension[j]), floor)
-    return floor, omega_bound(x, inv_mass, bend_gersh, rest, est, 1.5, contact_k)
+        est[j] = max(abs(tension[j]), floors[j])
+    return floor, omega_bound(x, inv_mass, bend_gersh, rest, est, 1.5, contact_k, local)
 
 
 def choose_substeps(model: ThreadModel, state: ThreadState, tension: np.ndarray | None = None,
@@ -486,7 +515,7 @@ def choose_substeps(model: ThreadModel, state: ThreadState, tension: np.ndarray 
     if omega is None:
         t_est = state.tension if tension is None else tension
         omega = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length, t_est, 1.5,
-                            state.contact_k)
+                            state.contact_k, s.mass_scaling == "local")
     state.stats[STAT_OMEGA] = omega
     needed = substeps_for(omega, s.tick, s.stability_target, 1 << 30)
     n = min(needed, s.max_substeps)
@@ -544,12 +573,13 @@ class Stepper:
         floor, omega = plan_tick(state.x, state.tension, state.grasp_vertex, state.grasp_target, state.grasp_k,
                                  state.grasp_fmax, s.scaled_mass_keeps == "energy", model.tissue_on,
                                  model.tissue_par, state.pun_i, state.pun_f, model.inv_mass, model.bend_gersh,
-                                 model.rest_length, state.contact_k, est)
+                                 model.rest_length, state.contact_k, est, state.tension_floor,
+                                 s.mass_scaling == "local")
         n, needed = choose_substeps(model, state, est, omega)
         self._save()
         for attempt in range(self.MAX_RETRIES + 1):
             h = s.tick / n
-            step(model, state, n, h, scale=needed > n, tension_floor=floor, trace=self.trace)
+            step(model, state, n, h, scale=needed > n, trace=self.trace)
             ok = state.stats[STAT_MAX_RESIDUAL] <= self.CONVERGED  # False for NaN too
             if ok:
                 ok = h * state.stats[STAT_OMEGA_END] < 2.0
@@ -565,9 +595,10 @@ class Stepper:
             floor = max(4.0 * floor, 1e-3)
             np.maximum(est, floor, out=est)
             self._restore()
+            np.maximum(state.tension_floor, floor, out=state.tension_floor)   # after the restore, which copies it
             self.retries += 1
             omega_new = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length, est, 1.5,
-                                    state.contact_k)
+                                    state.contact_k, s.mass_scaling == "local")
             needed = max(substeps_for(omega_new, s.tick, s.stability_target, 1 << 30), 2 * n)
             # past the real-time budget if need be: mass scaling tames tension from loads, not the inertial
             # tension of a whip (it grows with the added mass), so a violent tick gets real substeps
@@ -600,7 +631,8 @@ def warm_up(model: ThreadModel, state: ThreadState) -> None:
     s = state.copy()
     h = model.solver.tick
     step(model, s, 1, h)
-    step(model, s, 2, h / 2, scale=True, tension_floor=0.0)
-    omega_bound(s.x, model.inv_mass, model.bend_gersh, model.rest_length, s.tension, 1.0, s.contact_k)
+    step(model, s, 2, h / 2, scale=True)
+    omega_bound(s.x, model.inv_mass, model.bend_gersh, model.rest_length, s.tension, 1.0, s.contact_k,
+                model.solver.mass_scaling == "local")
     energies(model, s)
     Stepper(model, state.copy()).tick()

@@ -59,6 +59,8 @@ class SolverSettings:
     stability_target: float = 1.0  # h * omega_max aimed for (the explicit limit is 2)
     scaled_mass_keeps: str = "energy"  # what a vertex keeps when mass scaling makes it heavier: "energy" or
                                        # "velocity" (docs/PHYSICS.md Sec. 6)
+    mass_scaling: str = "local"   # how the scaling reads stiffness: "local" (each vertex's own hinges, pairs and
+                                  # static tension) or "whole-thread" (as before 2026-11-27; docs/PHYSICS.md Sec. 6)
 
 
 @dataclass(frozen=True)
@@ -78,11 +80,26 @@ class ContactSettings:
     rounds: int = 32              # rounds of (no-crossing floor, friction, constraint solve) per substep at most
     polygon_friction: bool = True   # friction's normal force scaled so a polyline's capstan is a rope's
 
-    def par(self) -> np.ndarray:
-        """The kernels' parameter vector (solver/contact_response.CP_*)."""
+    def near_pairs_clear(self, rest_length: np.ndarray) -> bool:
+        """Whether the pair one segment past the excluded ones lies clear of touching on a straight thread (the
+        segments between it longer than the contact distance plus a tenth of the skin): only then does it
+        count for the stability bound by its approach (contact_response.REACH_*). Where segments are as long
+        as the contact distance (Wang 2017's knots) it touches at every fold and keeps half a skin: read by its
+        approach, its spring flickered in and out of the bound and a 200-segment knot at 3 substeps jittered
+        (median vertex speed 102 mm/s against 25; docs/PHYSICS.md Sec. 6)."""
+        ex = self.exclude
+        if rest_length.shape[0] < ex + 2:
+            return False
+        between = np.convolve(rest_length, np.ones(ex), mode="valid")[1:-1] if ex > 0 else np.zeros(1)
+        return bool(between.size and between.min() > self.distance + 0.1 * self.skin)
+
+    def par(self, near_reach: bool = True) -> np.ndarray:
+        """The kernels' parameter vector (solver/contact_response.CP_*); ``near_reach``: the pair one segment
+        past the excluded ones counts for the stability bound only as its approach brings it near (local mass
+        scaling)."""
         return np.array([self.stiffness, self.distance, self.smooth, self.min_gap, self.friction_static,
                          self.friction_kinetic, self.skin, self.recover_speed, float(self.rounds),
-                         float(self.polygon_friction)])
+                         float(self.polygon_friction), float(self.exclude + 1) if near_reach else 0.0])
 
 
 @dataclass
@@ -140,6 +157,8 @@ class ThreadState:
     h: np.ndarray                 # (1,) s, the substep that separates x_prev and x
     time: np.ndarray              # (1,) s
     tension: np.ndarray           # (n-1,) N, axial force of each segment (Wang 2017 Eq. 8)
+    tension_in: np.ndarray        # (n-1,) N, the part of it the velocities make (inertial: grows with scaled masses)
+    tension_floor: np.ndarray     # (n-1,) N, the tension the tick's mass scaling counts on each segment at least
     twist: np.ndarray             # (2,) rad: [total end-to-end twist Theta, accumulated input twist]
     kin_target: np.ndarray        # (n,3) m, where kinematic vertices are (driven by the timeline)
     ext_force: np.ndarray         # (n,3) N, external point forces
@@ -333,7 +352,8 @@ def build_model(params: ThreadParams, solver: SolverSettings, gravity=(0.0, 0.0,
         hinge_k=hinge_k, bend_gersh=bend_gersh, drag_quad=params.air_drag * vor,
         drag_lin=params.air_drag_linear * vor, compliance=compliance,
         gravity=np.asarray(gravity, dtype=np.float64), twist_k=twist_k,
-        bending_dissipation=params.bending_dissipation, contact=contact, contact_par=contact.par(),
+        bending_dissipation=params.bending_dissipation, contact=contact,
+        contact_par=contact.par(solver.mass_scaling == "local" and contact.near_pairs_clear(rest_length)),
         mot_kind=np.asarray(tl.get("kind", np.zeros(0)), np.int64),
         mot_index=np.asarray(tl.get("index", np.zeros(0)), np.int64),
         mot_t0=np.asarray(tl.get("t0", np.zeros(0)), np.float64),
@@ -355,7 +375,7 @@ def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
     c = model.contact
     cap = (c.max_pairs or 32 * ns) if c.enabled else 0
     return ThreadState(
-        x=x0.copy(), x_prev=x0 - v * h0, h=np.array([h0]), time=np.zeros(1), tension=z(ns),
+        x=x0.copy(), x_prev=x0 - v * h0, h=np.array([h0]), time=np.zeros(1), tension=z(ns), tension_in=z(ns), tension_floor=z(ns),
         twist=np.array([twist0, 0.0]), kin_target=x0.copy(), ext_force=z(n, 3),
         grasp_vertex=np.full(MAX_GRASPS, -1, np.int64), grasp_k=z(MAX_GRASPS), grasp_c=z(MAX_GRASPS),
         grasp_fmax=np.full(MAX_GRASPS, np.inf), grasp_target=z(MAX_GRASPS, 3),

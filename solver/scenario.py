@@ -273,11 +273,8 @@ def build_scenario(data: dict, file: str) -> Scenario:
         max_substeps=ssec.get("max_substeps", int, 32, minval=1, maxval=100_000),
         retry_substeps=ssec.get("retry_substeps", int, 1024, minval=1, maxval=100_000),
         stability_target=ssec.get("stability_target", float, 1.0, above=0.0, maxval=2.0),
-        # a scene with a needle defaults to keeping velocity, which its contact with the pads was built and
-        # tested under: with the energy kept, the simple interrupted suture's needle, let go at 16.4 s, sank
-        # into a pad for 0.9 s (docs/PHYSICS.md Sec. 6)
-        scaled_mass_keeps=ssec.get("scaled_mass_keeps", str, "velocity" if top.has("needle") else "energy",
-                                   choices=("energy", "velocity")),
+        scaled_mass_keeps=ssec.get("scaled_mass_keeps", str, "energy", choices=("energy", "velocity")),
+        mass_scaling=ssec.get("mass_scaling", str, "local", choices=("local", "whole-thread")),
     )
     ssec.finish()
 

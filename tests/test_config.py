@@ -13,6 +13,7 @@ import yaml
 
 from suturesim.solver import presets
 from suturesim.solver.config import ConfigError
+from suturesim.solver.contact_response import CP_NEAR
 from suturesim.solver.model import SolverSettings
 from suturesim.solver.motion import MOTION_GRASP, MOTION_TWIST, MOTION_VERTEX
 from suturesim.solver.scenario import load_scenario, scenario_names
@@ -517,13 +518,18 @@ def test_solver_bounds(tmp_path):
     _error(tmp_path, THREAD + "solver:\n  tick: 0\n", "solver.tick", "> 0")
     _error(tmp_path, THREAD + "solver:\n  stability_target: 2.5\n", "solver.stability_target", "<= 2")
     _error(tmp_path, THREAD + "solver:\n  scaled_mass_keeps: momentum\n", "solver.scaled_mass_keeps", "one of")
+    _error(tmp_path, THREAD + "solver:\n  mass_scaling: global\n", "solver.mass_scaling", "one of")
     _error(tmp_path, THREAD + "record:\n  state_rate: 2000\n", "record.state_rate", "<= 1000")
     s = _load(tmp_path, THREAD + "solver:\n  method: contraction\n  tick: 0.002\n  substeps: auto\n"
               "record:\n  state_rate: 500\n")
     assert s.model.solver.method == "contraction" and s.model.solver.substeps == 0 and s.state_rate == 500
-    assert s.model.solver.scaled_mass_keeps == "energy"
-    s = _load(tmp_path, THREAD + "solver:\n  scaled_mass_keeps: velocity\n")
-    assert s.model.solver.scaled_mass_keeps == "velocity"
+    assert s.model.solver.scaled_mass_keeps == "energy" and s.model.solver.mass_scaling == "local"
+    s = _load(tmp_path, THREAD + "contact:\n  distance: 0.001\n")
+    assert s.model.contact_par[CP_NEAR] == s.model.contact.exclude + 1   # the pair one past the excluded ones
+    s = _load(tmp_path, THREAD + "solver:\n  scaled_mass_keeps: velocity\n  mass_scaling: whole-thread\n"
+              "contact:\n  distance: 0.001\n")
+    assert s.model.solver.scaled_mass_keeps == "velocity" and s.model.solver.mass_scaling == "whole-thread"
+    assert s.model.contact_par[CP_NEAR] == 0.0      # every pair looks half a skin ahead, as before
 
 
 def test_error_shape(tmp_path):

@@ -62,7 +62,7 @@ def trespass(model, state) -> int:
 
 def test_a_needle_bite_makes_two_punctures_that_pass_to_the_thread():
     model, state = bite()
-    assert model.solver.scaled_mass_keeps == "velocity"     # a scene with a needle's default (docs/SCENARIOS.md)
+    assert model.solver.scaled_mass_keeps == "energy"       # the default, with a needle too (docs/SCENARIOS.md)
     stepper = Stepper(model, state)
     history = []
     for _ in range(3000):

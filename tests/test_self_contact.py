@@ -10,7 +10,7 @@ import pytest
 
 from suturesim.tools.crossings import crossings, segment_distance
 from suturesim.solver.config import ConfigError
-from suturesim.solver.contact_response import (CP_SIZE, CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS,
+from suturesim.solver.contact_response import (CP_NEAR, CP_SIZE, CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS,
                                                CS_REBUILDS, apply_friction, enforce_min_gap, penalty_forces)
 from suturesim.solver.integrator import Stepper
 from suturesim.solver.model import ContactSettings
@@ -28,6 +28,9 @@ def _par(mu_s=0.0, mu_k=0.0, smooth=0.0, min_gap=0.005):
                         polygon_friction=False)
     p = c.par()
     assert p.shape == (CP_SIZE,)
+    # the pair (0-1, 2-3) of _cross is one segment past the excluded ones only in a thread; here it stands for
+    # any pair (test_a_straight_strands_next_pair... checks the near pair's own reach)
+    p[CP_NEAR] = 0.0
     return p
 
 
@@ -84,6 +87,28 @@ def test_springs_about_to_engage_count_for_the_stability_bound_before_they_act()
     assert not _penalty.k_near.any()
     _penalty(_cross(0.5 * DD), _cross(0.5 * DD), _par())
     assert _penalty.k_act.sum() == pytest.approx(4.0 * KS) and _penalty.k_near.sum() == pytest.approx(4.0 * KS)
+
+
+def test_a_straight_strands_next_pair_counts_for_the_bound_only_as_its_approach_brings_it_near():
+    """Segments j and j + 2 of a straight 3-0 silk strand (1.25 mm segments, 1 mm contact distance, exclude 1)
+    lie a quarter of the contact distance past touching, inside the half skin every other pair looks ahead:
+    counted, they made every free strand thousands of times heavier under mass scaling (docs/PHYSICS.md Sec. 6).
+    Such a pair counts once its approach over REACH_SUBSTEPS substeps would bring it within reach, or once
+    within a tenth of the skin."""
+    par = _par()
+    par[CP_NEAR] = 2.0                          # _cross's pair (0-1, 2-3) is then segments j and j + 2 (exclude 1)
+    _penalty(_cross(1.25 * DD), _cross(1.25 * DD), par)
+    assert not _penalty.k_near.any()                               # at rest, a quarter of DD off: not counted
+    _penalty(_cross(1.08 * DD), _cross(1.08 * DD), par)
+    assert _penalty.k_near.sum() == pytest.approx(4.0 * KS)       # within a tenth of the skin (DD here)
+    # closing at 0.01 DD per substep: 32 substeps of it reach past touching
+    _penalty(_cross(1.25 * DD), _cross(1.26 * DD), par)
+    assert _penalty.k_near.sum() == pytest.approx(4.0 * KS)
+    # moving apart, or closing too slowly to arrive within the budget: not counted
+    _penalty(_cross(1.25 * DD), _cross(1.24 * DD), par)
+    assert not _penalty.k_near.any()
+    _penalty(_cross(1.25 * DD), _cross(1.251 * DD), par)
+    assert not _penalty.k_near.any()
 
 
 def test_penalty_averages_over_the_substep_so_an_approach_is_felt_before_touching():

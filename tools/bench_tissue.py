@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..solver.integrator import Stepper, step, tension_floor
+from ..solver.integrator import Stepper, step, tension_floors
 from ..solver.scenario import load_scenario
 from ..solver.suture import KNOT_EVERY, KNOT_PHASE, SutureWatch
 
@@ -80,9 +80,9 @@ def measure_tissue(quick: bool, log) -> TissueBench:
             t0 = time.perf_counter_ns()
             for _ in range(200):
                 # the scaling floor the Stepper would use: what the grasps can pull, and the punctures hold
-                floor = tension_floor(m, s)
+                tension_floors(m, s)
                 step(m, s, int(model.solver.max_substeps), model.solver.tick / model.solver.max_substeps,
-                     scale=True, tension_floor=floor)
+                     scale=True)
             per.append((time.perf_counter_ns() - t0) / 1e3 / 200)
         out.bare.append((label, per[0], per[1]))
     return out
