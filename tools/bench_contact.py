@@ -222,8 +222,9 @@ def render_contact(res: ContactBench) -> list[str]:
               "Once the knot is tight its hinges fold to the segment scale: bending alone then asks for ~14 "
               "substeps (h ω < 1 with ω ≈ 12 000 rad/s), and the p99 of the shipped budget is those ticks. The "
               "real-time budget runs 3 and scales the masses of the folded vertices instead (docs/PHYSICS.md "
-              "Sec. 6): the hand's force is the same, the strands slide through the knot at the same order of speed "
-              "(median vertex speed), and the frictionless knot jams a little tighter (end-to-end distance), its "
+              "Sec. 6): the hand's force is the same, the strands slide through the jammed knot more slowly (median "
+              "vertex speed: the scaled vertices are heavier), and the frictionless knot jams a little tighter "
+              "(end-to-end distance), its "
               "shape depending on how it got there. No two segments crossed between any two substeps of either run "
               "(`tools/crossings.py`, checked outside the benchmark).", "",
              "Contact cost against segment count (the knot as laid, every strand near others; best of 3 runs of "
