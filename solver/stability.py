@@ -112,6 +112,18 @@ def substeps_for(omega: float, tick: float, target: float, max_substeps: int) ->
 
 
 @njit(cache=True, error_model="numpy")
+def _counted(t: float, t_in: float, f: float, local: bool) -> float:
+    """The tension (N) the scaling counts of a segment's t, whose inertial part is t_in, under a scale factor f
+    at its ends: the inertial part divided by f (local), or all of it (whole-thread). The inertial part is taken
+    within [0, t]: it is a first-order split, and in a fast cinch it overshot (1 N read of 0.24), which counted
+    the rest as negative and left the vertex too light (docs/PHYSICS.md Sec. 6)."""
+    if not local:
+        return t / f
+    part = min(max(t_in, 0.0), max(t, 0.0))
+    return t - part + part / f
+
+
+@njit(cache=True, error_model="numpy")
 def scale_masses(mass: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray, rest: np.ndarray,
                  tension: np.ndarray, tension_in: np.ndarray, tension_floor: np.ndarray, tension_margin: float,
                  h: float, target: float,
@@ -151,12 +163,10 @@ def scale_masses(mass: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray,
         else:
             k = bend_gersh[i] * vertex_fold(x, i, contact_k, local, whole) + contact_k[i]
             if i > 0:
-                fd = max(f_left, f_here)
-                t = tension[i - 1] - tension_in[i - 1] + tension_in[i - 1] / fd if local else tension[i - 1] / fd
+                t = _counted(tension[i - 1], tension_in[i - 1], max(f_left, f_here), local)
                 k += 2.0 * max(t, tension_floor[i - 1]) * tension_margin / rest[i - 1]
             if i < n - 1:
-                fd = max(f_here, f_right)
-                t = tension[i] - tension_in[i] + tension_in[i] / fd if local else tension[i] / fd
+                t = _counted(tension[i], tension_in[i], max(f_here, f_right), local)
                 k += 2.0 * max(t, tension_floor[i]) * tension_margin / rest[i]
             if k * inv_mass[i] > lim:
                 m_new = k / lim
