@@ -42,6 +42,18 @@ def thomas_solve(lo: np.ndarray, di: np.ndarray, up: np.ndarray, rhs: np.ndarray
 
 
 @njit(cache=True, error_model="numpy")
+def _matrix_row(j: int, m: int, px: float, py: float, pz: float, e: np.ndarray, wl: float, wr: float,
+                dcomp: float) -> tuple:
+    """(sub-, main, super-diagonal) of row j of the multipliers' tridiagonal matrix, p . C_jk with the row's
+    vector p (2 E_j for Newton, E_j + ebar_j for the contraction mapping) and C of Eq. D.4, less the compliant
+    target's dcomp on the diagonal."""
+    d_j = -(wl + wr) * (px * e[j, 0] + py * e[j, 1] + pz * e[j, 2]) - dcomp
+    l_j = wl * (px * e[j - 1, 0] + py * e[j - 1, 1] + pz * e[j - 1, 2]) if j > 0 else 0.0
+    u_j = wr * (px * e[j + 1, 0] + py * e[j + 1, 1] + pz * e[j + 1, 2]) if j < m - 1 else 0.0
+    return l_j, d_j, u_j
+
+
+@njit(cache=True, error_model="numpy")
 def inertial_tension(x: np.ndarray, x_prev: np.ndarray, inv_mass: np.ndarray, w: np.ndarray, e: np.ndarray,
                      elen: np.ndarray, E: np.ndarray, rest: np.ndarray, compliance: np.ndarray, alpha: np.ndarray,
                      h: float, lo: np.ndarray, di: np.ndarray, up: np.ndarray, rhs: np.ndarray, cp: np.ndarray,
@@ -75,9 +87,7 @@ def inertial_tension(x: np.ndarray, x_prev: np.ndarray, inv_mass: np.ndarray, w:
             dv += p * (fr * (x[j + 1, d] - x_prev[j + 1, d]) - fl * (x[j, d] - x_prev[j, d]))
         s = rest[j] * (1.0 + compliance[j] * alpha[j] * elen[j] * inv_h2)
         dcomp = 2.0 * s * rest[j] * compliance[j] * elen[j] * inv_h2
-        di[j] = -(wl + wr) * (px * e[j, 0] + py * e[j, 1] + pz * e[j, 2]) - dcomp
-        lo[j] = wl * (px * e[j - 1, 0] + py * e[j - 1, 1] + pz * e[j - 1, 2]) if j > 0 else 0.0
-        up[j] = wr * (px * e[j + 1, 0] + py * e[j + 1, 1] + pz * e[j + 1, 2]) if j < m - 1 else 0.0
+        lo[j], di[j], up[j] = _matrix_row(j, m, px, py, pz, e, wl, wr, dcomp)
         rhs[j] = -dv
     thomas_solve(lo, di, up, rhs, cp, out, m)
     for j in range(m):
@@ -174,9 +184,7 @@ def solve_multipliers(xbar: np.ndarray, e: np.ndarray, elen: np.ndarray, w: np.n
                     pz = Ez + ez
                     dcomp = 2.0 * s * rest[j] * compliance[j] * elen[j] * inv_h2
                     r_j = s * s - dcomp * alpha[j] - (ex * ex + ey * ey + ez * ez)
-                d_j = -(wl + wr) * (px * e[j, 0] + py * e[j, 1] + pz * e[j, 2]) - dcomp
-                l_j = wl * (px * e[j - 1, 0] + py * e[j - 1, 1] + pz * e[j - 1, 2]) if j > 0 else 0.0
-                u_j = wr * (px * e[j + 1, 0] + py * e[j + 1, 1] + pz * e[j + 1, 2]) if j < m - 1 else 0.0
+                l_j, d_j, u_j = _matrix_row(j, m, px, py, pz, e, wl, wr, dcomp)
             # forward elimination of the Thomas algorithm, fused with building the row
             if j > 0:
                 d_j -= l_j * cp[j - 1]

@@ -87,11 +87,12 @@ class ContactSettings:
         as the contact distance (Wang 2017's knots) it touches at every fold and keeps half a skin: read by its
         approach, its spring flickered in and out of the bound and a 200-segment knot at 3 substeps jittered
         (median vertex speed 102 mm/s against 25; docs/PHYSICS.md Sec. 6)."""
-        ex = self.exclude
+        ex = self.exclude   # >= 1 (scenario.py)
         if rest_length.shape[0] < ex + 2:
             return False
-        between = np.convolve(rest_length, np.ones(ex), mode="valid")[1:-1] if ex > 0 else np.zeros(1)
-        return bool(between.size and between.min() > self.distance + 0.1 * self.skin)
+        # the straight gap of the pair (a, a + ex + 1): the ex segments between them
+        between = np.convolve(rest_length, np.ones(ex), mode="valid")[1:-1]
+        return bool(between.min() > self.distance + 0.1 * self.skin)
 
     def par(self, near_reach: bool = True) -> np.ndarray:
         """The kernels' parameter vector (solver/contact_response.CP_*); ``near_reach``: the pair one segment
