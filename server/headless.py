@@ -31,6 +31,7 @@ class RunSummary:
     finite: bool
     messages: int
     ticks_redone: int = 0      # ticks the Stepper ran again (past the substep budget if need be)
+    ticks_past_budget: int = 0  # of those, ticks kept with more substeps than solver.max_substeps
 
     @property
     def real_time_factor(self) -> float:
@@ -44,7 +45,7 @@ class RunSummary:
             f"..{self.substeps_max} per tick",
             f"max constraint residual {self.max_residual:.2e}, max tension {self.max_tension_n:.6g} N, energy (J): kinetic "
             f"{e['kinetic']:.6g}, elastic {e['elastic']:.6g}, gravity {e['gravity']:.6g}",
-            f"{'finite' if self.finite else 'NOT FINITE'}; {self.ticks_redone} ticks redone; "
+            f"{'finite' if self.finite else 'NOT FINITE'}; {self.ticks_redone} ticks redone ({self.ticks_past_budget} past the substep budget); "
             f"{self.messages} messages recorded",
         ]
 
@@ -130,4 +131,5 @@ def run_scenario(scenario: Scenario, duration: float | None = None, record: str 
     return RunSummary(scenario=scenario.name, sim_time_s=float(state.time[0]), wall_s=wall, ticks=ran,
                       substeps_min=sub_min if ticks else 0, substeps_max=sub_max, max_residual=max_res,
                       max_tension_n=max_t, final_energy_j=diagnostics.energies(model, state), finite=finite,
-                      messages=messages, ticks_redone=stepper.retries)
+                      messages=messages, ticks_redone=stepper.retries,
+                      ticks_past_budget=stepper.past_budget)

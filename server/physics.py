@@ -612,7 +612,7 @@ class PhysicsLoop:
     def publish_stats(self) -> None:
         s = self.stats.summary()
         s.update({"realtime": self.realtime, "cpu": self.cpu, "retries": self.stepper.retries,
-                  "paused": self.paused})
+                  "retries_past_budget": self.stepper.past_budget, "paused": self.paused})
         self.last_stats = s
         self.publish(protocol.TOPIC_STATS, protocol.encode_stats(self.seq, float(self.state.time[0]), s))
 

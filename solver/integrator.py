@@ -536,8 +536,10 @@ class Stepper:
     With automatic substeps (docs/PHYSICS.md Sec. 6) each tick takes the substeps the stability bound asks
     for, up to the budget model.solver.max_substeps; past the budget the vertices that are too stiff for the
     substep get their mass scaled (stability.scaled_inverse_masses), so a taut suture never needs more than
-    the budget. A tick that fails its checks is run again with up to solver.retry_substeps substeps (an
-    overrun of the real-time budget, reported by the caller, rather than a diverging state). The bound uses a
+    the budget. A tick that fails its checks is run again, first within the budget with its masses scaled
+    for all the tension it reached, then if need be with up to solver.retry_substeps substeps (an overrun of
+    the real-time budget, reported by the caller and counted in ``past_budget``, rather than a diverging
+    state). The bound uses a
     tension estimate: the current tensions, but at least what the grasps can pull
     with during the tick (tension_floor). A tick is checked after it ran: every substep's multipliers must
     have converged, and the bound at the tensions the tick ended with must still hold (h * omega < 2). Tension
@@ -558,6 +560,7 @@ class Stepper:
         self._restore = TickCopy(self._backup, state)
         self._tension = state.tension.copy()   # the tension estimate of the tick being run (N)
         self.retries = 0          # ticks run again since this stepper was made
+        self.past_budget = 0      # of those, ticks kept with more substeps than solver.max_substeps (overruns)
         self.trace: np.ndarray | None = None   # (k, n, 3): if set, each tick writes its substeps' positions
 
     def tick(self) -> int:
@@ -585,6 +588,8 @@ class Stepper:
                 ok = h * state.stats[STAT_OMEGA_END] < 2.0
             if ok or attempt == self.MAX_RETRIES:
                 self._check_finite(n)
+                if n > s.max_substeps:
+                    self.past_budget += 1
                 return n
             # run the tick again with more substeps and a higher tension floor for the mass scaling: the
             # tensions it reached, and at least four times the floor (a violent snap can leave the multipliers
@@ -600,9 +605,17 @@ class Stepper:
             omega_new = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length, est, 1.5,
                                     state.contact_k, s.mass_scaling == "local")
             needed = max(substeps_for(omega_new, s.tick, s.stability_target, 1 << 30), 2 * n)
-            # past the real-time budget if need be: mass scaling tames tension from loads, not the inertial
-            # tension of a whip (it grows with the added mass), so a violent tick gets real substeps
-            n = min(needed, max(s.max_substeps, s.retry_substeps))
+            if attempt == 0:
+                # first within the real-time budget, the masses scaled for all the tension the tick reached,
+                # counted as static: a cinch that drives the wound's edges together under the local scaling
+                # left the multipliers unconverged at 4 substeps, and ran within them with the tensions (or four
+                # times the floor) counted; past the budget it took 911-1024 (docs/PHYSICS.md Sec. 6)
+                np.maximum(state.tension_floor, est, out=state.tension_floor)
+                n = min(needed, s.max_substeps)
+            else:
+                # past the real-time budget if need be: mass scaling tames tension from loads, not the inertial
+                # tension of a whip (it grows with the added mass), so a violent tick gets real substeps
+                n = min(needed, max(s.max_substeps, s.retry_substeps))
         return n
 
     def _check_finite(self, n: int) -> None:

@@ -406,6 +406,7 @@ def check_raw_types(topic: bytes, raw: dict) -> None:
         assert set(raw["step_us"]) >= {"p50", "p99", "max"}
         assert all(isinstance(v, float) for v in raw["step_us"].values())
         assert _is_int(raw["overruns"]) and _is_int(raw["ticks"]) and _is_int(raw["retries"])
+        assert _is_int(raw["retries_past_budget"]) and raw["retries_past_budget"] <= raw["retries"]
         assert isinstance(raw["substeps"]["mean"], float) and _is_int(raw["substeps"]["max"])
         assert isinstance(raw["realtime"], bool) and _is_int(raw["cpu"])
     elif topic == protocol.TOPIC_EVENT:

@@ -32,7 +32,7 @@ STATS = {
     "step_us": {"p50": 300.0, "p99": 450.0, "max": 600.0},
     "tick_us": {"p50": 340.0, "p99": 520.0, "max": 700.0},
     "overruns": 0, "ticks": 1000, "substeps": {"mean": 27.0, "max": 27}, "realtime": True, "cpu": 3,
-    "retries": 0,
+    "retries": 0, "retries_past_budget": 0,
 }
 STYLUS = {"device": "left", "seq": 1, "t": 0.001, "pos": [0.1, 0.0, 0.05], "quat": [1.0, 0.0, 0.0, 0.0],
           "buttons": 0}
@@ -88,7 +88,7 @@ def test_stats_fixture_is_what_was_encoded():
     # the stats payload really has the nested keys we check (lateness_us.p99, substeps.max, ...)
     paths = set(_key_paths(_payloads()["stats"][0]))
     assert {"lateness_us.p99", "lateness_us.p999", "period_us.max", "step_us.p50", "substeps.mean",
-            "realtime", "cpu", "retries"} <= paths
+            "realtime", "cpu", "retries", "retries_past_budget"} <= paths
     state_paths = set(_key_paths(_payloads()["state"][0]))
     assert {"energy.kinetic", "solver.iters", "solver.residual", "grasps[].id", "grasps[].force"} <= state_paths
 
