@@ -29,7 +29,8 @@ from .forces import accumulate_forces, edge_vectors
 from .model import ThreadModel, ThreadState, TickCopy
 from .motion import apply_motions
 from .stability import omega_bound, scale_masses, substeps_for
-from .needle import NP_WIRE, needle_constraints, needle_finish, needle_pierce, needle_thread, needle_turn
+from .needle import (NP_WIRE, needle_constraints, needle_finish, needle_held, needle_pierce, needle_thread,
+                     needle_turn)
 from .tissue import (PF_SIGMA, PI_STATE, PUN_ACTIVE, TP_RADIUS, TP_ROUNDS, collide_pads, locate_punctures, puncture_forces, puncture_load,
                      puncture_predict, step_pads)
 
@@ -110,8 +111,10 @@ def substep(h: float, t: float,
                   grasp_k, grasp_c, grasp_fmax)
     if tissue_on:
         step_pads(h, pads, pst, PAD_CRACK * tpar[TP_RADIUS])
+    held = False
     if needle_on:
-        needle_turn(h, npar, nst, x)
+        held = needle_held(grasp_vertex, grasp_k)
+        needle_turn(h, npar, nst, x, held, gravity)
 
     # the twist gradient of the previous substep, along the displacement it was applied to
     g_prev = 0.0
@@ -232,11 +235,12 @@ def substep(h: float, t: float,
         # the needle's tip pierces; vertices that entered a pad go back out of it, the needle is held by the
         # tissue; then the constraints again (tissue.collide_pads, needle.needle_constraints)
         if needle_on:
-            needle_pierce(xbar, npar, nst, pads, pst, pun_i, pun_f)
+            needle_pierce(xbar, npar, nst, pads, pst, pun_i, pun_f, held)
         for _ in range(int(tpar[TP_ROUNDS])):
             moved = collide_pads(h, x, xbar, w_eff, rest, tpar, pads, pst, pun_i, pun_f, 1 if needle_on else 0)
             if needle_on:
-                moved += needle_constraints(h, x, xbar, w_eff, rest, npar, nst, tpar, pads, pst, pun_i, pun_f)
+                moved += needle_constraints(h, x, xbar, w_eff, rest, npar, nst, tpar, pads, pst, pun_i, pun_f, held,
+                                            cscratch)
                 # and against its own thread (a thread and its needle are both solid)
                 moved += needle_thread(h, x, xbar, w_eff, npar, nst, tpar, pst, cscratch)
             if moved == 0:
@@ -245,7 +249,7 @@ def substep(h: float, t: float,
                                         alpha, alpha_extra, new_edges, lo, di, up, rhs, cp, delta)
             iters += it2
         if needle_on:
-            needle_pierce(xbar, npar, nst, pads, pst, pun_i, pun_f)   # where the tissue's pushes took the tip
+            needle_pierce(xbar, npar, nst, pads, pst, pun_i, pun_f, held)   # where the tissue's pushes took the tip
         puncture_forces(h, x, xbar, kinematic, tpar, pst, pun_i, pun_f, 1 if needle_on else 0)
 
     # the twist change along the displacement, and the shift of the history

@@ -36,8 +36,8 @@ import numpy as np
 from numba import njit
 
 from .contact import segment_closest
-from .tissue import (PD_HALF, PF_LOCAL, PF_SIGMA, PF_SPEED, PI_MATE, PI_PAD, PI_STATE, PS_F, PS_X, PUN_ACTIVE,
-                     PUN_FREE, PUN_NEEDLE, TP_K_LAT, TP_RADIUS, closest_on_thread,
+from .tissue import (PD_HALF, PF_LOCAL, PF_SIGMA, PF_SPEED, PI_MATE, PI_PAD, PI_STATE, PS_DX, PS_F, PS_X, PUN_ACTIVE,
+                     PUN_FREE, PUN_NEEDLE, TP_K_LAT, TP_MU, TP_RADIUS, closest_on_thread, entry_face,
                      puncture_point)
 
 # npar: the needle's parameters
@@ -134,9 +134,20 @@ def arc_angle(x: np.ndarray, nst: np.ndarray, radius: float, px: float, py: floa
 
 
 @njit(cache=True, error_model="numpy")
-def needle_turn(h: float, npar: np.ndarray, nst: np.ndarray, x: np.ndarray) -> None:
+def needle_held(grasp_vertex: np.ndarray, grasp_k: np.ndarray) -> bool:
+    """Whether a hand holds the needle: a grasp on its swage (vertex 0) that has not let go."""
+    for g in range(grasp_vertex.shape[0]):
+        if grasp_vertex[g] == 0 and grasp_k[g] > 0.0:
+            return True
+    return False
+
+
+@njit(cache=True, error_model="numpy")
+def needle_turn(h: float, npar: np.ndarray, nst: np.ndarray, x: np.ndarray, held: bool,
+                gravity: np.ndarray) -> None:
     """Turn the needle over one substep h (s) under its rotational coupling (backward Euler on the error's
-    rotation vector, torque-limited); remember the orientation and the tip at the substep's start."""
+    rotation vector, torque-limited), or once no hand holds it (``held``) under its weight (``gravity``,
+    m/s^2, _free_turn); remember the orientation and the tip at the substep's start."""
     for k in range(4):
         nst[NS_Q0 + k] = nst[NS_Q + k]
     tx, ty, tz = arc_point(x, nst, NS_Q, npar[NP_RADIUS], npar[NP_ARC])
@@ -144,8 +155,10 @@ def needle_turn(h: float, npar: np.ndarray, nst: np.ndarray, x: np.ndarray) -> N
     nst[NS_TIP0 + 1] = ty
     nst[NS_TIP0 + 2] = tz
     inertia = npar[NP_INERTIA]
-    k = npar[NP_K_ROT]
-    c = npar[NP_C_ROT]
+    # a hand that let go no longer turns the needle: until 2026-11-27 the stylus's last orientation held a
+    # released needle's, which then fell without turning and lay on a pad at the angle it was let go
+    k = npar[NP_K_ROT] if held else 0.0
+    c = npar[NP_C_ROT] if held else 0.0
     ex, ey, ez = rotvec_between(nst, NS_Q, NS_QT)
     # I (w1 - w0)/h = k (e - h w1 + h wt) + c (wt - w1), per component (the error e as a rotation vector)
     den = inertia + h * c + h * h * k
@@ -171,7 +184,33 @@ def needle_turn(h: float, npar: np.ndarray, nst: np.ndarray, x: np.ndarray) -> N
         w1 = (inertia * nst[NS_W + d] + h * k * e + h * (c + h * k) * wt) / den
         nst[NS_TORQUE + d] = k * (e - h * w1 + h * wt) + c * (wt - w1)
         nst[NS_W + d] = w1
+    if not held:
+        _free_turn(h, npar, nst, gravity)
     turn(nst, NS_Q, h * nst[NS_W], h * nst[NS_W + 1], h * nst[NS_W + 2])
+
+
+@njit(cache=True, error_model="numpy")
+def _free_turn(h: float, npar: np.ndarray, nst: np.ndarray, gravity: np.ndarray) -> None:
+    """The turn of a needle no hand holds, over one substep h (s): its weight (``gravity``, m/s^2) acts at the
+    arc's centroid, R ((1 - cos A)/A, 1 - sin A / A, 0) in the body frame, about the swage (the swage carries
+    the needle's mass, so the weight there alone never turned it: a needle let go stood on whatever point it
+    landed on, and spun on its swage), damped critically as a pendulum about the swage: nothing else in the
+    model damps its swing (the thread's drag acts on the thread, not on the needle's turn). Backward Euler."""
+    r = npar[NP_RADIUS]
+    arc = npar[NP_ARC]
+    inertia = npar[NP_INERTIA]
+    mass = npar[NP_MASS]
+    cx, cy, cz = quat_rotate(nst, NS_Q, r * (1.0 - math.cos(arc)) / arc, r * (1.0 - math.sin(arc) / arc), 0.0)
+    tq0 = mass * (cy * gravity[2] - cz * gravity[1])
+    tq1 = mass * (cz * gravity[0] - cx * gravity[2])
+    tq2 = mass * (cx * gravity[1] - cy * gravity[0])
+    g = math.sqrt(gravity[0] ** 2 + gravity[1] ** 2 + gravity[2] ** 2)
+    arm = math.sqrt(cx * cx + cy * cy + cz * cz)
+    # critical damping of the pendulum about the swage: c = 2 I omega_0, omega_0^2 = m g |c| / I
+    damp = 2.0 * math.sqrt(inertia * mass * g * arm)
+    for d in range(3):
+        tq = tq0 if d == 0 else (tq1 if d == 1 else tq2)
+        nst[NS_W + d] = (inertia * nst[NS_W + d] + h * tq) / (inertia + h * damp)
 
 
 @njit(cache=True, error_model="numpy")
@@ -245,9 +284,10 @@ def _near_hole(cx, cy, cz, p, pst, pun_i, pun_f, dist) -> bool:
 
 @njit(cache=True, error_model="numpy")
 def needle_pierce(x: np.ndarray, npar: np.ndarray, nst: np.ndarray, pads: np.ndarray, pst: np.ndarray,
-                  pun_i: np.ndarray, pun_f: np.ndarray) -> int:
+                  pun_i: np.ndarray, pun_f: np.ndarray, held: bool) -> int:
     """Make the punctures the tip made this substep (from its start NS_TIP0 to where it is now): an entry where
-    it went into a pad, an exit where it came out of one it had entered. Returns how many were made."""
+    it went into a pad, if a hand holds the needle (``held``), an exit where it came out of one it had entered.
+    Returns how many were made."""
     made = 0
     r = npar[NP_RADIUS]
     arc = npar[NP_ARC]
@@ -257,7 +297,9 @@ def needle_pierce(x: np.ndarray, npar: np.ndarray, nst: np.ndarray, pads: np.nda
         was = _inside(sx, sy, sz, pads, pst, p, 0.0)
         now = _inside(tx, ty, tz, pads, pst, p, 0.0)
         entry = _open_entry(p, pun_i)
-        if not was and now and entry < 0:
+        # a needle let go does not pierce: it falls with its weight (0.3 mN for 30 mg), where a bite takes a
+        # driven tip; its tip is held out of the pads as the rest of it is (needle_constraints)
+        if not was and now and entry < 0 and held:
             ok, cx, cy, cz = _segment_box_entry(sx, sy, sz, tx, ty, tz, pst[p, PS_X], pst[p, PS_X + 1],
                                                 pst[p, PS_X + 2], pads[p, PD_HALF], pads[p, PD_HALF + 1],
                                                 pads[p, PD_HALF + 2])
@@ -313,14 +355,14 @@ def _arm(xbar: np.ndarray, px: float, py: float, pz: float, nx: float, ny: float
 
 
 @njit(cache=True, error_model="numpy")
-def _push(h, x, xbar, w_eff, npar, nst, theta, dx, dy, dz, pst, p, compliance) -> bool:
+def _push(h, x, xbar, w_eff, npar, nst, theta, dx, dy, dz, pst, p, compliance, tol=POINT_TOL) -> bool:
     """Move the needle's point at angle theta toward d (m), sharing the move between the swage's translation
     and the body's turn by their inverse masses, less by the ``compliance`` (m/N) of what holds it (one XPBD
     step from zero each round, Macklin et al. 2016: lambda = d / (w + compliance / h^2): a soft hold that
-    the rounds do not stiffen); the pad p (if >= 0) feels the reaction. Returns whether it moved (d >
-    POINT_TOL)."""
+    the rounds do not stiffen); the pad p (if >= 0) feels the reaction. Returns whether it moved (d > tol,
+    m)."""
     d = math.sqrt(dx * dx + dy * dy + dz * dz)
-    if d <= POINT_TOL:
+    if d <= tol:
         return False
     nx = dx / d
     ny = dy / d
@@ -343,13 +385,76 @@ def _push(h, x, xbar, w_eff, npar, nst, theta, dx, dy, dz, pst, p, compliance) -
 
 
 @njit(cache=True, error_model="numpy")
+def _edge_end(pads, pst, p, d, sa, sb, q, end):
+    """Coordinate q (m) of an end (``end`` -1 or 1) of pad p's edge along axis d at the corner (sa, sb) of the
+    other two axes, taken in order after d."""
+    c = pst[p, PS_X + q]
+    half = pads[p, PD_HALF + q]
+    if q == d:
+        return c + end * half
+    return c + (sa if q == (d + 1) % 3 else sb) * half
+
+
+@njit(cache=True, error_model="numpy")
+def _hold_out(h, x, xbar, w_eff, npar, nst, tpar, pads, pst, pun_i, pun_f, p, th, near, free) -> bool:
+    """Put the needle's point at angle th (rad) out of pad p (inflated by the wire's radius) if it is inside and
+    outside its passes. A ``free`` needle (no hand holds it) goes out through the face the point came through,
+    the axis it was furthest outside along at the substep's start (against the pad's start centre), as the
+    thread's vertices do (tissue.collide_pads), or if it was inside then too the face it is least deep behind,
+    with Coulomb friction on the face; every push is made, however small. A held needle goes out through the
+    face it is least deep behind, frictionless, by pushes over POINT_TOL: the rules the needle-tie script was
+    tuned with (docs/PHYSICS.md Sec. 9). Returns whether it was moved by more than POINT_TOL."""
+    r = npar[NP_RADIUS]
+    arc = npar[NP_ARC]
+    grow = npar[NP_WIRE]
+    ext = (npar[NP_WIRE] + tpar[TP_RADIUS]) / r
+    sx, sy, sz = arc_point(xbar, nst, NS_Q, r, th)
+    if not _inside(sx, sy, sz, pads, pst, p, grow) or _needle_tunnel(th, p, pun_i, pun_f, arc, ext, near):
+        return False
+    bx, by, bz = arc_point(x, nst, NS_Q0, r, th)
+    rx = sx - pst[p, PS_X]
+    ry = sy - pst[p, PS_X + 1]
+    rz = sz - pst[p, PS_X + 2]
+    ax, side = entry_face(bx - (pst[p, PS_X] - pst[p, PS_DX]), by - (pst[p, PS_X + 1] - pst[p, PS_DX + 1]),
+                          bz - (pst[p, PS_X + 2] - pst[p, PS_DX + 2]), rx, ry, rz, pads, p, grow, free)
+    now = rx if ax == 0 else (ry if ax == 1 else rz)
+    half = pads[p, PD_HALF + ax] + grow
+    best = half - abs(now) if side * now >= 0.0 else half + abs(now)
+    sgn = best if side >= 0.0 else -best
+    # a free needle's every push is made, however small: one at rest sinks g h^2 a substep (1e-8 m at 32
+    # substeps), and left in until it passed POINT_TOL it slid freely, frictionless, in the substeps between
+    if not _push(h, x, xbar, w_eff, npar, nst, th, sgn if ax == 0 else 0.0, sgn if ax == 1 else 0.0,
+                 sgn if ax == 2 else 0.0, pst, p, 0.0, 0.0 if free else POINT_TOL):
+        return False
+    if not free:
+        return True
+    # Coulomb friction on the face, as the thread has: the point's slip over the substep relative to the pad
+    # shrinks by mu times the push. Frictionless, a needle laid on a pad and let go slid off it under its
+    # thread's pull
+    ex, ey, ez = arc_point(xbar, nst, NS_Q, r, th)
+    slip = (ex - bx - pst[p, PS_DX], ey - by - pst[p, PS_DX + 1], ez - bz - pst[p, PS_DX + 2])
+    t0 = slip[(ax + 1) % 3]
+    t1 = slip[(ax + 2) % 3]
+    tm = math.sqrt(t0 * t0 + t1 * t1)
+    if tm > 0.0:
+        f = min(1.0, tpar[TP_MU] * best / tm)
+        # the two face axes after ax, in order: (1, 2), (2, 0) or (0, 1)
+        cx = -f * (t1 if ax == 1 else (t0 if ax == 2 else 0.0))
+        cy = -f * (t0 if ax == 0 else (t1 if ax == 2 else 0.0))
+        cz = -f * (t1 if ax == 0 else (t0 if ax == 1 else 0.0))
+        _push(h, x, xbar, w_eff, npar, nst, th, cx, cy, cz, pst, p, 0.0, 0.0)
+    return best > POINT_TOL
+
+
+@njit(cache=True, error_model="numpy")
 def needle_constraints(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, rest: np.ndarray,
                        npar: np.ndarray, nst: np.ndarray, tpar: np.ndarray, pads: np.ndarray, pst: np.ndarray,
-                       pun_i: np.ndarray, pun_f: np.ndarray) -> int:
+                       pun_i: np.ndarray, pun_f: np.ndarray, held: bool, scratch: np.ndarray) -> int:
     """One round of the tissue's hold on the needle (after a solve of the thread, xbar): each needle-held
     puncture is moved onto the thread when the swage has passed it, dropped when the tip has backed out of it,
     and otherwise kept on the arc; then every sample point of the arc inside a pad, outside its passes, is put
-    out through the nearest face. Returns how many points were moved."""
+    out through the face it came through, with Coulomb friction against it. The tip is held out too once no
+    hand holds the needle (``held``). Returns how many points were moved."""
     r = npar[NP_RADIUS]
     arc = npar[NP_ARC]
     m = xbar.shape[0] - 1
@@ -387,25 +492,51 @@ def needle_constraints(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndar
         if _push(h, x, xbar, w_eff, npar, nst, th, px - ax, py - ay, pz - az, pst, p, 1.0 / tpar[TP_K_LAT]):
             moved += 1
     for p in range(pads.shape[0]):
-        # the tip itself is not held out: it pierces what it meets (needle_pierce)
-        for k in range(N_SAMPLES - 1):
-            th = min(arc * k / (N_SAMPLES - 1), arc - ext)
-            sx, sy, sz = arc_point(xbar, nst, NS_Q, r, th)
-            if not _inside(sx, sy, sz, pads, pst, p, grow) or _needle_tunnel(th, p, pun_i, pun_f, arc, ext, near):
-                continue
-            # out through the face it is least deep behind
-            best = math.inf
-            ax = 0
-            s = (sx - pst[p, PS_X], sy - pst[p, PS_X + 1], sz - pst[p, PS_X + 2])
-            for d in range(3):
-                depth = pads[p, PD_HALF + d] + grow - abs(s[d])
-                if depth < best:
-                    best = depth
-                    ax = d
-            sgn = best if s[ax] >= 0.0 else -best
-            if _push(h, x, xbar, w_eff, npar, nst, th, sgn if ax == 0 else 0.0, sgn if ax == 1 else 0.0,
-                     sgn if ax == 2 else 0.0, pst, p, 0.0):
+        # the tip of a held needle is not held out: it pierces what it meets (needle_pierce)
+        top = arc - ext if held else arc
+        for k in range(N_SAMPLES - 1 if held else N_SAMPLES):
+            if _hold_out(h, x, xbar, w_eff, npar, nst, tpar, pads, pst, pun_i, pun_f, p,
+                         min(arc * k / (N_SAMPLES - 1), top), near, not held):
                 moved += 1
+        if held:
+            continue
+        # between the samples, the arc's points nearest the pad's edges: a needle let go across an edge (it slid
+        # off a pad's side, hanging on its thread) otherwise sank onto it between two samples, up to 1 mm deep
+        hx = pads[p, PD_HALF] + grow
+        hy = pads[p, PD_HALF + 1] + grow
+        hz = pads[p, PD_HALF + 2] + grow
+        for c in range(N_SAMPLES - 1):
+            ta = arc * c / (N_SAMPLES - 1)
+            tb = min(arc * (c + 1) / (N_SAMPLES - 1), top)
+            if tb <= ta:
+                continue
+            ax_, ay_, az_ = arc_point(xbar, nst, NS_Q, r, ta)
+            bx_, by_, bz_ = arc_point(xbar, nst, NS_Q, r, tb)
+            # the chord (its sagitta is under 0.1 mm for 13 samples) against the box, inflated: most chords are
+            # far from every pad
+            cx0 = pst[p, PS_X]
+            cy0 = pst[p, PS_X + 1]
+            cz0 = pst[p, PS_X + 2]
+            if (min(ax_, bx_) > cx0 + hx or max(ax_, bx_) < cx0 - hx or min(ay_, by_) > cy0 + hy
+                    or max(ay_, by_) < cy0 - hy or min(az_, bz_) > cz0 + hz or max(az_, bz_) < cz0 - hz):
+                continue
+            for e in range(12):
+                # edge e runs along axis e // 4, at the corners (+-, +-) of the other two (the plain box's)
+                d = e // 4
+                sa = 1.0 if e % 2 == 0 else -1.0
+                sb = 1.0 if (e // 2) % 2 == 0 else -1.0
+                e0x = _edge_end(pads, pst, p, d, sa, sb, 0, -1.0)
+                e0y = _edge_end(pads, pst, p, d, sa, sb, 1, -1.0)
+                e0z = _edge_end(pads, pst, p, d, sa, sb, 2, -1.0)
+                e1x = _edge_end(pads, pst, p, d, sa, sb, 0, 1.0)
+                e1y = _edge_end(pads, pst, p, d, sa, sb, 1, 1.0)
+                e1z = _edge_end(pads, pst, p, d, sa, sb, 2, 1.0)
+                segment_closest(ax_, ay_, az_, bx_, by_, bz_, e0x, e0y, e0z, e1x, e1y, e1z, scratch)
+                if scratch[2] >= grow * grow * 4.0:
+                    continue
+                th = ta + scratch[0] * (tb - ta)
+                if _hold_out(h, x, xbar, w_eff, npar, nst, tpar, pads, pst, pun_i, pun_f, p, th, near, True):
+                    moved += 1
     return moved
 
 

@@ -368,6 +368,35 @@ def in_tunnel(i: int, p: int, pun_i: np.ndarray, pun_f: np.ndarray, ext: float) 
 
 
 @njit(cache=True, error_model="numpy")
+def entry_face(r0x: float, r0y: float, r0z: float, rx: float, ry: float, rz: float, pads: np.ndarray, p: int,
+               grow: float, by_start: bool) -> tuple:
+    """The face of pad p, inflated by ``grow`` (m), that a point inside it went in through: (axis, side), side
+    the point's coordinate along the axis, whose sign is the face's. r0 is the point at the substep's start
+    against the pad's centre then, r the point now against its centre now (m). With ``by_start``, the axis it
+    was furthest outside along at the start, relative to the half extent; if it was inside then too (or
+    without ``by_start``), the axis it is least deep along now."""
+    ax = -1
+    far = 0.0
+    shallow = math.inf
+    ax_in = 0
+    for d in range(3):
+        half = pads[p, PD_HALF + d] + grow
+        a0 = r0x if d == 0 else (r0y if d == 1 else r0z)
+        a = rx if d == 0 else (ry if d == 1 else rz)
+        out0 = abs(a0) - half
+        if by_start and out0 / half > far:
+            far = out0 / half
+            ax = d
+        depth = half - abs(a)
+        if depth < shallow:
+            shallow = depth
+            ax_in = d
+    if ax >= 0:
+        return ax, r0x if ax == 0 else (r0y if ax == 1 else r0z)
+    return ax_in, rx if ax_in == 0 else (ry if ax_in == 1 else rz)
+
+
+@njit(cache=True, error_model="numpy")
 def collide_pads(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, rest: np.ndarray, tpar: np.ndarray,
                  pads: np.ndarray, pst: np.ndarray, pun_i: np.ndarray, pun_f: np.ndarray, first: int) -> int:
     """Put back every vertex of xbar from ``first`` on (1 when vertex 0 is a needle's swage, which the needle's
@@ -393,27 +422,13 @@ def collide_pads(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, r
                 continue
             # the face: the axis the vertex was furthest outside along at the substep's start (the pad's start
             # centre is its centre less this substep's move); if it was inside then too, the shallowest one
-            ax = -1
-            far = 0.0
-            shallow = math.inf
-            ax_in = 0
-            for d in range(3):
-                half = pads[p, PD_HALF + d] + r
-                out0 = abs(x[i, d] - (pst[p, PS_X + d] - pst[p, PS_DX + d])) - half
-                if out0 / half > far:
-                    far = out0 / half
-                    ax = d
-                depth = half - abs(xbar[i, d] - pst[p, PS_X + d])
-                if depth < shallow:
-                    shallow = depth
-                    ax_in = d
-            if ax < 0:
-                ax = ax_in
+            ax, side = entry_face(x[i, 0] - (pst[p, PS_X] - pst[p, PS_DX]),
+                                  x[i, 1] - (pst[p, PS_X + 1] - pst[p, PS_DX + 1]),
+                                  x[i, 2] - (pst[p, PS_X + 2] - pst[p, PS_DX + 2]),
+                                  xbar[i, 0] - pst[p, PS_X], xbar[i, 1] - pst[p, PS_X + 1],
+                                  xbar[i, 2] - pst[p, PS_X + 2], pads, p, r, True)
             half = pads[p, PD_HALF + ax] + r
-            rel0 = x[i, ax] - (pst[p, PS_X + ax] - pst[p, PS_DX + ax])
-            sgn = 1.0 if rel0 >= 0.0 else -1.0
-            if far == 0.0:
-                sgn = 1.0 if xbar[i, ax] - pst[p, PS_X + ax] >= 0.0 else -1.0
+            sgn = 1.0 if side >= 0.0 else -1.0
             target = pst[p, PS_X + ax] + sgn * half
             dn = abs(target - xbar[i, ax])
             corr0 = target - xbar[i, ax]

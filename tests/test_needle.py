@@ -9,7 +9,7 @@ import pytest
 
 from suturesim.solver.config import ConfigError
 from suturesim.solver.integrator import Stepper
-from suturesim.solver.needle import NP_ARC, NP_RADIUS, NP_WIRE, NS_Q, NS_TORQUE, arc_point, needle_inside
+from suturesim.solver.needle import NP_ARC, NP_RADIUS, NP_WIRE, NS_Q, NS_TORQUE, NS_W, arc_point, needle_inside
 from suturesim.solver.scenario import build_scenario
 from suturesim.solver.tissue import PI_STATE, PUN_ACTIVE, PUN_FREE, PUN_NEEDLE, TP_RADIUS, count_inside
 
@@ -220,3 +220,81 @@ def test_the_needle_pushes_its_thread_and_never_passes_through_it():
     assert closest < 1.2 * touch                    # they did touch: the tip met the thread ...
     assert np.abs(state.x - x0).max() > 0.005       # ... and pushed it along, by more than 5 mm
     assert stepper.retries == 0
+
+
+def lying_needle(pull: float, seconds: float, mu: float = 0.3, size: float = 0.06):
+    """A 3/8-circle 19 mm needle (30 mg) let go flat on a fixed pad with 2 cm of silk lying straight behind its
+    swage, pulled along x at its swage from 0.3 s on with ``pull`` times its weight. Returns the swage's travel
+    along x from 0.3 s (m), the arc points' heights above the pad's top face at the end (m) and the state."""
+    data = {
+        "thread": {"preset": "silk-3-0", "length": 0.02, "segments": 16},
+        "gravity": [0.0, 0.0, -9.81],
+        "shape": {"kind": "straight", "start": [0.0, 0.0, TOP + 3e-4], "direction": [-1.0, 0.0, 0.0]},
+        "tissue": {"friction": mu, "pads": [{"id": "pad", "center": [0.0, 0.0, 0.0], "size": [size, size, 0.01],
+                                             "fixed": True}]},
+        "needle": {"preset": "3/8-19mm", "orientation": [1.0, 0.0, 0.0, 0.0]},   # its arc in the x-y plane
+    }
+    sc = build_scenario(data, "lying.yaml")
+    model, state = sc.model, sc.new_state()
+    stepper = Stepper(model, state)
+    weight = model.needle_par[2] * 9.81
+    x0 = None
+    for k in range(int(round(seconds * 1000))):
+        if k == 300:
+            x0 = state.x[0, 0]
+            state.ext_force[0] = (pull * weight, 0.0, 0.0)
+        stepper.tick()
+        assert trespass(model, state) == 0
+    arc = [arc_point(state.x, state.nst, NS_Q, model.needle_par[NP_RADIUS], model.needle_par[NP_ARC] * k / 12)[2]
+           for k in range(13)]
+    return state.x[0, 0] - x0, np.array(arc) - TOP, state
+
+
+def test_a_needle_lying_on_tissue_holds_by_friction_and_slides_past_it():
+    """Coulomb friction of the needle let go on a pad (mu = 0.3). Its points are pushed out and held one at a
+    time while its weight turns it about the swage (its mass sits there, its weight acts at the arc's centroid),
+    so the friction it shows is approximate: a pull of 0.1 and 0.2 of its weight moved it by 3 and 27 um in
+    0.5 s, 0.29 slid it; a pull of 0.5 slid it 23 mm in 0.2 s, against 39 mm at (0.5 - 0.3) g (an effective
+    kinetic coefficient of 0.38). Frictionless, as it was until 2026-11-27, 0.1 of its weight slid it 0.37 m
+    in 1 s."""
+    held, heights, _ = lying_needle(0.2, 0.8)
+    assert abs(held) < 1e-4
+    assert np.all(np.abs(heights - 2e-4) < 2e-5)          # resting on its wire's radius (0.2 mm)
+    slid, _, _ = lying_needle(0.5, 0.5)
+    expected = 0.5 * (0.5 - 0.3) * 9.81 * 0.2 ** 2        # 39 mm in the 0.2 s of the pull
+    assert 0.5 * expected < slid < expected
+
+
+def test_a_needle_let_go_neither_pierces_nor_keeps_its_hands_orientation():
+    """Let go tip down 3 mm above a pad, the needle falls on its tip: no puncture (only a held needle pierces;
+    its weight is 0.3 mN, a bite's drive is newtons), the tip is held out as the rest of it, and the stylus's
+    orientation no longer holds it: its weight, at the arc's centroid, topples it until its arc lies on the pad.
+    Until 2026-11-27 a released needle kept the stylus's last orientation and pierced whatever its tip fell
+    on."""
+    swage, q = needle_above(1.0)
+    drop = 3e-3 + swage[2] - TOP - R * (1.0 - math.cos(math.radians(30.0)))   # the tip 3 mm above the face
+    data = {
+        "thread": {"preset": "silk-3-0", "length": 0.03, "segments": 24},
+        "gravity": [0.0, 0.0, -9.81],
+        "shape": {"kind": "straight", "start": [swage[0], swage[1], swage[2] + drop - (swage[2] - TOP)],
+                  "direction": [-1.0, 0.0, 0.0]},
+        "tissue": {"pads": [{"id": "pad", "center": [0.0, 0.0, 0.0], "size": [0.06, 0.06, 0.01], "fixed": True}]},
+        "needle": {"preset": "3/8-12mm", "grasp": "needle", "orientation": q.tolist()},
+        "boundary": {"grasps": [{"id": "needle", "vertex": 0, "stiffness": 1000.0, "max_force": 3.0}]},
+        "timeline": [{"grasp": "needle", "release": 0.2}],
+    }
+    sc = build_scenario(data, "drop.yaml")
+    model, state = sc.model, sc.new_state()
+    stepper = Stepper(model, state)
+    q_held = None
+    for k in range(2500):
+        stepper.tick()
+        if k == 199:
+            q_held = state.nst[NS_Q:NS_Q + 4].copy()
+        assert trespass(model, state) == 0
+        assert np.all(state.pun_i[:, PI_STATE] == PUN_FREE)
+    heights = np.array([arc_point(state.x, state.nst, NS_Q, R, model.needle_par[NP_ARC] * k / 12)[2]
+                        for k in range(13)]) - TOP
+    assert abs(float(np.dot(q_held, state.nst[NS_Q:NS_Q + 4]))) < 0.95     # it turned by more than 36 degrees
+    assert np.all(heights < 1.5e-3) and np.all(heights > 1.9e-4), heights  # it lies on the pad, not in it
+    assert np.linalg.norm(state.nst[NS_W:NS_W + 3]) < 1e-2 and np.linalg.norm(state.x[0] - state.x_prev[0]) < 1e-8
