@@ -85,13 +85,20 @@ def test_the_scripted_suture_closes_the_wound():
 @pytest.mark.long
 def test_the_seated_double_throw_holds_the_wound_closed_for_good():
     """The same scene run on to 90 s: the wound stays closed at the crack, read every 0.5 s, 73.6 s after both
-    hands let go. (Cinched from 10 mm above the tissue instead of 4, this double throw slipped open within 1-3 s
-    of the hands letting go; from 3 mm it held about 11 s, and from 5 mm to 30 s (the end of that run): docs/PHYSICS.md Sec. 9.)"""
+    hands let go, and nothing enters a pad at any tick. (Cinched from 10 mm above the tissue instead of 4, this
+    double throw slipped open within 1-3 s of the hands letting go; from 3 mm it held about 11 s, and from 5 mm
+    to 30 s (the end of that run): docs/PHYSICS.md Sec. 9.)"""
     gaps = {}
     for stepper, _, model, state, events in play(duration=90.0):
         t = round(float(state.time[0]), 3)
         if t >= 16.5 and abs(t * 2 - round(t * 2)) < 1e-6:
             gaps[t] = float(pad_gap(model.pads, state.pst))
+        # nor does the needle, let go at 16.4 s and hanging on its thread beside the right pad, enter a pad, nor
+        # the thread but through its punctures (docs/PHYSICS.md Sec. 9)
+        assert needle_inside(state.x, model.rest_length, model.needle_par, state.nst, model.tissue_par, model.pads,
+                             state.pst, state.pun_i, state.pun_f, 0.0, 24) == 0, t
+        assert count_inside(state.x, model.rest_length, model.pads, state.pst, state.pun_i, state.pun_f, 0.0,
+                            model.tissue_par[TP_RADIUS], 1) == 0, t
     crack = 3.0 * model.tissue_par[TP_RADIUS]
     assert len(gaps) == 148 and all(g < crack + 2e-4 for g in gaps.values()), gaps
     assert [k for _, k, _ in events if k in ("gap_closed", "gap_opened")][-1] == "gap_closed"
