@@ -37,7 +37,8 @@ STYLUS_DRAIN_PER_TICK = 32     # remote stylus messages read per tick at most
 CATCH_UP_TICKS = 50            # further behind than this, the schedule is re-anchored (and an event says so)
 # Phase lock to a device's servo clock: start each tick this long after the device's newest pose, so the force
 # is ready for the servo's next callback (pose-to-force = one servo period) instead of, at an unlucky phase,
-# the one after it. The schedule moves by at most PHASE_STEP_NS per tick (0.5 % of a 1 ms tick).
+# the one after it. The loop takes the phase at once when a device links, then follows its drift by at most
+# PHASE_STEP_NS per tick (0.5 % of a 1 ms tick).
 PHASE_TARGET_NS = 100_000
 PHASE_STEP_NS = 5_000
 
@@ -185,6 +186,7 @@ class PhysicsLoop:
         self.driver_flags: dict[str, int] = {}       # device -> safety flags its driver reported
         self.driver_error: dict[str, int] = {}       # device -> the last device error code reported
         self.phase_device: str | None = None         # the live linked device whose servo clock the loop follows
+        self.phase_locked = False                    # whether the loop has taken that clock's phase yet
         self.max_step: dict[str, float] = {}         # device -> the most its grasp target moves per tick (m)
         self.stiffness_limit = dict(cfg.device_stiffness)   # device -> its nominal max stiffness (N/m)
         self.coupling_limited: list[tuple] = []      # (device, asked, applied N/m), reported at start
@@ -326,6 +328,7 @@ class PhysicsLoop:
                     self.link_live[device] = False
                     if self.phase_device == device:
                         self.phase_device = None
+                        self.phase_locked = False
                     self.event("device_lost", device=device)   # its grasps hold still where they are
                 continue
             _seq, t_ns, buttons = got
@@ -333,6 +336,7 @@ class PhysicsLoop:
                 self.link_live[device] = True
                 if self.phase_device is None:
                     self.phase_device = device
+                    self.phase_locked = False
                 self.event("device", device=device, state="live")
             self.pose_t[device] = t_ns
             self.set_device_pose(device, self._pose, self._quat)
@@ -565,7 +569,14 @@ class PhysicsLoop:
                 if 0 <= lag < 4 * tick_ns:   # a fresh pose; a stale one says nothing about the servo's phase
                     # positive: this tick started too long after the pose (wrapped into half a tick either way)
                     err = (lag - PHASE_TARGET_NS + tick_ns // 2) % tick_ns - tick_ns // 2
-                    t0 -= max(-PHASE_STEP_NS, min(PHASE_STEP_NS, err // 4))
+                    if self.phase_locked:
+                        t0 -= max(-PHASE_STEP_NS, min(PHASE_STEP_NS, err // 4))
+                    else:
+                        # take the phase at once, by delaying the schedule (0 to 1 tick, once: no tick is made
+                        # late). Slewed at PHASE_STEP_NS from the start, the lock took up to 100 ticks, in which
+                        # a force came two servo periods after its pose: over 1 % of a short session's forces
+                        t0 += (-err) % tick_ns
+                        self.phase_locked = True
             substeps, step_ns = self.tick_scene(start)
             if control.busy():
                 control.finish_pending()
