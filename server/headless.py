@@ -45,8 +45,8 @@ class RunSummary:
             f"..{self.substeps_max} per tick",
             f"max constraint residual {self.max_residual:.2e}, max tension {self.max_tension_n:.6g} N, energy (J): kinetic "
             f"{e['kinetic']:.6g}, elastic {e['elastic']:.6g}, gravity {e['gravity']:.6g}",
-            f"{'finite' if self.finite else 'NOT FINITE'}; {self.ticks_redone} ticks redone ({self.ticks_past_budget} past the substep budget); "
-            f"{self.messages} messages recorded",
+            f"{'finite' if self.finite else 'NOT FINITE'}; {self.ticks_redone} ticks redone "
+            f"({self.ticks_past_budget} past the substep budget); {self.messages} messages recorded",
         ]
 
 

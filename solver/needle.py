@@ -37,7 +37,7 @@ from numba import njit
 
 from .contact import segment_closest
 from .tissue import (PD_HALF, PF_LOCAL, PF_SIGMA, PF_SPEED, PI_MATE, PI_PAD, PI_STATE, PS_DX, PS_F, PS_X, PUN_ACTIVE,
-                     PUN_FREE, PUN_NEEDLE, TP_K_LAT, TP_MU, TP_RADIUS, closest_on_thread, entry_face,
+                     PUN_FREE, PUN_NEEDLE, TP_K_LAT, TP_MU, TP_RADIUS, closest_on_thread, entry_face, face_friction,
                      puncture_point)
 
 # npar: the needle's parameters
@@ -433,16 +433,12 @@ def _hold_out(h, x, xbar, w_eff, npar, nst, tpar, pads, pst, pun_i, pun_f, p, th
     # thread's pull
     ex, ey, ez = arc_point(xbar, nst, NS_Q, r, th)
     slip = (ex - bx - pst[p, PS_DX], ey - by - pst[p, PS_DX + 1], ez - bz - pst[p, PS_DX + 2])
-    t0 = slip[(ax + 1) % 3]
-    t1 = slip[(ax + 2) % 3]
-    tm = math.sqrt(t0 * t0 + t1 * t1)
-    if tm > 0.0:
-        f = min(1.0, tpar[TP_MU] * best / tm)
-        # the two face axes after ax, in order: (1, 2), (2, 0) or (0, 1)
-        cx = -f * (t1 if ax == 1 else (t0 if ax == 2 else 0.0))
-        cy = -f * (t0 if ax == 0 else (t1 if ax == 2 else 0.0))
-        cz = -f * (t1 if ax == 0 else (t0 if ax == 1 else 0.0))
-        _push(h, x, xbar, w_eff, npar, nst, th, cx, cy, cz, pst, p, 0.0, 0.0)
+    a0 = (ax + 1) % 3
+    a1 = (ax + 2) % 3
+    c0, c1 = face_friction(slip[a0], slip[a1], tpar[TP_MU], best)
+    _push(h, x, xbar, w_eff, npar, nst, th, c0 if a0 == 0 else (c1 if a1 == 0 else 0.0),
+          c0 if a0 == 1 else (c1 if a1 == 1 else 0.0), c0 if a0 == 2 else (c1 if a1 == 2 else 0.0), pst, p, 0.0,
+          0.0)
     return best > POINT_TOL
 
 

@@ -397,6 +397,16 @@ def entry_face(r0x: float, r0y: float, r0z: float, rx: float, ry: float, rz: flo
 
 
 @njit(cache=True, error_model="numpy")
+def face_friction(t0: float, t1: float, mu: float, dn: float) -> tuple:
+    """Coulomb friction on a pad's face, at position level: the correction (m) of a slip (t0, t1) over the
+    substep along the face's two axes (after the push's axis, in order), relative to the pad, for a push of dn
+    (m) out of it. The slip shrinks by mu dn at most, and stops if it is smaller."""
+    tm = math.sqrt(t0 * t0 + t1 * t1)
+    f = 1.0 if tm <= mu * dn else (mu * dn / tm if tm > 0.0 else 0.0)
+    return -f * t0, -f * t1
+
+
+@njit(cache=True, error_model="numpy")
 def collide_pads(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, rest: np.ndarray, tpar: np.ndarray,
                  pads: np.ndarray, pst: np.ndarray, pun_i: np.ndarray, pun_f: np.ndarray, first: int) -> int:
     """Put back every vertex of xbar from ``first`` on (1 when vertex 0 is a needle's swage, which the needle's
@@ -436,12 +446,8 @@ def collide_pads(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, r
             # Coulomb friction on the face: the slip relative to the pad over the substep shrinks by mu dn
             a0 = (ax + 1) % 3
             a1 = (ax + 2) % 3
-            t0 = (xbar[i, a0] - x[i, a0]) - pst[p, PS_DX + a0]
-            t1 = (xbar[i, a1] - x[i, a1]) - pst[p, PS_DX + a1]
-            tm = math.sqrt(t0 * t0 + t1 * t1)
-            f = 1.0 if tm <= mu * dn else (mu * dn / tm if tm > 0.0 else 0.0)
-            c0 = -f * t0
-            c1 = -f * t1
+            c0, c1 = face_friction((xbar[i, a0] - x[i, a0]) - pst[p, PS_DX + a0],
+                                   (xbar[i, a1] - x[i, a1]) - pst[p, PS_DX + a1], mu, dn)
             xbar[i, a0] += c0
             xbar[i, a1] += c1
             me = 1.0 / w_eff[i]
