@@ -336,6 +336,35 @@ def overruns_past_catch_up(stats: list[dict], overruns: list[dict]) -> int:
     return unexplained
 
 
+class LoopTiming:
+    """The loop's overruns over a stretch of a test, told apart from catching up after the host's stalls.
+
+    ``start()`` subscribes to `stats` and `event` and takes the stats before; ``finish()`` waits for the first
+    `stats` second after the stretch and returns (ticks, overruns, overruns past catching up, the `stats`
+    messages, the `overrun` events)."""
+
+    def __init__(self, d: "Daemon"):
+        self.d = d
+        self.sub = Sub(d.pub, (protocol.TOPIC_STATS, protocol.TOPIC_EVENT))
+
+    def start(self) -> dict:
+        self.sub.wait_live()
+        self.before = self.d.status()["stats"]
+        return self.before
+
+    def finish(self) -> tuple[int, int, int, list[dict], list[dict]]:
+        try:
+            seen = [(t, protocol.decode(p, t)) for _, t, p in self.sub.collect(0.0)]
+            (t, last), more = self.sub.until(lambda t, m: t == protocol.TOPIC_STATS, 2.0, "stats")
+            seen += more + [(t, last)]
+        finally:
+            self.sub.close()
+        stats = [m for t, m in seen if t == protocol.TOPIC_STATS]
+        overrun_events = [m for t, m in seen if t == protocol.TOPIC_EVENT and m["kind"] == "overrun"]
+        return (last["ticks"] - self.before["ticks"], last["overruns"] - self.before["overruns"],
+                overruns_past_catch_up(stats, overrun_events), stats, overrun_events)
+
+
 def test_overruns_past_catch_up_tells_a_stall_from_a_scene_too_slow():
     second = {"seq": 2000, "tick_us": {"p50": 500.0, "p99": 900.0, "max": 4000.0}}
     # a 4 ms stall at c = 0.5 ms: 4 / 0.5 + 1 = 9 ticks late at most; 12 leaves 3 unexplained
@@ -537,9 +566,8 @@ class TestSharedDaemon:
 
     def test_fuzz_control_and_stylus(self, shared):
         rng = random.Random(20240604)
-        stats_sub = Sub(shared.pub, (protocol.TOPIC_STATS, protocol.TOPIC_EVENT))   # the loop's timing meanwhile
-        stats_sub.wait_live()
-        before = shared.status()["stats"]
+        timing = LoopTiming(shared)   # the loop's timing meanwhile
+        before = timing.start()
 
         # -- control: malformed, truncated, wrong-typed, unknown; never a valid state-changing request ------
         valid = [msgpack.packb(r) for r in ({"cmd": "status"}, {"cmd": "grasp", "vertex": 50, "stiffness": 200.0},
@@ -639,22 +667,12 @@ class TestSharedDaemon:
             after = wait_for(settled, 10.0, what="every stylus message counted")
         except AssertionError:
             after = shared.status()["stats"]
-        try:
-            seen = [(t, protocol.decode(p, t)) for _, t, p in stats_sub.collect(0.0)]
-            (t, last), more = stats_sub.until(lambda t, m: t == protocol.TOPIC_STATS, 2.0, "stats")  # after the fuzz
-            seen += more + [(t, last)]
-        finally:
-            stats_sub.close()
-        during = [m for t, m in seen if t == protocol.TOPIC_STATS]
-        overrun_events = [m for t, m in seen if t == protocol.TOPIC_EVENT and m["kind"] == "overrun"]
+        ticks, overruns, past, during, overrun_events = timing.finish()
 
         assert after["stylus_rejected"] - before["stylus_rejected"] == n_stylus, (before, after)
         assert after["stylus_accepted"] == before["stylus_accepted"]
-        ticks = last["ticks"] - before["ticks"]
-        overruns = last["overruns"] - before["overruns"]
         # the loop keeps time under the fuzz: no overrun but the catch-up after a stall of the host's, and no
         # second slowed down short of an overrun (one with an overrun is judged by the first assertion)
-        past = overruns_past_catch_up(during, overrun_events)
         p99 = [(s["lateness_us"]["p99"], s["overruns"] - b["overruns"]) for b, s in zip([before] + during, during)]
         assert ticks > 1000 and past < 0.01 * ticks, \
             f"{overruns} overruns in {ticks} ticks during the fuzz, {past} past catching up: {overrun_events}"
@@ -664,15 +682,18 @@ class TestSharedDaemon:
         assert final["scenario"] == "default" and [g["id"] for g in final["grasps"]] == ["right"]
 
     def test_invalid_set_and_load_requests_do_not_overrun(self, shared):
-        before = shared.status()["stats"]
+        # judged as the fuzz is: a stall of the host's (CI once saw 9 overruns in the 238 ticks these requests
+        # took) makes the ticks after it late while they catch up; the requests must add no overrun of their own
+        timing = LoopTiming(shared)
+        timing.start()
         for i in range(60):
             req = [{"cmd": "set", "path": "thread.segments", "value": "many"},
                    {"cmd": "set", "path": "no.such.key", "value": 1},
                    {"cmd": "load", "scenario": "no-such-scenario"}][i % 3]
             assert shared.request(req)["ok"] is False
-        after = shared.status()["stats"]
-        ticks, overruns = after["ticks"] - before["ticks"], after["overruns"] - before["overruns"]
-        assert overruns < 0.01 * ticks, f"{overruns} overruns in {ticks} ticks for 60 rejected requests"
+        ticks, overruns, past, _, overrun_events = timing.finish()
+        assert past < 0.01 * ticks, \
+            f"{overruns} overruns in {ticks} ticks for 60 rejected requests, {past} past catching up: {overrun_events}"
 
 
 # =================================================================================== commands that change state
