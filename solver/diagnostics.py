@@ -9,7 +9,10 @@ angular momentum by -twist_k theta (t_first - t_last) per second (tests/test_con
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
+from numba import njit
 
 from .forces import bending_energy
 from .model import ThreadModel, ThreadState
@@ -37,10 +40,38 @@ def elastic_energy(model: ThreadModel, state: ThreadState, at_prev: bool = False
     return e
 
 
+@njit(cache=True, error_model="numpy")
+def energy_terms(x: np.ndarray, x_prev: np.ndarray, h: float, mass: np.ndarray, hinge_k: np.ndarray,
+                 gravity: np.ndarray, twist_energy: float, extensible: bool, rest: np.ndarray,
+                 compliance: np.ndarray) -> tuple:
+    """(kinetic, elastic, gravity) in J, as kinetic_energy, elastic_energy and gravity_energy give them, in one
+    pass and with no array made: the `state` topic sends them at 100 Hz from the loop's process."""
+    kin = 0.0
+    grav = 0.0
+    for i in range(x.shape[0]):
+        v2 = 0.0
+        for d in range(3):
+            v = x[i, d] - x_prev[i, d]
+            v2 += v * v
+            grav -= mass[i] * x[i, d] * gravity[d]
+        kin += mass[i] * v2
+    elastic = bending_energy(x, hinge_k) + twist_energy
+    if extensible:
+        for j in range(x.shape[0] - 1):
+            ex = x[j + 1, 0] - x[j, 0]
+            ey = x[j + 1, 1] - x[j, 1]
+            ez = x[j + 1, 2] - x[j, 2]
+            s = math.sqrt(ex * ex + ey * ey + ez * ez) - rest[j]
+            elastic += 0.5 * s * s / (compliance[j] * rest[j])
+    return 0.5 * kin / (h * h), elastic, grav
+
+
 def energies(model: ThreadModel, state: ThreadState) -> dict[str, float]:
     """{'kinetic', 'elastic', 'gravity'} in J (the state topic's `energy`)."""
-    return {"kinetic": kinetic_energy(model, state), "elastic": elastic_energy(model, state),
-            "gravity": gravity_energy(model, state)}
+    kin, elastic, grav = energy_terms(state.x, state.x_prev, float(state.h[0]), model.mass, model.hinge_k,
+                                      model.gravity, 0.5 * model.twist_k * float(state.twist[0]) ** 2,
+                                      bool(model.params.extensible), model.rest_length, model.compliance)
+    return {"kinetic": kin, "elastic": elastic, "gravity": grav}
 
 
 def linear_momentum(model: ThreadModel, state: ThreadState) -> np.ndarray:
