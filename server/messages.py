@@ -2,6 +2,8 @@
 device feels. Shared by the headless runner and the daemon so both publish the same bytes for the same state."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..haptics.safety import ForceSafety, SafetyConfig
@@ -9,9 +11,10 @@ from ..solver import diagnostics
 from ..solver.forces import constraint_force_at
 from ..solver.contact_response import CS_CONTACTS, CS_COUNT, CS_OVERFLOW, CS_PENETRATION, CS_PROJECTIONS
 from ..solver.integrator import STAT_MAX_ITERS, STAT_MAX_RESIDUAL, STAT_SUBSTEPS
-from ..solver.needle import NS_TORQUE
+from ..solver.needle import NP_ARC, NP_RADIUS, NS_Q, NS_TORQUE, arc_point
 from ..solver.scenario import Scenario
-from ..solver.suture import SutureWatch
+from ..solver.suture import STATE_NAMES, SutureWatch, pad_gap
+from ..solver.tissue import PD_HALF, PF_DRAG, PF_LOCAL, PI_PAD, PI_STATE, PS_X, PUN_FREE
 from ..solver.model import ThreadState
 from . import protocol
 
@@ -46,9 +49,12 @@ class MessageBuilder:
         self.flags: dict[str, int] = {}
         #: per device: the stylus position (m) when it holds no grasp (set by the daemon from its poses)
         self.pose: dict[str, np.ndarray] = {}
-        #: the suture's events and the `tissue` / `needle` parts of `state` (solver/suture.py)
+        #: the suture's events, and the knot that `state`'s `tissue` map reports (solver/suture.py)
         self.watch = SutureWatch(scenario.model)
         self.watch.reset(scenario.initial)
+        # the pads' sizes (m) never change: one list each, sent by every `state`
+        self._pad_sizes = [(2.0 * scenario.model.pads[p, PD_HALF:PD_HALF + 3]).tolist()
+                           for p in range(len(scenario.model.pad_ids))]
         #: per device: where its stylus is (m), for devices whose grasps follow a live stylus (the daemon's goals)
         self.stylus: dict[str, np.ndarray] = {}
         #: per device holding the needle: the live stylus's last orientation (w, x, y, z) as it arrived, once it
@@ -101,10 +107,40 @@ class MessageBuilder:
                   "substeps": int(state.stats[STAT_SUBSTEPS]), "penetration": float(cs[CS_PENETRATION]),
                   "projections": int(cs[CS_PROJECTIONS]), "candidates": int(cs[CS_COUNT]),
                   "list_overflow": bool(cs[CS_OVERFLOW])}
-        tissue, needle = self.watch.payload(state)
+        m = self.scenario.model
+        tissue = self._tissue(state) if m.tissue_on else None
+        needle = self._needle(state) if m.needle_on else None
         return protocol.encode_state(seq, float(state.time[0]), state.x, state.tension, float(state.twist[0]),
                                      grasps, int(cs[CS_CONTACTS]), diagnostics.energies(self.scenario.model, state),
                                      solver, tissue=tissue, needle=needle)
+
+    def _tissue(self, state: ThreadState) -> protocol.SortedMap:
+        """The `state` topic's `tissue` map (docs/PROTOCOL.md Sec. 3.1), built with its keys in sorted order."""
+        m = self.scenario.model
+        pads = [protocol.SortedMap(id=pid, pos=state.pst[p, PS_X:PS_X + 3].tolist(), size=self._pad_sizes[p])
+                for p, pid in enumerate(m.pad_ids)]
+        punctures = []
+        pun_i, pun_f = state.pun_i, state.pun_f
+        for q in range(pun_i.shape[0]):
+            st = int(pun_i[q, PI_STATE])
+            if st == PUN_FREE:
+                continue
+            p = int(pun_i[q, PI_PAD])
+            punctures.append(protocol.SortedMap(
+                drag=float(pun_f[q, PF_DRAG]), on=STATE_NAMES[st], pad=m.pad_ids[p],
+                pos=(state.pst[p, PS_X:PS_X + 3] + pun_f[q, PF_LOCAL:PF_LOCAL + 3]).tolist()))
+        g = float(pad_gap(m.pads, state.pst))
+        w = self.watch
+        return protocol.SortedMap(gap=g if math.isfinite(g) else None, knot=w.knot, linking=w.link, pads=pads,
+                                  punctures=punctures, throws=w.throws)
+
+    def _needle(self, state: ThreadState) -> protocol.SortedMap:
+        """The `state` topic's `needle` map (docs/PROTOCOL.md Sec. 3.1), built with its keys in sorted order."""
+        npar = self.scenario.model.needle_par
+        r, arc = float(npar[NP_RADIUS]), float(npar[NP_ARC])
+        return protocol.SortedMap(arc=arc, pos=state.x[0].tolist(), quat=state.nst[NS_Q:NS_Q + 4].tolist(),
+                                  radius=r, tip=list(arc_point(state.x, state.nst, NS_Q, r, arc)),
+                                  torque=(-state.nst[NS_TORQUE:NS_TORQUE + 3]).tolist())
 
     def forces(self, seq: int, state: ThreadState, extra_flags: dict[str, int] | None = None) -> list[bytes]:
         """One `force` payload per device and per externally loaded vertex.

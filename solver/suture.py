@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit
 
 from .knot_type import knot_type, warm_up as warm_up_knots
-from .tissue import (MAX_PUNCTURES, PD_HALF, PF_DRAG, PF_LOCAL, PF_SIGMA, PI_MATE, PI_PAD, PI_STATE, PS_X,
+from .tissue import (MAX_PUNCTURES, PD_HALF, PF_LOCAL, PF_SIGMA, PI_MATE, PI_PAD, PI_STATE, PS_X,
                      PUN_ACTIVE, PUN_FREE, PUN_NEEDLE, PUN_PASSED, TP_RADIUS)
 
 STATE_NAMES = {PUN_ACTIVE: "thread", PUN_NEEDLE: "needle", PUN_PASSED: "passed"}
@@ -115,8 +115,9 @@ def strands(pun_i: np.ndarray, pun_f: np.ndarray, n_vertices: int) -> tuple[int,
 
 class SutureWatch:
     """Turns a tissue scene's state into events (puncture, thread_through, puncture_closed, needle_out,
-    gap_closed, gap_opened, knot, throw) and the `tissue`/`needle` parts of the `state` topic. ``check`` runs
-    every tick; it allocates when something happened, and when it reads the knot (KNOT_EVERY ticks)."""
+    gap_closed, gap_opened, knot, throw), and keeps the knot, throws and linking that the `state` topic's
+    `tissue` map reports (server/messages.py). ``check`` runs every tick; it allocates when something happened,
+    and when it reads the knot (KNOT_EVERY ticks)."""
 
     def __init__(self, model):
         self.model = model
@@ -131,7 +132,7 @@ class SutureWatch:
         self.ticks = 0
 
     def warm_up(self, state) -> None:
-        """Call every kernel ``check`` and ``payload`` can reach once (numba loads them at a first call)."""
+        """Call every kernel ``check`` can reach once (numba loads them at a first call)."""
         pad_gap(self.model.pads, state.pst)
         if state.x.shape[0] >= 4:
             linking(state.x, 0, 1, 2, 3)
@@ -194,31 +195,3 @@ class SutureWatch:
                     self.throws = kt.throws
                     emit("throw", throws=kt.throws, linking=self.link)
             self.seen = kt.name
-
-    def payload(self, state) -> tuple[dict | None, dict | None]:
-        """The `tissue` and `needle` maps of the `state` topic (None when the scene has neither)."""
-        from .needle import NP_ARC, NP_RADIUS, NS_Q, NS_TORQUE, arc_point
-
-        tissue = needle = None
-        m = self.model
-        if m.tissue_on:
-            pads = [{"id": pid, "pos": state.pst[p, PS_X:PS_X + 3].tolist(),
-                     "size": (2.0 * m.pads[p, PD_HALF:PD_HALF + 3]).tolist()} for p, pid in enumerate(m.pad_ids)]
-            punctures = []
-            for q in range(state.pun_i.shape[0]):
-                st = int(state.pun_i[q, PI_STATE])
-                if st == PUN_FREE:
-                    continue
-                p = int(state.pun_i[q, PI_PAD])
-                punctures.append({"pad": m.pad_ids[p], "pos": (state.pst[p, PS_X:PS_X + 3]
-                                                               + state.pun_f[q, PF_LOCAL:PF_LOCAL + 3]).tolist(),
-                                  "on": STATE_NAMES[st], "drag": float(state.pun_f[q, PF_DRAG])})
-            g = float(pad_gap(m.pads, state.pst))
-            tissue = {"pads": pads, "punctures": punctures, "gap": g if math.isfinite(g) else None,
-                      "knot": self.knot, "throws": self.throws, "linking": self.link}
-        if m.needle_on:
-            r, arc = float(m.needle_par[NP_RADIUS]), float(m.needle_par[NP_ARC])
-            needle = {"pos": state.x[0].tolist(), "quat": state.nst[NS_Q:NS_Q + 4].tolist(), "radius": r,
-                      "arc": arc, "tip": list(arc_point(state.x, state.nst, NS_Q, r, arc)),
-                      "torque": (-state.nst[NS_TORQUE:NS_TORQUE + 3]).tolist()}
-        return tissue, needle

@@ -184,6 +184,21 @@ def _suture_state(tissue: dict | None = None, needle: dict | None = None) -> byt
                           {"iters": 1, "residual": 0.0, "substeps": 1}, tissue=tissue, needle=needle)
 
 
+def test_a_sorted_map_is_sent_as_built_and_any_other_map_in_sorted_order():
+    """SortedMap skips the copy into sorted key order; a plain map in any order encodes to the same bytes."""
+    tissue = {"pads": [{"size": [0.02, 0.03, 0.01], "id": "left", "pos": [0.0, 0.0, -0.005]}],
+              "punctures": [{"pad": "left", "pos": [0.0, 0.0, 0.0], "on": "needle", "drag": 0.1}],
+              "throws": 2, "gap": None, "knot": "square knot", "linking": 0.0}
+    built = P.SortedMap(gap=None, knot="square knot", linking=0.0,
+                        pads=[P.SortedMap(id="left", pos=[0.0, 0.0, -0.005], size=[0.02, 0.03, 0.01])],
+                        punctures=[P.SortedMap(drag=0.1, on="needle", pad="left", pos=[0.0, 0.0, 0.0])], throws=2)
+    assert _suture_state(built) == _suture_state(tissue)
+    # built out of order it is sent out of order: the builder's promise, not checked at 100 Hz
+    unsorted = P.SortedMap(throws=2, gap=None, knot="square knot", linking=0.0, pads=[], punctures=[])
+    assert _suture_state(unsorted) != _suture_state(dict(unsorted))
+    assert P.decode(_suture_state(unsorted), P.TOPIC_STATE)["tissue"]["throws"] == 2
+
+
 def test_state_tissue_and_needle_round_trip_and_bad_ones_are_rejected():
     tissue = {"pads": [{"id": "left", "pos": [0.0, 0.0, -0.005], "size": [0.02, 0.03, 0.01]}],
               "punctures": [{"pad": "left", "pos": [0.0, 0.0, 0.0], "on": "needle", "drag": 0.1}],

@@ -157,6 +157,31 @@ def test_the_scripted_suture_never_crosses_itself(scene):
     assert bad == []
 
 
+def _keys_sorted(obj) -> bool:
+    if isinstance(obj, dict):
+        return list(obj) == sorted(obj) and all(_keys_sorted(v) for v in obj.values())
+    if isinstance(obj, list):
+        return all(_keys_sorted(v) for v in obj)
+    return type(obj) in (float, int, str, bool, type(None))
+
+
+def test_state_tissue_and_needle_maps_are_built_in_sorted_order():
+    """MessageBuilder sends its tissue and needle maps as SortedMaps (no copy into sorted order): every key of
+    every map inside them in order, and nothing but msgpack's own types, mid-suture with all four punctures."""
+    from suturesim.server.messages import MessageBuilder
+    sc = load_scenario("simple-interrupted-suture")
+    model, state = sc.model, sc.new_state()
+    stepper = Stepper(model, state)
+    for _ in range(2700):     # the thread through all four punctures (2.61-3.81 s: docs/PHYSICS.md Sec. 9)
+        stepper.tick()
+    b = MessageBuilder(sc)
+    tissue, needle = b._tissue(state), b._needle(state)
+    assert type(tissue) is protocol.SortedMap and type(needle) is protocol.SortedMap
+    assert len(tissue["punctures"]) == 4 and _keys_sorted(tissue) and _keys_sorted(needle)
+    m = protocol.decode(b.state(1, state), protocol.TOPIC_STATE)
+    assert m["tissue"]["pads"][1]["size"] == pytest.approx([0.02, 0.03, 0.01])
+
+
 def test_headless_recording_carries_the_suture(tmp_path):
     out = tmp_path / "suture.mcap"
     run_scenario(load_scenario("simple-interrupted-suture"), duration=4.0, record=str(out))
