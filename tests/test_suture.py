@@ -120,26 +120,27 @@ def needle_tie():
 def test_a_needle_tie_ties_the_second_throw_of_a_surgeons_knot(needle_tie):
     """The tail wound round the needle's wire and the needle driven through the wind: the strand's end passes
     through a loop of the tail the other way round from the first throw, and the knot read from the thread is
-    the surgeon's knot (a double throw and a single one of the opposite hand), not its granny, and it stays so."""
+    the surgeon's knot (a double throw and a single one of the opposite hand), not its granny, and it stays so.
+    Under the solver's defaults (the local mass scaling, since 2026-11-27): no tick run again past the 4-substep
+    budget."""
     events, gaps, crack, stepper, _ = needle_tie
     knots = [(round(t, 2), d["name"]) for t, k, d in events if k == "knot"]
     assert [n for _, n in knots] == ["half knot", "double throw", "surgeon's knot"], knots
-    assert 20.0 <= knots[2][0] <= 21.5, knots          # after the drive (19.1-20.6 s), read twice running
+    assert 22.4 <= knots[2][0] <= 23.5, knots          # after the drive (20.9-22.4 s), read twice running
     assert [d["throws"] for _, k, d in events if k == "throw"] == [1, 2]     # the double throw is one throw
-    assert min(gaps[t] for t in (23.5, 23.8, 24.0)) < crack + 1e-3   # the cinch pulls the edges to within 1 mm
-    assert stepper.retries == 0
+    assert stepper.past_budget == 0 and stepper.retries <= 30
 
 
 def test_the_surgeons_knot_holds_the_wound_closed_when_the_hands_let_go(needle_tie):
     """Both throws cinched along the tissue, which seats them on the wound: the double throw holds the wound
-    closed with both strands slack while the second throw is tied (15.5-20.6 s), and the finished knot holds it
-    closed for the 9.4 s after both hands let go (24.2 and 24.6 s), read every 0.1 s (docs/PHYSICS.md Sec. 9)."""
+    closed with both strands slack while the second throw is tied (15.8-22.7 s), the cinch keeps it closed,
+    and the finished knot holds it closed for the 9 s after both hands let go (26.0 and 26.4 s), read every
+    0.1 s (docs/PHYSICS.md Sec. 9)."""
     events, gaps, crack, _, state = needle_tie
-    assert all(g < crack + 2e-4 for t, g in gaps.items() if 14.5 <= t <= 22.0), gaps   # the first throw
-    assert all(g < crack + 2e-4 for t, g in gaps.items() if t >= 24.0), gaps            # the knot, let go
-    assert max(gaps) >= 33.9
-    assert np.all(state.grasp_force == 0.0)                                             # both hands let go
-    assert [k for _, k, _ in events if k in ("gap_closed", "gap_opened")][-1] == "gap_closed"
+    assert all(g < crack + 2e-4 for t, g in gaps.items() if t >= 14.0), gaps     # from the first cinch to the end
+    assert max(gaps) >= 35.3
+    assert np.all(state.grasp_force == 0.0)                                     # both hands let go
+    assert [k for _, k, _ in events if k in ("gap_closed", "gap_opened")] == ["gap_closed"]
 
 
 @pytest.mark.long
