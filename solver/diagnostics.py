@@ -18,34 +18,14 @@ from .forces import bending_energy
 from .model import ThreadModel, ThreadState
 
 
-def kinetic_energy(model: ThreadModel, state: ThreadState) -> float:
-    """J, from the last half-step velocities."""
-    v = (state.x - state.x_prev) / state.h[0]
-    return 0.5 * float(np.sum(model.mass[:, None] * v * v))
-
-
-def gravity_energy(model: ThreadModel, state: ThreadState, at_prev: bool = False) -> float:
-    """J, -sum m g.x (zero at the origin)."""
-    x = state.x_prev if at_prev else state.x
-    return -float(np.sum(model.mass * (x @ model.gravity)))
-
-
-def elastic_energy(model: ThreadModel, state: ThreadState, at_prev: bool = False) -> float:
-    """J: bending + uniform twist (+ stretch for extensible threads)."""
-    x = state.x_prev if at_prev else state.x
-    e = bending_energy(x, model.hinge_k) + 0.5 * model.twist_k * state.twist[0] ** 2
-    if model.params.extensible:
-        lengths = np.linalg.norm(np.diff(x, axis=0), axis=1)
-        e += 0.5 * float(np.sum((lengths - model.rest_length) ** 2 / (model.compliance * model.rest_length)))
-    return e
-
-
 @njit(cache=True, error_model="numpy")
 def energy_terms(x: np.ndarray, x_prev: np.ndarray, h: float, mass: np.ndarray, hinge_k: np.ndarray,
                  gravity: np.ndarray, twist_energy: float, extensible: bool, rest: np.ndarray,
                  compliance: np.ndarray) -> tuple:
-    """(kinetic, elastic, gravity) in J, as kinetic_energy, elastic_energy and gravity_energy give them, in one
-    pass and with no array made: the `state` topic sends them at 100 Hz from the loop's process."""
+    """(kinetic, elastic, gravity) in J at positions x (m), the kinetic from the half-step velocities
+    (x - x_prev) / h: in one pass and with no array made, since the `state` topic sends them at 100 Hz from the
+    loop's process. Elastic: bending + uniform twist (``twist_energy``, J) + stretch for an extensible thread;
+    gravity: -sum m g.x (zero at the origin)."""
     kin = 0.0
     grav = 0.0
     for i in range(x.shape[0]):
@@ -66,11 +46,31 @@ def energy_terms(x: np.ndarray, x_prev: np.ndarray, h: float, mass: np.ndarray, 
     return 0.5 * kin / (h * h), elastic, grav
 
 
+def _terms(model: ThreadModel, state: ThreadState, at_prev: bool = False) -> tuple:
+    x = state.x_prev if at_prev else state.x
+    return energy_terms(x, state.x_prev, float(state.h[0]), model.mass, model.hinge_k, model.gravity,
+                        0.5 * model.twist_k * float(state.twist[0]) ** 2, bool(model.params.extensible),
+                        model.rest_length, model.compliance)
+
+
+def kinetic_energy(model: ThreadModel, state: ThreadState) -> float:
+    """J, from the last half-step velocities."""
+    return _terms(model, state)[0]
+
+
+def gravity_energy(model: ThreadModel, state: ThreadState, at_prev: bool = False) -> float:
+    """J, -sum m g.x (zero at the origin), at x or (``at_prev``) at x_prev."""
+    return _terms(model, state, at_prev)[2]
+
+
+def elastic_energy(model: ThreadModel, state: ThreadState, at_prev: bool = False) -> float:
+    """J: bending + uniform twist (+ stretch for extensible threads), at x or (``at_prev``) at x_prev."""
+    return _terms(model, state, at_prev)[1]
+
+
 def energies(model: ThreadModel, state: ThreadState) -> dict[str, float]:
     """{'kinetic', 'elastic', 'gravity'} in J (the state topic's `energy`)."""
-    kin, elastic, grav = energy_terms(state.x, state.x_prev, float(state.h[0]), model.mass, model.hinge_k,
-                                      model.gravity, 0.5 * model.twist_k * float(state.twist[0]) ** 2,
-                                      bool(model.params.extensible), model.rest_length, model.compliance)
+    kin, elastic, grav = _terms(model, state)
     return {"kinetic": kin, "elastic": elastic, "gravity": grav}
 
 
