@@ -31,8 +31,8 @@ from .motion import apply_motions
 from .stability import omega_bound, scale_masses, substeps_for
 from .needle import (NP_WIRE, needle_constraints, needle_finish, needle_held, needle_pierce, needle_thread,
                      needle_turn)
-from .tissue import (PF_SIGMA, PI_STATE, PUN_ACTIVE, TP_RADIUS, TP_ROUNDS, collide_pads, locate_punctures, puncture_forces, puncture_load,
-                     puncture_predict, step_pads)
+from .tissue import (PF_SIGMA, PI_STATE, PUN_ACTIVE, TP_EDGE_MU, TP_RADIUS, TP_ROUNDS, collide_pads, locate_punctures,
+                     puncture_forces, puncture_load, puncture_predict, step_pads)
 
 # state.stats slots
 STAT_ITERS = 0          # multiplier iterations of the last substep
@@ -110,7 +110,7 @@ def substep(h: float, t: float,
     apply_motions(t, h, mot_kind, mot_index, mot_t0, mot_t1, mot_vel, kin_target, grasp_target, twist, nst,
                   grasp_k, grasp_c, grasp_fmax)
     if tissue_on:
-        step_pads(h, pads, pst, PAD_CRACK * tpar[TP_RADIUS])
+        step_pads(h, pads, pst, PAD_CRACK * tpar[TP_RADIUS], tpar[TP_EDGE_MU])
     held = False
     if needle_on:
         held = needle_held(grasp_vertex, grasp_k)

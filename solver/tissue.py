@@ -47,7 +47,8 @@ TP_V_STICK = 4     # m/s, the slide speed below which a puncture holds
 TP_MU = 5          # Coulomb coefficient of the thread on a pad's surface
 TP_RADIUS = 6      # m, the thread's radius against a pad
 TP_ROUNDS = 7      # rounds of (vertices put back out of the pads, constraint solve) per substep at most
-TP_COUNT = 8
+TP_EDGE_MU = 8     # Coulomb coefficient between two pads' faces where they meet (the wound's edges)
+TP_COUNT = 9
 
 # pads (P, PD_COUNT): the pads' parameters
 PD_HALF = 0        # 3 columns: half extents (m)
@@ -86,12 +87,16 @@ PF_COUNT = 13
 
 
 @njit(cache=True, error_model="numpy")
-def step_pads(h: float, pads: np.ndarray, pst: np.ndarray, crack: float) -> None:
+def step_pads(h: float, pads: np.ndarray, pst: np.ndarray, crack: float, mu_edge: float) -> None:
     """Move every pad over one substep h (s): backward Euler on its spring-damper to the rest centre, the
     thread's pull (PS_F, gathered over the substep before) explicit; then clear PS_F. Pads closer than
     ``crack`` (m) are pushed apart along the axis of least overlap, in proportion to their inverse masses, and
     their closing velocity is removed: the wound's edges meet on the thread that crosses between them and
-    stop (the crack is a few thread radii: room for it)."""
+    stop (the crack is a few thread radii: room for it). Where they meet, Coulomb friction ``mu_edge`` acts
+    between them across the other two axes: the closed wound's edges, pressed together by the suture, do not
+    slide freely past each other (without it the two pads rocked up and down against each other, driven by
+    the two punctures on the thread's one segment across the crack, and shook the knot: docs/PHYSICS.md
+    Sec. 9)."""
     P = pads.shape[0]
     for p in range(P):
         w = pads[p, PD_INV_MASS]
@@ -138,10 +143,36 @@ def step_pads(h: float, pads: np.ndarray, pst: np.ndarray, crack: float) -> None
             pst[q, PS_DX + ax] += dq
             # inelastic: the closing part of the relative velocity goes, momentum kept
             vrel = sgn * (pst[q, PS_V + ax] - pst[p, PS_V + ax])
+            # the normal impulse between the edges over the substep (N s), times the reduced mass 1 / (wp + wq):
+            # the closing velocity removed below, or the push apart as the relative velocity best / h it stands
+            # for (as in position-based dynamics), whichever is larger. Resting pressed together under a force
+            # F, both are F h / m_red: the substep's closing made the overlap, so adding them would count F twice
+            pn = max(best / h, -vrel) / (wp + wq)
             if vrel < 0.0:
                 vc = (wq * pst[p, PS_V + ax] + wp * pst[q, PS_V + ax]) / (wp + wq)
                 pst[p, PS_V + ax] = vc
                 pst[q, PS_V + ax] = vc
+            # Coulomb friction between the edges: a tangential impulse of at most mu pn against the relative
+            # sliding velocity t; the one that stops it is |t| / (wp + wq). Applied as if before this substep's
+            # move, so the positions (and PS_DX, which the punctures follow) are corrected by h dv too
+            a0 = (ax + 1) % 3
+            a1 = (ax + 2) % 3
+            t0 = pst[q, PS_V + a0] - pst[p, PS_V + a0]
+            t1 = pst[q, PS_V + a1] - pst[p, PS_V + a1]
+            tm = math.sqrt(t0 * t0 + t1 * t1)
+            if tm > 0.0 and mu_edge > 0.0:
+                pt = min(tm / (wp + wq), mu_edge * pn) / tm
+                for e in range(2):
+                    d = a0 if e == 0 else a1
+                    td = t0 if e == 0 else t1
+                    dvp = wp * pt * td
+                    dvq = -wq * pt * td
+                    pst[p, PS_V + d] += dvp
+                    pst[q, PS_V + d] += dvq
+                    pst[p, PS_X + d] += h * dvp
+                    pst[q, PS_X + d] += h * dvq
+                    pst[p, PS_DX + d] += h * dvp
+                    pst[q, PS_DX + d] += h * dvq
 
 
 @njit(cache=True, error_model="numpy")

@@ -13,8 +13,8 @@ import numpy as np
 from .config import ConfigError, Section
 from .model import ThreadModel, ThreadState
 from .tissue import (MAX_PUNCTURES, PD_C, PD_COUNT, PD_HALF, PD_INV_MASS, PD_K, PD_REST, PF_LOCAL, PF_SIGMA, PI_MATE,
-                     PI_PAD, PI_STATE, PUN_ACTIVE, TP_COUNT, TP_F_KINETIC, TP_F_STATIC, TP_K_LAT, TP_MU, TP_RADIUS,
-                     TP_ROUNDS, TP_V_STICK, TP_VISCOUS, closest_on_thread, count_inside, locate_punctures)
+                     PI_PAD, PI_STATE, PUN_ACTIVE, TP_COUNT, TP_EDGE_MU, TP_F_KINETIC, TP_F_STATIC, TP_K_LAT, TP_MU,
+                     TP_RADIUS, TP_ROUNDS, TP_V_STICK, TP_VISCOUS, closest_on_thread, count_inside, locate_punctures)
 
 
 @dataclass
@@ -83,6 +83,7 @@ def read_tissue(sec: Section | None, params, rest: np.ndarray) -> TissueSpec | N
     default_r = params.contact_radius or 0.5 * params.diameter or 1e-4
     par[TP_RADIUS] = sec.get("radius", float, default_r, minval=0.0, maxval=0.01)
     par[TP_ROUNDS] = sec.get("rounds", int, 8, minval=1, maxval=64)
+    par[TP_EDGE_MU] = sec.get("edge_friction", float, 0.0, minval=0.0, maxval=10.0)
 
     pad_secs = sec.sections("pads")
     if not pad_secs:

@@ -11,8 +11,9 @@ import pytest
 from suturesim.solver.config import ConfigError
 from suturesim.solver.integrator import Stepper
 from suturesim.solver.scenario import build_scenario
-from suturesim.solver.tissue import (PF_DRAG, PF_SIGMA, PI_STATE, PS_F, PS_X, PUN_ACTIVE, PUN_FREE, PUN_PASSED,
-                                     TP_RADIUS, count_inside)
+from suturesim.solver.tissue import (PD_C, PD_COUNT, PD_HALF, PD_INV_MASS, PD_K, PD_REST, PF_DRAG, PF_SIGMA, PI_STATE,
+                                     PS_COUNT, PS_F, PS_V, PS_X, PUN_ACTIVE, PUN_FREE, PUN_PASSED, TP_EDGE_MU, TP_RADIUS,
+                                     count_inside, step_pads)
 
 F_S, F_K, C_V = 0.3, 0.2, 1.0   # N, N, N*s/m
 
@@ -182,6 +183,52 @@ def test_tightening_the_suture_closes_the_gap():
     assert np.max(loop) > 0.08
 
 
+def edges_pressed(mu: float, f_t: float, f_n: float = 0.5, mass: float = 0.1, h: float = 2.5e-4,
+                  steps: int = 100) -> tuple[np.ndarray, np.ndarray]:
+    """Two free 1 cm pads of ``mass`` (kg) meeting at the crack (0.3 mm), pressed together along x by f_n (N)
+    and sheared along z by f_t (N, +z on the left one, -z on the right one) for ``steps`` substeps of h (s),
+    their edges' friction ``mu``. Returns the pads' z velocities (m/s) and x centres (m), one row a substep."""
+    crack = 3e-4
+    pads = np.zeros((2, PD_COUNT))
+    pads[:, PD_HALF:PD_HALF + 3] = 0.005
+    pads[:, PD_INV_MASS] = 1.0 / mass
+    pads[:, PD_K:PD_K + 3] = 0.0
+    pads[:, PD_C] = 0.0
+    pads[0, PD_REST] = -0.005 - 0.5 * crack
+    pads[1, PD_REST] = 0.005 + 0.5 * crack
+    pst = np.zeros((2, PS_COUNT))
+    pst[:, PS_X:PS_X + 3] = pads[:, PD_REST:PD_REST + 3]
+    vz, xs = [], []
+    for _ in range(steps):
+        pst[0, PS_F], pst[1, PS_F] = f_n, -f_n
+        pst[0, PS_F + 2], pst[1, PS_F + 2] = f_t, -f_t
+        step_pads(h, pads, pst, crack, mu)
+        vz.append(pst[:, PS_V + 2].copy())
+        xs.append(pst[:, PS_X].copy())
+    return np.array(vz), np.array(xs)
+
+
+def test_the_wound_edges_hold_by_friction_where_they_meet():
+    mu, f_n, m, h = 0.6, 0.5, 0.1, 2.5e-4
+    # below mu f_n the pressed edges stick: neither slides along the other
+    vz, xs = edges_pressed(mu, 0.9 * mu * f_n)
+    assert np.abs(vz).max() < 1e-12
+    assert xs[-1, 1] - xs[-1, 0] == pytest.approx(0.0103, abs=1e-9)       # still touching at the crack
+    # above it they slide (by 1.9 mm over the 25 ms), each pad driven by f_t less the kinetic friction mu f_n
+    f_t = 2.0 * mu * f_n
+    vz, _ = edges_pressed(mu, f_t)
+    t = h * np.arange(1, vz.shape[0] + 1)
+    assert vz[-1, 0] == pytest.approx((f_t - mu * f_n) / m * t[-1], rel=0.01)
+    assert vz[-1, 1] == pytest.approx(-vz[-1, 0], rel=1e-9)                # momentum kept
+    # frictionless (the default), the edges slide freely
+    vz, _ = edges_pressed(0.0, f_t)
+    assert vz[-1, 0] == pytest.approx(f_t / m * t[-1], rel=1e-9)
+    # pulled apart, the edges do not touch and no friction acts
+    vz, xs = edges_pressed(mu, f_t, f_n=-f_n)
+    assert xs[-1, 1] - xs[-1, 0] > 0.0104
+    assert vz[-1, 0] == pytest.approx(f_t / m * t[-1], rel=1e-9)
+
+
 def test_tissue_config_errors():
     base = {
         "thread": {"preset": "silk-3-0", "length": 0.2, "segments": 80},
@@ -207,6 +254,10 @@ def test_tissue_config_errors():
     fails({"pads": [dict(pad, colour="red")]}, r"tissue.pads\[0\].colour: unknown key")
     fails({"pads": []}, r"tissue.pads: give at least one pad")
     fails({"pads": [pad], "passes": [through], "rounds": 0}, r"tissue.rounds: must be >= 1")
+    fails({"pads": [pad], "passes": [through], "edge_friction": -0.1}, r"tissue.edge_friction: must be >= 0")
+    model = build_scenario(dict(base, tissue={"pads": [pad], "passes": [through], "edge_friction": 0.6}),
+                           "t.yaml").model
+    assert model.tissue_par[TP_EDGE_MU] == 0.6
 
 
 def test_polyline_shape_puts_a_vertex_on_every_corner():
