@@ -554,6 +554,7 @@ class Stepper:
     """
 
     CONVERGED = 1e-9      # residual max |G_j|/l_j^2 above which a substep counts as not converged
+    RUNAWAY = 20.0        # h * omega at a tick's end (stable below 2) above which its tensions are not counted
     MAX_RETRIES = 6
 
     def __init__(self, model: ThreadModel, state: ThreadState):
@@ -599,7 +600,10 @@ class Stepper:
             # tensions it reached, and at least four times the floor (a violent snap can leave the multipliers
             # unconverged but finite; each retry then slows the stiff vertices further until they converge)
             converged = state.stats[STAT_MAX_RESIDUAL] <= self.CONVERGED
-            if converged:  # tensions of an unconverged solve mean nothing
+            # tensions of an unconverged solve mean nothing, nor do those of a run that went far past its
+            # stability bound: counted as static they scale the masses by up to 1e12, and the next tick diverged
+            # (a free tail snapped taut under mass scaling read 1.4e8 N at h omega = 3,340; docs/PHYSICS.md Sec. 6)
+            if converged and h * state.stats[STAT_OMEGA_END] < self.RUNAWAY:
                 np.maximum(est, np.abs(state.tension), out=est)
             floor = max(4.0 * floor, 1e-3)
             np.maximum(est, floor, out=est)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from suturesim.solver.forces import constraint_force_at
-from suturesim.solver.integrator import STAT_MASS_FACTOR, Stepper
+from suturesim.solver import integrator
+from suturesim.solver.integrator import STAT_MASS_FACTOR, STAT_OMEGA_END, Stepper
 from suturesim.solver.scenario import build_scenario, load_scenario
 
 
@@ -110,3 +111,34 @@ def test_the_default_scene_whips_taut_without_a_tick_run_again():
         factor = max(factor, float(state.stats[STAT_MASS_FACTOR]))
     assert factor > 10.0          # the taut thread was scaled (93-fold measured)
     assert stepper.retries == 0
+
+
+def test_a_runaway_ticks_tensions_are_not_counted_as_static(monkeypatch):
+    """A tick whose solve converged but ran far past its stability bound is run again without its tensions in
+    the mass scaling's floor. A free tail snapped taut under mass scaling read 1.4e8 N at h omega = 3,340;
+    counted as static, that scaled the masses a trillionfold and the next tick diverged (docs/PHYSICS.md Sec.
+    6). Here the first run of the tick is made to end like that."""
+    model, state = pulled("silk-3-0", 3.0)
+    stepper = Stepper(model, state)
+    real = integrator.step
+    runs = []
+
+    def runaway_once(model, state, n, h, scale=False, trace=None):
+        real(model, state, n, h, scale=scale, trace=trace)
+        runs.append(n)
+        if len(runs) == 1:
+            state.tension[:] = 1.4e8
+            state.stats[STAT_OMEGA_END] = 3340.0 / h
+
+    monkeypatch.setattr(integrator, "step", runaway_once)
+    stepper.tick()
+    assert len(runs) == 2 and stepper.retries == 1
+    assert state.tension_floor.max() < 1.0          # N: a few times the grasp's floor, not 1.4e8
+    assert state.stats[STAT_MASS_FACTOR] < 10.0
+    # the rule itself: with every converged run's tensions counted, the floor takes the runaway's
+    runs.clear()
+    model, state = pulled("silk-3-0", 3.0)
+    stepper = Stepper(model, state)
+    monkeypatch.setattr(Stepper, "RUNAWAY", float("inf"))
+    stepper.tick()
+    assert state.tension_floor.max() == 1.4e8
