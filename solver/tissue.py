@@ -143,10 +143,10 @@ def step_pads(h: float, pads: np.ndarray, pst: np.ndarray, crack: float, mu_edge
             pst[q, PS_DX + ax] += dq
             # inelastic: the closing part of the relative velocity goes, momentum kept
             vrel = sgn * (pst[q, PS_V + ax] - pst[p, PS_V + ax])
-            # the normal impulse between the edges over the substep (N s), times the reduced mass 1 / (wp + wq):
-            # the closing velocity removed below, or the push apart as the relative velocity best / h it stands
-            # for (as in position-based dynamics), whichever is larger. Resting pressed together under a force
-            # F, both are F h / m_red: the substep's closing made the overlap, so adding them would count F twice
+            # the normal impulse between the edges over the substep (N s): the closing velocity removed below, or
+            # the push apart as the relative velocity best / h it stands for (as in position-based dynamics),
+            # whichever is larger, times the reduced mass 1 / (wp + wq). Resting pressed together under a force
+            # F, each gives F h: the substep's closing made the overlap, so adding them would count F twice
             pn = max(best / h, -vrel) / (wp + wq)
             if vrel < 0.0:
                 vc = (wq * pst[p, PS_V + ax] + wp * pst[q, PS_V + ax]) / (wp + wq)
