@@ -153,26 +153,23 @@ def step_pads(h: float, pads: np.ndarray, pst: np.ndarray, crack: float, mu_edge
                 pst[p, PS_V + ax] = vc
                 pst[q, PS_V + ax] = vc
             # Coulomb friction between the edges: a tangential impulse of at most mu pn against the relative
-            # sliding velocity t; the one that stops it is |t| / (wp + wq). Applied as if before this substep's
-            # move, so the positions (and PS_DX, which the punctures follow) are corrected by h dv too
-            a0 = (ax + 1) % 3
-            a1 = (ax + 2) % 3
-            t0 = pst[q, PS_V + a0] - pst[p, PS_V + a0]
-            t1 = pst[q, PS_V + a1] - pst[p, PS_V + a1]
-            tm = math.sqrt(t0 * t0 + t1 * t1)
-            if tm > 0.0 and mu_edge > 0.0:
-                pt = min(tm / (wp + wq), mu_edge * pn) / tm
+            # sliding velocity, which it changes by at most mu pn (wp + wq) (face_friction's clamp), shared by
+            # inverse mass. Applied as if before this substep's move, so the positions (and PS_DX, which the
+            # punctures follow) are corrected by h dv too
+            if mu_edge > 0.0:
+                a0 = (ax + 1) % 3
+                a1 = (ax + 2) % 3
+                c0, c1 = face_friction(pst[q, PS_V + a0] - pst[p, PS_V + a0], pst[q, PS_V + a1] - pst[p, PS_V + a1],
+                                       mu_edge, pn * (wp + wq))
                 for e in range(2):
                     d = a0 if e == 0 else a1
-                    td = t0 if e == 0 else t1
-                    dvp = wp * pt * td
-                    dvq = -wq * pt * td
-                    pst[p, PS_V + d] += dvp
-                    pst[q, PS_V + d] += dvq
-                    pst[p, PS_X + d] += h * dvp
-                    pst[q, PS_X + d] += h * dvq
-                    pst[p, PS_DX + d] += h * dvp
-                    pst[q, PS_DX + d] += h * dvq
+                    dv = (c0 if e == 0 else c1) / (wp + wq)
+                    pst[p, PS_V + d] -= wp * dv
+                    pst[q, PS_V + d] += wq * dv
+                    pst[p, PS_X + d] -= h * wp * dv
+                    pst[q, PS_X + d] += h * wq * dv
+                    pst[p, PS_DX + d] -= h * wp * dv
+                    pst[q, PS_DX + d] += h * wq * dv
 
 
 @njit(cache=True, error_model="numpy")
@@ -431,7 +428,8 @@ def entry_face(r0x: float, r0y: float, r0z: float, rx: float, ry: float, rz: flo
 def face_friction(t0: float, t1: float, mu: float, dn: float) -> tuple:
     """Coulomb friction on a pad's face, at position level: the correction (m) of a slip (t0, t1) over the
     substep along the face's two axes (after the push's axis, in order), relative to the pad, for a push of dn
-    (m) out of it. The slip shrinks by mu dn at most, and stops if it is smaller."""
+    (m) out of it. The slip shrinks by mu dn at most, and stops if it is smaller. step_pads uses the same clamp
+    on two pads' relative velocity (m/s), dn then being the normal impulse over the reduced mass."""
     tm = math.sqrt(t0 * t0 + t1 * t1)
     f = 1.0 if tm <= mu * dn else (mu * dn / tm if tm > 0.0 else 0.0)
     return -f * t0, -f * t1
