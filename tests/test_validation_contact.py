@@ -1,7 +1,8 @@
 """The self-contact validation cases of issue 3 (tools/validate_contact.py): each checks tunnelling between
 every two consecutive substeps with tools/crossings.py. The square knot, short crumples and a reef knot held and
-let go run by default; the plectoneme, the Fig. 17 load, the 30 s and four-hand crumples and the friction sweep
-of four bends under the `long` marker (run in CI by .ci/run)."""
+let go (at Wang's scale and at a suture's) run by default; the plectoneme, the Fig. 17 load, the 30 s and
+four-hand crumples and the friction sweeps of four bends at both scales under the `long` marker (run in CI by
+.ci/run)."""
 from __future__ import annotations
 
 import numpy as np
@@ -28,6 +29,22 @@ def test_reef_knot_holds_under_1n_and_comes_undone_without_friction():
     assert run.max_contacts > 50                       # the knot set: its strands press on each other
     gone, slip0, _, _ = vc.bend_pull("reef", 0.0, 2.0)
     assert gone == "undone" and slip0 > vc.UNDONE_SLIP, slip0
+
+
+def test_reef_knot_at_a_sutures_scale_holds_at_silks_friction_and_comes_undone_below():
+    # set by all four ends, then only the standing parts pull (0.37 N each, the suture scenes' loop): silk's
+    # preset friction holds it still; at 0.2 it runs out within seconds
+    held, slip, creep, run = vc.suture_bend_pull("reef", 0.30, 0.25, duration=6.0)
+    assert held == "holds" and abs(slip) < 1e-3 and abs(creep) < 1e-4, (slip, creep)
+    assert run.max_contacts > 25                       # the knot set: its strands press on each other (40)
+    gone, slip2, _, _ = vc.suture_bend_pull("reef", 0.2, duration=6.0)
+    assert gone == "undone" and slip2 > vc.SUTURE_UNDONE, slip2
+
+
+@pytest.mark.long
+def test_bends_at_a_sutures_scale_reef_most_secure():
+    for c in vc.suture_bend_case():
+        assert c.passed, c.row()
 
 
 @pytest.mark.long
@@ -88,6 +105,16 @@ def test_choi_trefoil_audoly_law_and_speed_independence():
 def test_capstan_friction_all_coefficients():
     for c in vc.capstan_case():
         assert c.passed, c.row()
+
+
+@pytest.mark.parametrize("kind", ["reef", "granny", "thief", "grief"])
+def test_suture_bend_grasps_its_standing_parts_and_tails(kind):
+    sc, corners = vc.bend_scenario(kind, 0.3, scene="reef-knot-suture")   # raises if the corners moved
+    n = sc.model.params.segments
+    assert tuple(int(v) for v in sc.initial.grasp_vertex[:4]) == (*corners, 0, n)
+    seg = np.linalg.norm(np.diff(sc.initial.x, axis=0), axis=1)
+    np.testing.assert_allclose(seg, 1.25e-3, rtol=1e-9)      # the suture scenes' segment
+    assert sc.model.contact.distance == 1e-3
 
 
 @pytest.mark.parametrize("kind", ["reef", "granny", "thief", "grief"])

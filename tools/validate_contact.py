@@ -233,6 +233,76 @@ def run_contact(quick: bool = False, plots: Path | None = None, add=print) -> No
         add(c)
     for c in (bend_case(("reef", "granny"), start=0.5) if quick else bend_case()):
         add(c)
+    for c in (suture_bend_case(("reef", "granny"), start=0.4) if quick else suture_bend_case()):
+        add(c)
+
+
+SUTURE_LET_GO = 1.5     # s: reef-knot-suture.yaml lets the tails go
+SUTURE_CREEP = 1e-3     # m: a knot whose standing parts draw apart by more than this over the last 2 s still slips
+SUTURE_UNDONE = 0.02    # m: by more than its 2 cm tails from 0.5 s after the let-go, it is undone
+
+
+def suture_bend_pull(kind: str, mu: float, mu_kinetic: float | None = None, duration: float = 10.0,
+                     check: bool = False) -> tuple[str, float, float, "TracedRun"]:
+    """configs/scenarios/reef-knot-suture.yaml with the bend ``kind`` and friction ``mu`` (static; kinetic
+    ``mu_kinetic``, by default the same): the knot set by all four ends, the tails let go at 1.5 s, the
+    standing parts pulled on with 0.37 N each. Returns (outcome, slip (m): how much further apart the standing
+    parts are at the end than 0.5 s after the let-go, creep (m) over the last 2 s, the run). "undone" once the
+    slip passes SUTURE_UNDONE (at any time), "slips" while the creep is over SUTURE_CREEP, else "holds"."""
+    sc, (ga, gb) = bend_scenario(kind, mu, duration, scene="reef-knot-suture", mu_kinetic=mu_kinetic)
+    run = TracedRun(sc, check=check)
+    rows = np.array(run.run(duration, probe=lambda s: (float(s.time[0]), float(np.linalg.norm(s.x[ga] - s.x[gb]))),
+                            every=50))
+    settled = float(np.interp(SUTURE_LET_GO + 0.5, rows[:, 0], rows[:, 1]))
+    slip = float(rows[-1, 1]) - settled
+    creep = float(rows[-1, 1]) - float(np.interp(duration - 2.0, rows[:, 0], rows[:, 1]))
+    if slip > SUTURE_UNDONE or float(rows[:, 1].max()) - settled > SUTURE_UNDONE:
+        return "undone", slip, creep, run
+    return ("slips" if creep > SUTURE_CREEP else "holds"), slip, creep, run
+
+
+def suture_bend_case(kinds=("reef", "granny", "grief", "thief"), start: float = 0.5, step: float = 0.1,
+                     duration: float = 20.0) -> list[Case]:
+    """The knot test at a suture's scale (reef-knot-suture.yaml): first the reef knot at the silk preset's own
+    friction (0.30 static, 0.25 kinetic), which must hold; then each bend with friction (static = kinetic)
+    lowered from ``start`` in ``step`` until it comes undone (a knot may slip a few millimetres and settle: the
+    lowest mu "held" is the lowest at which it had settled by the end). The reef knot must hold at silk's 0.3,
+    come undone when friction is lowered far enough, and be the most secure of the four."""
+    from ..solver.presets import load_preset
+    silk = load_preset("silk-3-0")
+    mu_s, mu_k = silk.friction_static, silk.friction_kinetic
+    outcome, slip, creep, run = suture_bend_pull("reef", mu_s, mu_k, duration)
+    cases = [Case(f"reef knot at a suture's scale, silk's friction {mu_s:g}/{mu_k:g}: slip over "
+                  f"{duration - SUTURE_LET_GO - 0.5:g} s (mm)", slip * 1e3, "holds (creep < 1 mm in 2 s)",
+                  outcome == "holds" and not run.crossings,
+                  f"{outcome}, {creep * 1e3:.2f} mm in the last 2 s; 3-0 silk, 1 mm contact, 400 x 1.25 mm, set by "
+                  f"four ends at 0.37 N, tails let go at "
+                  f"{SUTURE_LET_GO:g} s; {run.tunnelling()}")]
+    held: dict[str, float] = {}
+    notes: dict[str, str] = {}
+    for kind in kinds:
+        lowest = math.inf
+        mu = start
+        trail = []
+        while mu > 1e-9:
+            outcome, slip, creep, _ = suture_bend_pull(kind, round(mu, 3), duration=duration)
+            trail.append(f"{mu:.2f} {outcome} ({slip * 1e3:.1f} mm, {creep * 1e3:.1f} in the last 2 s)")
+            if outcome == "undone":
+                break
+            if outcome == "holds":
+                lowest = mu
+            mu -= step
+        held[kind] = lowest
+        notes[kind] = ", ".join(trail)
+    reef = held.get("reef", math.inf)
+    for kind in kinds:
+        ok = True
+        if kind == "reef":
+            ok = reef <= 0.3 + 1e-9 and all(reef <= v for v in held.values())
+        cases.append(Case(f"{kind} knot at a suture's scale, 0.37 N: lowest mu held", held[kind]
+                          if math.isfinite(held[kind]) else float("nan"),
+                          "reef lowest, <= 0.3" if kind == "reef" else "(reported)", ok, notes[kind]))
+    return cases
 
 
 AUDOLY_SIGMA = 0.492   # Audoly et al. 2007's constant for the trefoil (Choi 2021 Eq. 25)
@@ -394,19 +464,23 @@ def capstan_polygon_case(mu: float = 0.3, load: float = 0.1) -> list[Case]:
                  f"{run.tunnelling()}")]
 
 
-def bend_scenario(kind: str, mu: float, duration: float = 3.0) -> tuple[Scenario, tuple[int, int]]:
-    """configs/scenarios/reef-knot.yaml with the bend ``kind`` (solver/knots.py BEND_KINDS), friction ``mu``
-    (static = kinetic) and ``duration`` s: 1 N per hand. Returns the scenario and the two grasped
-    vertices (checked to be where the standing parts leave the knot)."""
+def bend_scenario(kind: str, mu: float, duration: float = 3.0, scene: str = "reef-knot",
+                  mu_kinetic: float | None = None) -> tuple[Scenario, tuple[int, int]]:
+    """configs/scenarios/``scene``.yaml (reef-knot or reef-knot-suture) with the bend ``kind``
+    (solver/knots.py BEND_KINDS), friction ``mu`` (static; kinetic ``mu_kinetic``, by default the same) and
+    ``duration`` s. Returns the scenario and the two grasped vertices of the standing parts (checked to be
+    where they leave the knot)."""
     from ..solver.knots import bend_thread
-    sc = load_scenario("reef-knot", {"duration": duration, "shape": {"knot": kind},
-                                     "contact": {"friction_static": mu, "friction_kinetic": mu}})
-    grasps = [int(v) for v in sc.initial.grasp_vertex if v >= 0]
+    mu_k = mu if mu_kinetic is None else mu_kinetic
+    sc = load_scenario(scene, {"duration": duration, "shape": {"knot": kind},
+                               "contact": {"friction_static": mu, "friction_kinetic": mu_k}})
+    grasps = tuple(int(v) for v in sc.initial.grasp_vertex[:2])
     p = sc.model.params
-    _, corners = bend_thread(kind, p.segments, p.length, sc.model.contact.distance, 0.03)
-    if tuple(grasps) != corners:
-        raise ValueError(f"reef-knot.yaml grasps vertices {grasps}, but the {kind} knot's standing parts leave it "
-                         f"at {corners}")
+    shape = sc.source["shape"]
+    _, corners = bend_thread(kind, p.segments, p.length, float(shape["spacing"]), float(shape["tail"]))
+    if grasps != corners:
+        raise ValueError(f"{scene}.yaml grasps vertices {list(grasps)}, but the {kind} knot's standing parts leave "
+                         f"it at {corners}")
     return sc, corners
 
 
