@@ -276,17 +276,28 @@ def suture_bend_case(kinds=("reef", "granny", "grief", "thief"), start: float = 
                   f"{duration - SUTURE_LET_GO - 0.5:g} s (mm)", slip * 1e3, "holds (creep < 1 mm in 2 s)",
                   outcome == "holds" and not run.crossings,
                   f"{outcome}, {creep * 1e3:.2f} mm in the last 2 s; 3-0 silk, 1 mm contact, 400 x 1.25 mm, set by "
-                  f"four ends at 0.37 N, tails let go at "
-                  f"{SUTURE_LET_GO:g} s; {run.tunnelling()}")]
+                  f"four ends at 0.37 N, tails let go at {SUTURE_LET_GO:g} s; {run.tunnelling()}")]
+
+    def pull(kind: str, mu: float) -> tuple[str, str]:
+        outcome, slip, creep, _ = suture_bend_pull(kind, mu, duration=duration)
+        return outcome, f"{outcome} ({slip * 1e3:.1f} mm, {creep * 1e3:.1f} in the last 2 s)"
+    return cases + _ladder_cases(kinds, start, step, pull, "at a suture's scale, 0.37 N")
+
+
+def _ladder_cases(kinds, start: float, step: float, pull, label: str) -> list[Case]:
+    """The thesis's friction ladder: for each bend, friction lowered from ``start`` in ``step`` until
+    ``pull(kind, mu)`` -> (outcome, note) says "undone"; a row per kind with the lowest mu whose outcome was
+    "holds". The reef knot must hold at 0.3 or below (the silk preset's value), come undone when friction is
+    lowered far enough, and be the most secure of the four (the thesis: reef > granny > thief ~ grief)."""
     held: dict[str, float] = {}
     notes: dict[str, str] = {}
     for kind in kinds:
         lowest = math.inf
         mu = start
         trail = []
-        while mu > 1e-9:
-            outcome, slip, creep, _ = suture_bend_pull(kind, round(mu, 3), duration=duration)
-            trail.append(f"{mu:.2f} {outcome} ({slip * 1e3:.1f} mm, {creep * 1e3:.1f} in the last 2 s)")
+        while mu > -1e-9:
+            outcome, note = pull(kind, round(mu, 3))
+            trail.append(f"{mu:.2f} {note}")
             if outcome == "undone":
                 break
             if outcome == "holds":
@@ -295,13 +306,14 @@ def suture_bend_case(kinds=("reef", "granny", "grief", "thief"), start: float = 
         held[kind] = lowest
         notes[kind] = ", ".join(trail)
     reef = held.get("reef", math.inf)
+    cases = []
     for kind in kinds:
         ok = True
         if kind == "reef":
-            ok = reef <= 0.3 + 1e-9 and all(reef <= v for v in held.values())
-        cases.append(Case(f"{kind} knot at a suture's scale, 0.37 N: lowest mu held", held[kind]
-                          if math.isfinite(held[kind]) else float("nan"),
-                          "reef lowest, <= 0.3" if kind == "reef" else "(reported)", ok, notes[kind]))
+            ok = 0.0 < reef <= 0.3 + 1e-9 and all(reef <= v for v in held.values())
+        cases.append(Case(f"{kind} knot {label}: lowest mu held", held[kind] if math.isfinite(held[kind])
+                          else float("nan"), "reef lowest, <= 0.3" if kind == "reef" else "(reported)", ok,
+                          notes[kind]))
     return cases
 
 
@@ -509,27 +521,8 @@ def bend_case(kinds=("reef", "granny", "grief", "thief"), start: float = 0.9, st
     lowered from ``start`` in ``step`` until the knot comes undone. Reports the lowest mu at which it held; the
     reef knot must hold at the silk preset's 0.3 and come undone when friction is lowered far enough, and must
     be the most secure of the four (the thesis: reef > granny > thief ~ grief)."""
-    held: dict[str, float] = {}
-    notes: dict[str, str] = {}
-    for kind in kinds:
-        lowest = math.inf
-        mu = start
-        trail = []
-        while mu > -1e-9:
-            outcome, slip, creep, _ = bend_pull(kind, round(mu, 3), duration)
-            trail.append(f"{mu:.2f} {'held' if outcome == 'holds' else 'undone'} ({slip * 1e3:.0f} mm)")
-            if outcome == "undone":
-                break
-            lowest = mu
-            mu -= step
-        held[kind] = lowest
-        notes[kind] = ", ".join(trail)
-    cases = []
-    reef = held.get("reef", math.inf)
-    for kind in kinds:
-        ok = True
-        if kind == "reef":
-            ok = reef <= 0.3 + 1e-9 and reef > 0.0 and all(reef <= v for v in held.values())
-        cases.append(Case(f"{kind} knot, 1 N: lowest mu held", held[kind] if math.isfinite(held[kind]) else float("nan"),
-                          "reef lowest, <= 0.3" if kind == "reef" else "(reported)", ok, notes[kind]))
-    return cases
+
+    def pull(kind: str, mu: float) -> tuple[str, str]:
+        outcome, slip, _, _ = bend_pull(kind, mu, duration)
+        return outcome, f"{'held' if outcome == 'holds' else 'undone'} ({slip * 1e3:.0f} mm)"
+    return _ladder_cases(kinds, start, step, pull, "1 N")
