@@ -39,9 +39,9 @@ def edge_vectors(x: np.ndarray, edges: np.ndarray, elen: np.ndarray) -> None:
 
 @njit(cache=True, error_model="numpy")
 def accumulate_forces(x: np.ndarray, x_prev: np.ndarray, edges: np.ndarray, elen: np.ndarray, h: float,
-                      mass: np.ndarray, hinge_k: np.ndarray, k_d: float, drag_quad: np.ndarray,
-                      drag_lin: np.ndarray, gravity: np.ndarray, ext_force: np.ndarray, twist_k: float,
-                      force: np.ndarray, twist_grad: np.ndarray) -> None:
+                      mass: np.ndarray, inv_mass: np.ndarray, hinge_k: np.ndarray, k_d: float,
+                      drag_quad: np.ndarray, drag_lin: np.ndarray, gravity: np.ndarray, ext_force: np.ndarray,
+                      twist_k: float, force: np.ndarray, twist_grad: np.ndarray) -> None:
     """Write the non-constraint force (N) on every vertex into ``force`` and dTheta/dx (rad/m), the gradient of
     the end-to-end twist angle, into ``twist_grad`` (left at zero when twist_k is 0). The twist force itself,
     -twist_k theta dTheta/dx, is added by the integrator once theta is known (integrator.substep).
@@ -51,6 +51,8 @@ def accumulate_forces(x: np.ndarray, x_prev: np.ndarray, edges: np.ndarray, elen
     hinge_k: K_i (J) of the bending energy K_i * (2/(1+cos phi_i) - 1), zero at the two end vertices.
     k_d: Wang 2017 Eq. 5 bending-dissipation coefficient (J*s per hinge).
     drag_quad: per-vertex quadratic drag (N*s^2/m^2), drag_lin: per-vertex linear drag (N*s/m).
+    mass: the vertices' own masses (kg), which gravity weighs; inv_mass: the inverse masses the substep integrates
+    with (1/kg), larger masses where selective mass scaling made a vertex heavier: its drag grows with it.
     twist_k: GJ / L_bar (N*m); only whether it is 0 matters here.
     """
     n = x.shape[0]
@@ -61,6 +63,12 @@ def accumulate_forces(x: np.ndarray, x_prev: np.ndarray, edges: np.ndarray, elen
         vz = (x[i, 2] - x_prev[i, 2]) * inv_h
         # Wang 2017 Eq. 4 (quadratic drag, -k |v| v) plus a linear Stokes term for low Reynolds numbers.
         c = drag_lin[i] + drag_quad[i] * math.sqrt(vx * vx + vy * vy + vz * vz)
+        # a vertex made f times heavier by the mass scaling (stability.scale_masses) is dragged f times harder:
+        # its motion then still dies at the air's rate c/m. Without it a scaled vertex kept 1/f of its damping,
+        # and the slowed modes of a knot and its tails rang for tens of seconds (docs/PHYSICS.md Sec. 6)
+        scaled = mass[i] * inv_mass[i]
+        if 0.0 < scaled < 1.0:
+            c /= scaled
         force[i, 0] = mass[i] * gravity[0] + ext_force[i, 0] - c * vx
         force[i, 1] = mass[i] * gravity[1] + ext_force[i, 1] - c * vy
         force[i, 2] = mass[i] * gravity[2] + ext_force[i, 2] - c * vz

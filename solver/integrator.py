@@ -123,8 +123,8 @@ def substep(h: float, t: float,
             for d in range(3):
                 g_prev += twist_grad[i, d] * (x[i, d] - x_prev[i, d])
     edge_vectors(x, edges, elen)
-    accumulate_forces(x, x_prev, edges, elen, h, mass, hinge_k, k_d, drag_quad, drag_lin, gravity, ext_force,
-                      twist_k, force, twist_grad)
+    accumulate_forces(x, x_prev, edges, elen, h, mass, inv_mass, hinge_k, k_d, drag_quad, drag_lin, gravity,
+                      ext_force, twist_k, force, twist_grad)
     if twist_k != 0.0:
         # Theta advanced over the last substep with the gradient at its start; now that the gradient at its end
         # is known, complete the trapezoidal rule 1/2 (g^k + g^{k+1}) . (x^{k+1} - x^k): the twist energy then

@@ -200,7 +200,8 @@ def _twist_torque(model, state):
     edges, elen = np.zeros((n - 1, 3)), np.zeros(n - 1)
     edge_vectors(state.x, edges, elen)
     g_new = np.zeros((n, 3))
-    accumulate_forces(state.x, state.x_prev, edges, elen, state.h[0], model.mass, model.hinge_k, 0.0,
+    accumulate_forces(state.x, state.x_prev, edges, elen, state.h[0], model.mass, model.inv_mass,
+                      model.hinge_k, 0.0,
                       np.zeros(n), np.zeros(n), np.zeros(3), np.zeros((n, 3)), model.twist_k, np.zeros((n, 3)),
                       g_new)
     dx = state.x - state.x_prev

@@ -48,7 +48,8 @@ def compute(x, hinge_k, *, x_prev=None, h=1e-4, mass=None, k_d=0.0, drag_quad=No
     tg = np.full((n, 3), np.nan) if twist_grad is None else twist_grad
     z = np.zeros(n)
     accumulate_forces(x, x.copy() if x_prev is None else np.ascontiguousarray(x_prev, dtype=np.float64),
-                      edges, elen, h, np.ones(n) if mass is None else mass, hinge_k, k_d,
+                      edges, elen, h, np.ones(n) if mass is None else mass,
+                      np.ones(n) if mass is None else 1.0 / mass, hinge_k, k_d,
                       z if drag_quad is None else drag_quad, z if drag_lin is None else drag_lin,
                       np.asarray(gravity, dtype=np.float64), np.zeros((n, 3)) if ext is None else ext,
                       twist_k, force, tg)

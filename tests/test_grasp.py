@@ -96,6 +96,48 @@ def test_a_slack_thread_comes_to_rest_under_mass_scaling(substeps, bound):
     assert _median_speed_after(substeps, 5.0) < bound      # m/s
 
 
+def _taut_string_energy_ratio(max_substeps: int) -> float:
+    """4 cm of 3-0 silk (32 segments) pinned at one end and pulled along itself with 0.1 N at the other, set
+    vibrating across itself; no quadratic drag or bending dissipation, so only the linear air drag c damps it.
+    Returns the ratio of its kinetic energy (vertices' own masses, mean over a 0.25 s window) between two windows
+    0.25 s apart, from 1 s on."""
+    n, l = 32, 1.25e-3
+    data = {"name": "taut", "duration": 3.0,
+            "thread": {"preset": "silk-3-0", "length": n * l, "segments": n, "air_drag": 0.0,
+                       "bending_dissipation": 0.0},
+            "gravity": [0.0, 0.0, 0.0], "shape": {"kind": "straight", "direction": [1.0, 0.0, 0.0]},
+            "boundary": {"pinned": [0], "forces": [{"vertex": -1, "force": [0.1, 0.0, 0.0]}]},
+            "solver": {"max_substeps": max_substeps}}
+    sc = build_scenario(data, "taut.yaml")
+    model, state = sc.model, sc.new_state()
+    stepper = Stepper(model, state)
+    for _ in range(3):
+        stepper.tick()
+    # 5 mm/s at the free end across the string, in its quarter-wave shape
+    s = np.arange(n + 1) / n
+    state.x_prev[:, 1] = state.x[:, 1] - state.h[0] * 5e-3 * np.sin(0.5 * np.pi * s)
+    windows = []
+    for w in range(6):
+        ke = 0.0
+        for _ in range(250):
+            stepper.tick()
+            v = (state.x - state.x_prev) / state.h[0]
+            ke += 0.5 * float(np.sum(model.mass[:, None] * v * v))
+        windows.append(ke)
+    assert state.stats[STAT_MASS_FACTOR] > 1.0 or max_substeps > 32
+    return windows[5] / windows[4]
+
+
+@pytest.mark.parametrize("substeps", [4, 64])
+def test_a_mass_scaled_taut_string_is_damped_at_the_airs_rate(substeps):
+    """The string's 324 Hz mode needs its masses scaled within 64 substeps and far more within 4 (its tension's
+    geometric stiffness, docs/PHYSICS.md Sec. 6). The drag of a vertex made heavier grows with it, so the mode's
+    energy still decays at c/m (3.03 /s for silk): a ratio exp(-3.03 * 0.25) = 0.469 over 0.25 s. Measured 0.46-0.48
+    at 4 substeps and 0.469 at 64; with the drag left as it was, 0.98-1.02 (undamped) and 0.757."""
+    rate = 1.13e-4 / 3.73e-5      # silk-3-0: air_drag_linear / linear_density, 1/s
+    assert _taut_string_energy_ratio(substeps) == pytest.approx(np.exp(-rate * 0.25), abs=0.03)
+
+
 def test_the_default_scene_whips_taut_without_a_tick_run_again():
     """The default scene's stylus pulls the suture past its reach at 6 s and the end whips round (13-18 m/s).
     With a heavier vertex keeping its energy, the grasp's pull across the end's segment must count in the
