@@ -70,11 +70,22 @@ def constraint_displace(xbar: np.ndarray, w_eff: np.ndarray, alpha: np.ndarray, 
 def solve_again(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_iters, alpha, alpha_extra,
                 new_edges, lo, di, up, rhs, cp, delta):
     """Solve the constraints again after xbar was moved (a floor, a pad), add the displacement to xbar and
-    the extra multipliers to alpha. Returns (iterations, residual)."""
+    the extra multipliers to alpha. Returns (iterations, residual). ``lo`` and ``up`` are scratch (m,)."""
+    # An extensible segment's target length follows its whole tension, alpha + alpha_extra, but
+    # solve_multipliers reads only the multiplier it solves for: solved from zero, the extra solve pulled each
+    # stretched segment back to its rest length and doubled its tension (the Choi rod's end force read twice
+    # its value in the ticks where this ran). So the extra solve gets the length the present alpha stretches to
+    # and the compliance that keeps the same target (Wang 2017 Eq. D.4 with s_j = l_j (1 + T_j / EA)):
+    #   l (1 + c (a + a') e / h^2) = l_a (1 + c' a' e / h^2),  l_a = l (1 + c a e / h^2),  c' = c l / l_a.
+    # Inextensible (c = 0): l_a = l and c' = 0 exactly.
+    inv_h2 = 1.0 / (h * h)
     for j in range(alpha.shape[0]):
         alpha_extra[j] = 0.0
-    it, residual = solve_multipliers(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_iters,
-                                     alpha_extra, new_edges, lo, di, up, rhs, cp, delta)
+        l_a = rest[j] * (1.0 + compliance[j] * alpha[j] * elen[j] * inv_h2)
+        lo[j] = l_a
+        up[j] = compliance[j] * rest[j] / l_a if l_a > 0.0 else compliance[j]
+    it, residual = solve_multipliers(xbar, edges, elen, w_eff, lo, up, h, method, tol, max_iters,
+                                     alpha_extra, new_edges, delta, di, delta, rhs, cp, delta)
     constraint_displace(xbar, w_eff, alpha_extra, edges)
     for j in range(alpha.shape[0]):
         alpha[j] += alpha_extra[j]

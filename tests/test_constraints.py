@@ -165,6 +165,40 @@ def test_extensible_thread_stretches_by_tension_over_ea(seed, h, ea, pull, metho
         assert it <= 5
 
 
+@pytest.mark.parametrize("method", [METHOD_NEWTON, METHOD_CONTRACTION])
+def test_solving_a_stretched_extensible_thread_again_keeps_its_tension(method):
+    # integrator.solve_again after a floor or pad moved nothing: the constraints already hold, so it must add no
+    # multiplier. Solved from zero with the rest lengths, it pulled each stretched segment back to its rest
+    # length and read twice the tension (the Choi rod's end force doubled in a fifth of its ticks); a small
+    # push then changes the tension by a small amount
+    from suturesim.solver.integrator import solve_again
+    rng = np.random.default_rng(7)
+    n, h, ea = 12, 1e-4, 50.0
+    x, rest = _chain(rng, n, spread=0.2)
+    w = np.full(n, 1e6)
+    w[0] = w[-1] = 0.0
+    chord = x[-1] - x[0]
+    xbar = x.copy()
+    xbar[0] -= 0.02 * chord
+    xbar[-1] += 0.02 * chord
+    comp = np.full(n - 1, 1.0 / ea)
+    _, res, alpha, _, xn, elen = _solve(xbar, x, w, rest, comp, h, method, max_iters=500)
+    assert res <= 1e-12
+    tension = alpha * elen / h ** 2
+    assert tension.min() > 0.1    # really pulled: stretched by over 0.2 %
+    e = np.ascontiguousarray(np.diff(x, axis=0))
+    scratch = [np.zeros(n - 1) for _ in range(6)]   # lo, di, up, rhs, cp, delta
+    extra, new_edges = np.zeros(n - 1), np.zeros((n - 1, 3))
+    a2 = alpha.copy()
+    solve_again(xn, e, elen, w, rest, comp, h, method, 1e-12, 500, a2, extra, new_edges, *scratch)
+    np.testing.assert_allclose(a2 * elen / h ** 2, tension, rtol=1e-6)
+    xn[5] += 1e-6 * rng.normal(size=3)    # a micrometre's push on one vertex
+    solve_again(xn, e, elen, w, rest, comp, h, method, 1e-12, 500, a2, extra, new_edges, *scratch)
+    np.testing.assert_allclose(a2 * elen / h ** 2, tension, rtol=0.05)
+    length = np.linalg.norm(np.diff(xn, axis=0), axis=1)
+    np.testing.assert_allclose(length, rest * (1.0 + a2 * elen / h ** 2 / ea), rtol=1e-9)
+
+
 # ---------------------------------------------------------------------------------------------- free thread
 
 def _free_thread(twist_k_gj: float, twist0: float, spin: float = 20.0):
