@@ -51,7 +51,8 @@ CP_MU_S = 4         # static friction coefficient
 CP_MU_K = 5         # kinetic friction coefficient
 CP_SKIN = 6         # m: the neighbour list holds pairs closer than Delta d + skin
 CP_RECOVER = 7      # m/s: how fast the floor may push apart a pair that started the substep below it
-CP_ROUNDS = 8       # rounds of (no-crossing floor, friction, constraint solve) per substep at most
+CP_ROUNDS = 8       # rounds of (no-crossing floor, friction, constraint solve) per substep at most, at substeps of
+                    # 0.25 ms or longer (more at shorter ones: integrator.friction_rounds)
 CP_POLYGON = 9      # 1: friction's normal force scaled by polygon_gain (a polyline's capstan made a rope's)
 CP_NEAR = 10        # segments apart (exclude + 1) at or below which a pair counts for the stability bound only as
                     # its approach brings it near (REACH_*); 0: every pair half a skin ahead

@@ -346,3 +346,16 @@ def test_the_served_scenes_have_contact_on():
     for name in ("default", "two-hand-knot"):
         c = load_scenario(name).model.contact
         assert c.enabled and c.stiffness == 1000.0 and c.friction_static == 0.3
+
+
+def test_friction_rounds_and_tolerance_follow_a_short_substep():
+    # at 4 substeps of a 1 ms tick or fewer, as configured; at 64 the tolerance is 256 times finer (it scales
+    # as the slip it answers, h^2) and the rounds 4 times more (integrator.friction_rounds)
+    from suturesim.solver.integrator import FRICTION_TOL, friction_rounds
+    gap = 5e-4
+    assert friction_rounds(6, gap, 1e-3 / 4) == (6, FRICTION_TOL * gap)
+    assert friction_rounds(6, gap, 1e-3) == (6, FRICTION_TOL * gap)
+    rounds, tol = friction_rounds(6, gap, 1e-3 / 64)
+    assert rounds == 24 and tol == pytest.approx(FRICTION_TOL * gap / 256)
+    rounds, tol = friction_rounds(6, gap, 1e-3 / 16)
+    assert rounds == 12 and tol == pytest.approx(FRICTION_TOL * gap / 16)
