@@ -15,7 +15,7 @@ import pytest
 from suturesim.solver import diagnostics
 from suturesim.solver.constraints import METHOD_CONTRACTION, METHOD_NEWTON, solve_multipliers, thomas_solve
 from suturesim.solver.forces import bending_energy, constraint_force_at
-from suturesim.solver.integrator import Stepper, step
+from suturesim.solver.integrator import Stepper, solve_again, step
 from suturesim.solver.model import SolverSettings, ThreadParams, build_model, make_state
 from suturesim.solver.stability import omega_bound
 
@@ -171,7 +171,6 @@ def test_solving_a_stretched_extensible_thread_again_keeps_its_tension(method):
     # multiplier. Solved from zero with the rest lengths, it pulled each stretched segment back to its rest
     # length and read twice the tension (the Choi rod's end force doubled in a fifth of its ticks); a small
     # push then changes the tension by a small amount
-    from suturesim.solver.integrator import solve_again
     rng = np.random.default_rng(7)
     n, h, ea = 12, 1e-4, 50.0
     x, rest = _chain(rng, n, spread=0.2)

@@ -12,7 +12,7 @@ from suturesim.tools.crossings import crossings, segment_distance
 from suturesim.solver.config import ConfigError
 from suturesim.solver.contact_response import (CP_NEAR, CP_SIZE, CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS,
                                                CS_REBUILDS, apply_friction, enforce_min_gap, penalty_forces)
-from suturesim.solver.integrator import Stepper
+from suturesim.solver.integrator import FRICTION_TOL, Stepper, friction_rounds
 from suturesim.solver.model import ContactSettings
 from suturesim.solver.scenario import build_scenario, load_scenario
 
@@ -351,7 +351,6 @@ def test_the_served_scenes_have_contact_on():
 def test_friction_rounds_and_tolerance_follow_a_short_substep():
     # at 4 substeps of a 1 ms tick or fewer, as configured; at 64 the tolerance is 256 times finer (it scales
     # as the slip it answers, h^2) and the rounds 4 times more (integrator.friction_rounds)
-    from suturesim.solver.integrator import FRICTION_TOL, friction_rounds
     gap = 5e-4
     assert friction_rounds(6, gap, 1e-3 / 4) == (6, FRICTION_TOL * gap)
     assert friction_rounds(6, gap, 1e-3) == (6, FRICTION_TOL * gap)
