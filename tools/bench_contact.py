@@ -9,16 +9,21 @@ docs/BENCHMARKS.md).
 4. Force smoothness: the force at the pulled end of the tightening knot, its content above 50 Hz (the RMS of
    the force minus its 20 ms moving average), for Wang's plain penalty (linear onset, no floor) and for the
    response as built (rounded onset, floor, friction as configured).
+5. A knot held at the styluses: an overhand knot laid loose in the haptic scene two-hand-knot's thread (3-0
+   silk, 45 cm, 100 segments, up to 16 substeps), pulled tight by both hands and held still: tick times while
+   it tightens and while it is held, the hand's force and how much it changes from tick to tick, how far the
+   knot slips while held and the largest tension in the thread; as shipped and under cheaper budgets.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..solver.contact_response import (CS_CONTACTS, CS_COUNT, apply_friction, enforce_min_gap, penalty_forces,
-                                       rebuild_neighbours)
+from ..solver.contact_response import (CS_CONTACTS, CS_COUNT, CS_REVERTED, apply_friction, enforce_min_gap,
+                                       penalty_forces, rebuild_neighbours)
 from ..solver.integrator import STAT_MASS_FACTOR, Stepper
 from ..solver.scenario import Scenario, build_scenario, load_scenario
 
@@ -105,6 +110,81 @@ class ContactBench:
     by_n: list[tuple[int, int, float, float]] = field(default_factory=list)      # N, pairs, rebuild us, response us
     by_contacts: list[tuple[int, float]] = field(default_factory=list)            # contacts, response us
     smooth: list[tuple[str, float, float, float]] = field(default_factory=list)   # label, RMS > 50 Hz, mean, max
+    held: list[HeldRun] = field(default_factory=list)
+
+
+HELD_PULL = 0.05   # m/s, each hand's speed apart while the knot tightens
+HELD_UNTIL = 1.7   # s: the hands stop 3-4 mm past where the thread goes taut (the knot tight, about 2 N)
+
+
+def held_knot(scene: str = "two-hand-knot", contact: dict | None = None, solver: dict | None = None,
+              seconds: float = 6.0) -> Scenario:
+    """``scene`` (a two-hand haptic scene) with its thread laid as a loose overhand knot (torus radii 12 and 6
+    mm) and its two grasps, at the thread's ends, moving apart at HELD_PULL until HELD_UNTIL, then still.
+    ``contact`` and ``solver`` override entries of the scene's sections of those names."""
+    from ..solver.config import load_yaml
+    from ..solver.scenario import scenario_path
+
+    path = scenario_path(scene)
+    data = load_yaml(path)
+    grasps = data["boundary"]["grasps"]
+    ends = sorted(grasps, key=lambda g: g["vertex"])    # vertex -1 (the far end) first, then 0
+    data["shape"] = {"kind": "knot", "knot": "overhand", "n": 1, "radius": 0.012, "tube": 0.006}
+    data["timeline"] = [{"grasp": g["id"], "velocity": [sign * HELD_PULL, 0.0, 0.0], "from": 0.0, "to": HELD_UNTIL}
+                        for g, sign in zip(ends, (1.0, -1.0))]
+    data["duration"] = seconds
+    if contact:
+        data["contact"] = {**data.get("contact", {}), **contact}
+    if solver:
+        data["solver"] = {**data.get("solver", {}), **solver}
+    return build_scenario(data, str(path))
+
+
+@dataclass
+class HeldRun:
+    """A knot pulled tight and held in a haptic scene's thread (held_knot): tick times (us) by phase and how
+    still the knot and the force are while held."""
+    label: str
+    tightening: np.ndarray   # us, the ticks until the hands stop and 0.3 s after
+    held: np.ndarray         # us, the ticks after that
+    substeps: float          # median substeps while held
+    rounds: int              # contact rounds a substep may take while held (friction_rounds)
+    force: float             # N, the hand's force while held (mean)
+    jitter: float            # N, rms of its change from one tick to the next while held
+    slip: float              # m, change of the end-to-end distance over the hold
+    tension: float           # N, the largest segment tension at the end of the hold
+    undone: int              # held ticks in which the last-resort guard put the thread back (froze it)
+    retries: int
+    diverged: float | None = None   # s, when the solver diverged (the run stops there), if it did
+
+
+def held_run(label: str, sc: Scenario) -> HeldRun:
+    from ..solver.contact_response import CP_MIN_GAP, CP_ROUNDS
+    from ..solver.integrator import SolverDivergence, friction_rounds
+
+    e2e: list[float] = []
+    tension = [0.0]
+    split = int(round((HELD_UNTIL + 0.3) / sc.model.solver.tick))
+    undone = [0]
+
+    def after(k: int, st) -> None:
+        e2e.append(float(np.linalg.norm(st.x[-1] - st.x[0])))
+        tension[0] = float(np.abs(st.tension).max())
+        if k >= split and st.contact_stats[CS_REVERTED] > 0:
+            undone[0] += 1
+
+    try:
+        times, force, subs, stepper = tick_times(sc, sc.duration, after)
+    except SolverDivergence:
+        # a runaway (docs/PHYSICS.md Sec. 7): report how far it ran
+        return HeldRun(label, np.full(1, np.nan), np.full(1, np.nan), math.nan, 0, math.nan, math.nan, math.nan,
+                       tension[0], undone[0], 0, len(e2e) * sc.model.solver.tick)
+    n = float(np.median(subs[split:]))
+    rounds, _ = friction_rounds(int(sc.model.contact_par[CP_ROUNDS]), sc.model.contact_par[CP_MIN_GAP],
+                                sc.model.solver.tick / n)
+    return HeldRun(label, times[:split], times[split:], n, rounds, float(force[split:].mean()),
+                   float(np.sqrt(np.mean(np.diff(force[split:]) ** 2))), e2e[-1] - e2e[split], tension[0],
+                   undone[0], stepper.retries)
 
 
 def _per_call_us(fn, repeats: int) -> float:
@@ -198,6 +278,12 @@ def measure_contact(quick: bool, log) -> ContactBench:
         _, force, _, _ = tick_times(s40, sim)
         out.smooth.append((label, high_frequency_rms(force, s40.model.solver.tick), float(force.mean()),
                            float(force.max())))
+    for label, contact, solver in (("as shipped (up to 16 substeps, 32 rounds)", None, None),
+                                   ("up to 16 substeps, 2 rounds", {"rounds": 2}, None),
+                                   ("up to 8 substeps, 6 rounds", {"rounds": 6}, {"max_substeps": 8}),
+                                   ("up to 8 substeps, 2 rounds", {"rounds": 2}, {"max_substeps": 8})):
+        log(f"contact: a knot held at the styluses, {label} ...")
+        out.held.append(held_run(label, held_knot(contact=contact, solver=solver, seconds=3.0 if quick else 6.0)))
     return out
 
 
@@ -243,5 +329,33 @@ def render_contact(res: ContactBench) -> list[str]:
               "| response | RMS above 50 Hz (N) | mean force (N) | max force (N) |", "|---|---|---|---|"]
     for label, rms, mean, mx in res.smooth:
         lines.append(f"| {label} | {rms:.4f} | {mean:.3f} | {mx:.3f} |")
+    if res.held:
+        lines += ["", "A knot held at the styluses (`tools/bench_contact.held_knot`): the haptic scene two-hand-knot "
+                  "(3-0 silk, 45 cm, 100 segments, up to 16 substeps, gravity) with its thread laid as a loose "
+                  f"overhand knot, both hands moving apart at {1e3 * HELD_PULL:.0f} mm/s until {HELD_UNTIL} s (the "
+                  "knot pulled tight) and then held still. Tick times while it tightens (to 0.3 s after the hands "
+                  "stop) and while it is held; the hand's force while held, the rms of its change from one tick to "
+                  "the next (what the stylus would buzz with), how far the knot slipped (change of the "
+                  "end-to-end distance over the hold), the largest segment tension at the end, and in how many "
+                  "held ticks the last-resort guard put the whole thread back (froze it):", "",
+                  "| budget | tightening p50 / p99 / max (µs) | held p50 / p99 / max (µs) | substeps | rounds per "
+                  "substep | hand's force (N) | its change per tick, rms (mN) | slip while held (mm) | largest "
+                  "tension (N) | held ticks frozen | ticks redone |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in res.held:
+            a, b = r.tightening, r.held
+            if r.diverged is not None:
+                lines.append(f"| {r.label} | diverged at {r.diverged:.3f} s (largest tension {r.tension:.3g} N "
+                             "before it) | | | | | | | | | |")
+                continue
+            lines.append(f"| {r.label} | {np.percentile(a, 50):.0f} / {np.percentile(a, 99):.0f} / {a.max():.0f} "
+                         f"| {np.percentile(b, 50):.0f} / {np.percentile(b, 99):.0f} / {b.max():.0f} "
+                         f"| {r.substeps:.0f} | {r.rounds} | {r.force:.3f} | {1e3 * r.jitter:.2f} "
+                         f"| {1e3 * r.slip:+.3f} | {r.tension:.3g} | {r.undone} of {len(b)} | {r.retries} |")
+        lines += ["", "A held knot's rounds of floor, friction and solve do not settle, so each substep takes all "
+                  "it may: as shipped the held knot costs several ticks' worth of time. With fewer rounds the "
+                  "floor is not met when they run out, the guard puts the thread back every substep, and the "
+                  "thread stands frozen while the hands hold it (docs/PHYSICS.md Sec. 7, \"A knot held at the "
+                  "styluses\")."]
     lines.append("")
     return lines
