@@ -248,6 +248,7 @@ def substep(h: float, t: float,
         tension_in[:] = 0.0
     # x^{k+1} = xbar + constraint displacement (Eq. D.3), built in xbar
     constraint_displace(xbar, w_eff, alpha, edges)
+    reverted = 0
     if contact_on:
         # the no-crossing floor, then the constraints again: a few rounds meet both (contact_response.py)
         # friction again after each solve (the solve's slide along the edges is slip), until both settle
@@ -265,8 +266,8 @@ def substep(h: float, t: float,
                                         alpha, alpha_extra, new_edges, lo, di, up, rhs, cp, delta)
             iters += it2
         if raised > 0:
-            cstats[CS_REVERTED] += guard_crossings(x, xbar, kinematic, cpar, n_cand, cand_i, cand_j, cand_s,
-                                                   cand_t, cand_n)
+            reverted = guard_crossings(x, xbar, kinematic, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_n)
+            cstats[CS_REVERTED] += reverted
     if tissue_on:
         # the needle's tip pierces; vertices that entered a pad go back out of it, the needle is held by the
         # tissue; then the constraints again (tissue.collide_pads, needle.needle_constraints)
@@ -297,8 +298,13 @@ def substep(h: float, t: float,
             x_prev[i, d] = x[i, d]
             x[i, d] = xn
     twist[0] += dtheta
-    for j in range(m):
-        tension[j] = alpha[j] * elen[j] / h2
+    # a substep the guard undid keeps the tensions of the one before: its multipliers belong to a motion that
+    # was thrown away. Read as tensions they fed the mass scaling, which made the masses larger, which made the
+    # next undone solve's multipliers larger (the push it answered, times the mass, over h^2): a knot held under
+    # too few contact rounds, undone every substep, read 22 kN at 2 N of pull and diverged (docs/PHYSICS.md Sec. 7)
+    if reverted == 0:
+        for j in range(m):
+            tension[j] = alpha[j] * elen[j] / h2
     if tissue_on:
         locate_punctures(h, x, rest, pst, pun_i, pun_f, False, needle_on, npar[NP_WIRE] + tpar[TP_RADIUS])
     if needle_on:

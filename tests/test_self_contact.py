@@ -8,10 +8,12 @@ import math
 import numpy as np
 import pytest
 
+from suturesim.tools.bench_contact import held_knot, held_run
 from suturesim.tools.crossings import crossings, segment_distance
 from suturesim.solver.config import ConfigError
 from suturesim.solver.contact_response import (CP_NEAR, CP_SIZE, CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS,
-                                               CS_REBUILDS, apply_friction, enforce_min_gap, penalty_forces)
+                                               CS_REBUILDS, CS_REVERTED, apply_friction, enforce_min_gap,
+                                               penalty_forces)
 from suturesim.solver.integrator import FRICTION_TOL, Stepper, friction_rounds
 from suturesim.solver.model import ContactSettings
 from suturesim.solver.scenario import build_scenario, load_scenario
@@ -358,3 +360,36 @@ def test_friction_rounds_and_tolerance_follow_a_short_substep():
     assert rounds == 24 and tol == pytest.approx(FRICTION_TOL * gap / 256)
     rounds, tol = friction_rounds(6, gap, 1e-3 / 16)
     assert rounds == 12 and tol == pytest.approx(FRICTION_TOL * gap / 16)
+
+
+
+def test_a_knot_held_at_the_styluses_keeps_its_tension():
+    """An overhand knot in two-hand-knot's thread, pulled tight by both hands and held still (the bench's held
+    knot, docs/BENCHMARKS.md Sec. 6): under the scene's budget no segment's tension runs past what the hands
+    pull with. With 2 contact rounds and at most 8 substeps the floor and the solve were left fighting, the
+    fight's tension grew with the masses it scaled and they with it: 22 kN within 0.3 s of the hands stopping,
+    a divergence at 11 s (docs/PHYSICS.md Sec. 7)."""
+    run = held_run("as shipped", held_knot(seconds=2.5))
+    assert run.diverged is None
+    assert 1.0 < run.force < 3.0              # N: tight, below the grasps' 3 N limit
+    assert run.tension < 1.2 * run.force      # N
+
+
+def test_a_substep_the_guard_undid_keeps_the_tensions_before_it():
+    """Under too few contact rounds (2, at most 8 substeps) the held knot's floor is still unmet when they run
+    out, and the last-resort guard puts the whole thread back in every substep. A tick so undone must leave the
+    tensions as they were: read from its thrown-away solve, they fed the mass scaling, the masses grew, and the
+    next undone solve read more (22 kN at 2 N of pull 0.3 s after the hands stopped; diverged at 11 s)."""
+    sc = held_knot(contact={"rounds": 2}, solver={"max_substeps": 8}, seconds=3.0)
+    state = sc.new_state()
+    stepper = Stepper(sc.model, state)
+    free = int(np.count_nonzero(sc.model.kinematic == 0))
+    undone = 0
+    for _ in range(3000):
+        before = state.tension.copy()
+        n = stepper.tick()
+        if state.contact_stats[CS_REVERTED] == n * free:
+            undone += 1
+            np.testing.assert_array_equal(state.tension, before)
+    assert undone > 500
+    assert np.abs(state.tension).max() < 1e3     # N (137 N, read before the thread froze)
