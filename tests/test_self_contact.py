@@ -362,13 +362,13 @@ def test_friction_rounds_and_tolerance_follow_a_short_substep():
     assert rounds == 12 and tol == pytest.approx(FRICTION_TOL * gap / 16)
 
 
-
 def test_a_knot_held_at_the_styluses_keeps_its_tension():
     """An overhand knot in two-hand-knot's thread, pulled tight by both hands and held still (the bench's held
     knot, docs/BENCHMARKS.md Sec. 6): under the scene's budget no segment's tension runs past what the hands
-    pull with. With 2 contact rounds and at most 8 substeps the floor and the solve were left fighting, the
-    fight's tension grew with the masses it scaled and they with it: 22 kN within 0.3 s of the hands stopping,
-    a divergence at 11 s (docs/PHYSICS.md Sec. 7)."""
+    pull with. With 2 contact rounds and at most 8 substeps the floor was left unmet, the guard undid every
+    substep, and the undone solves' tensions grew with the masses they scaled: 22 kN within 0.3 s of the hands
+    stopping, a divergence at 11 s, before integrator.substep kept such a substep's tensions (docs/PHYSICS.md
+    Sec. 7)."""
     run = held_run("as shipped", held_knot(seconds=2.5))
     assert run.diverged is None
     assert 1.0 < run.force < 3.0              # N: tight, below the grasps' 3 N limit

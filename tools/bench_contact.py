@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..solver.contact_response import (CS_CONTACTS, CS_COUNT, CS_REVERTED, apply_friction, enforce_min_gap,
-                                       penalty_forces, rebuild_neighbours)
-from ..solver.integrator import STAT_MASS_FACTOR, Stepper
-from ..solver.scenario import Scenario, build_scenario, load_scenario
+from ..solver.config import load_yaml
+from ..solver.contact_response import (CP_MIN_GAP, CP_ROUNDS, CS_CONTACTS, CS_COUNT, CS_REVERTED, apply_friction,
+                                       enforce_min_gap, penalty_forces, rebuild_neighbours)
+from ..solver.integrator import STAT_MASS_FACTOR, SolverDivergence, Stepper, friction_rounds
+from ..solver.scenario import Scenario, build_scenario, load_scenario, scenario_path
 
 
 # A real-time budget for the 200-segment knot: at most 3 substeps a tick (past that the stiff vertices are
@@ -122,9 +123,6 @@ def held_knot(scene: str = "two-hand-knot", contact: dict | None = None, solver:
     """``scene`` (a two-hand haptic scene) with its thread laid as a loose overhand knot (torus radii 12 and 6
     mm) and its two grasps, at the thread's ends, moving apart at HELD_PULL until HELD_UNTIL, then still.
     ``contact`` and ``solver`` override entries of the scene's sections of those names."""
-    from ..solver.config import load_yaml
-    from ..solver.scenario import scenario_path
-
     path = scenario_path(scene)
     data = load_yaml(path)
     grasps = data["boundary"]["grasps"]
@@ -159,9 +157,7 @@ class HeldRun:
 
 
 def held_run(label: str, sc: Scenario) -> HeldRun:
-    from ..solver.contact_response import CP_MIN_GAP, CP_ROUNDS
-    from ..solver.integrator import SolverDivergence, friction_rounds
-
+    """Run ``sc`` (held_knot) to its end, timing every tick, and read what HeldRun holds."""
     e2e: list[float] = []
     tension = [0.0]
     split = int(round((HELD_UNTIL + 0.3) / sc.model.solver.tick))
