@@ -333,7 +333,7 @@ def advance(n_sub: int, h: float, t: float,
             scale, base_inv_mass, bend_gersh, tension_floor, tension_margin, target, keep_energy, local,
             contact_on, cpar, cexclude, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa, x_ref,
             contact_k, contact_k_act, turn, alpha_extra, cstats, grid_head, grid_next, grid_cells, grid_scratch, old_j, old_n, old_fp,
-            old_next, seg_head, trace, tissue_on, tpar, pads, pst, pun_i, pun_f, needle_on, npar, nst):
+            old_next, seg_head, fold, trace, tissue_on, tpar, pads, pst, pun_i, pun_f, needle_on, npar, nst):
     """Run n_sub substeps of h (s) from time t (s); write iteration statistics into ``stats``.
 
     With ``scale``, ``inv_mass`` is rewritten before every substep from ``base_inv_mass`` by selective mass
@@ -380,7 +380,8 @@ def advance(n_sub: int, h: float, t: float,
         if scale:
             # the hinges' fold is read every substep: they can fold within a tick (a whip), and stiffen fast
             ns, f = scale_masses(mass, base_inv_mass, bend_gersh, rest, tension, tension_in, tension_floor,
-                                 tension_margin, h, target, contact_k, inv_mass, x, x_prev, keep_energy, local)
+                                 tension_margin, h, target, contact_k, inv_mass, x, x_prev, keep_energy, local,
+                                 fold)
             if ns > n_scaled:
                 n_scaled = ns
             if f > worst:
@@ -412,7 +413,7 @@ def advance(n_sub: int, h: float, t: float,
     stats[7] = n_scaled
     stats[8] = worst
     # the springs that acted, not those that may act next tick (contact_k), which set the next tick's substeps
-    stats[9] = omega_bound(x, inv_mass, bend_gersh, rest, tension, 1.0, contact_k_act, local)
+    stats[9] = omega_bound(x, inv_mass, bend_gersh, rest, tension, 1.0, contact_k_act, fold, local)
 
 
 @njit(cache=True, error_model="numpy")
@@ -457,7 +458,7 @@ def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, scale: bo
             state.x_ref,
             state.contact_k, state.contact_k_act, state.turn, state.alpha_extra, state.contact_stats, state.grid_head, state.grid_next,
             state.grid_cells, state.grid_scratch, state.old_j, state.old_n, state.old_fp, state.old_next,
-            state.seg_head, _NO_TRACE if trace is None else trace,
+            state.seg_head, state.fold, _NO_TRACE if trace is None else trace,
             model.tissue_on, model.tissue_par, model.pads, state.pst, state.pun_i, state.pun_f,
             model.needle_on, model.needle_par, state.nst)
     state.time[0] += n_sub * h
@@ -538,7 +539,7 @@ def _tension_floors(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide, ti
 
 @njit(cache=True, error_model="numpy")
 def plan_tick(x, tension, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide, tissue_on, tpar, pun_i, pun_f,
-              inv_mass, bend_gersh, rest, contact_k, est, floors, local) -> tuple:
+              inv_mass, bend_gersh, rest, contact_k, est, floors, fold, local) -> tuple:
     """The static floors of the coming tick into ``floors`` (N per segment, _tension_floors) and the tension
     estimate into ``est`` (N): each segment's |tension|, but at least its floor. Returns (the largest floor in
     N, the stability bound in rad/s at the estimate x1.5). One kernel call: the parts called one by one from
@@ -547,7 +548,7 @@ def plan_tick(x, tension, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide,
                             pun_f, floors, local)
     for j in range(tension.shape[0]):
         est[j] = max(abs(tension[j]), floors[j])
-    return floor, omega_bound(x, inv_mass, bend_gersh, rest, est, 1.5, contact_k, local)
+    return floor, omega_bound(x, inv_mass, bend_gersh, rest, est, 1.5, contact_k, fold, local)
 
 
 def choose_substeps(model: ThreadModel, state: ThreadState, tension: np.ndarray | None = None,
@@ -561,7 +562,7 @@ def choose_substeps(model: ThreadModel, state: ThreadState, tension: np.ndarray 
     if omega is None:
         t_est = state.tension if tension is None else tension
         omega = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length, t_est, 1.5,
-                            state.contact_k, s.mass_scaling == "local")
+                            state.contact_k, state.fold, s.mass_scaling == "local")
     state.stats[STAT_OMEGA] = omega
     needed = substeps_for(omega, s.tick, s.stability_target, 1 << 30)
     n = min(needed, s.max_substeps)
@@ -623,7 +624,7 @@ class Stepper:
         floor, omega = plan_tick(state.x, state.tension, state.grasp_vertex, state.grasp_target, state.grasp_k,
                                  state.grasp_fmax, s.scaled_mass_keeps == "energy", model.tissue_on,
                                  model.tissue_par, state.pun_i, state.pun_f, model.inv_mass, model.bend_gersh,
-                                 model.rest_length, state.contact_k, est, state.tension_floor,
+                                 model.rest_length, state.contact_k, est, state.tension_floor, state.fold,
                                  s.mass_scaling == "local")
         n, needed = choose_substeps(model, state, est, omega)
         self._save()
@@ -653,7 +654,7 @@ class Stepper:
             np.maximum(state.tension_floor, floor, out=state.tension_floor)   # after the restore, which copies it
             self.retries += 1
             omega_new = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length, est, 1.5,
-                                    state.contact_k, s.mass_scaling == "local")
+                                    state.contact_k, state.fold, s.mass_scaling == "local")
             needed = max(substeps_for(omega_new, s.tick, s.stability_target, 1 << 30), 2 * n)
             if attempt == 0:
                 # first within the real-time budget, the masses scaled for all the tension the tick reached,
@@ -695,7 +696,7 @@ def warm_up(model: ThreadModel, state: ThreadState) -> None:
     h = model.solver.tick
     step(model, s, 1, h)
     step(model, s, 2, h / 2, scale=True)
-    omega_bound(s.x, model.inv_mass, model.bend_gersh, model.rest_length, s.tension, 1.0, s.contact_k,
+    omega_bound(s.x, model.inv_mass, model.bend_gersh, model.rest_length, s.tension, 1.0, s.contact_k, s.fold,
                 model.solver.mass_scaling == "local")
     energies(model, s)
     Stepper(model, state.copy()).tick()

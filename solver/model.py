@@ -189,6 +189,7 @@ class ThreadState:
                                   # coming tick (stability bound and mass scaling before it)
     contact_k_act: np.ndarray     # (n,) N/m, the same for the springs that acted in the last substep (the check after it)
     turn: np.ndarray              # (n,) rad, the thread's turn at each vertex this substep (polygon friction)
+    fold: np.ndarray              # (n,) each hinge's stiffening factor (stability.hinge_factors, scratch)
     contact_stats: np.ndarray     # (9,) see CS_* in solver/contact_response.py
     grid_head: np.ndarray
     grid_next: np.ndarray
@@ -251,7 +252,7 @@ class ThreadState:
 # to run a tick again leaves them out, and takes of the neighbour list only the pairs its count covers (with
 # both, the copy is about 0.1 MB rather than 0.4 MB for 80 segments, and a quarter of the time).
 TICK_SCRATCH = frozenset(("grid_head", "grid_next", "grid_cells", "grid_scratch", "old_j", "old_n", "old_fp",
-                          "old_next", "seg_head", "turn"))
+                          "old_next", "seg_head", "turn", "fold"))
 NEIGHBOUR_LIST = ("cand_i", "cand_j", "cand_s", "cand_t", "cand_d", "cand_n", "cand_f", "cand_fp", "cand_fa")
 
 
@@ -388,7 +389,7 @@ def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
         tri_cp=z(ns), tri_delta=z(ns),
         cand_i=np.zeros(cap, np.int64), cand_j=np.zeros(cap, np.int64), cand_s=z(cap), cand_t=z(cap),
         cand_d=z(cap), cand_n=z(cap, 3), cand_f=z(cap), cand_fp=z(cap), cand_fa=z(cap, 3), x_ref=np.full((n, 3), np.inf),
-        contact_k=z(n), contact_k_act=z(n), turn=z(n), contact_stats=z(9), grid_head=np.zeros(2 * ns + 1, np.int64),
+        contact_k=z(n), contact_k_act=z(n), turn=z(n), fold=z(n), contact_stats=z(9), grid_head=np.zeros(2 * ns + 1, np.int64),
         grid_next=np.zeros(ns, np.int64), grid_cells=np.zeros((ns, 3), np.int64), grid_scratch=z(3),
         alpha_extra=z(ns), old_j=np.zeros(cap, np.int64), old_n=z(cap, 3), old_fp=z(cap),
         old_next=np.zeros(cap, np.int64), seg_head=np.zeros(ns, np.int64),

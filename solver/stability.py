@@ -43,32 +43,40 @@ def hinge_factor(x: np.ndarray, i: int) -> float:
 
 
 @njit(cache=True, error_model="numpy")
-def local_fold(x: np.ndarray, i: int) -> float:
-    """The fold factor of vertex i's bending row: the stiffest of the hinges it takes part in (i - 1, i, i + 1).
-    Each hinge's linearised stiffness scaled by its own factor is still a Gershgorin bound; the thread's most
-    folded hinge for all would make a knot's tightest turn stiffen every free strand."""
-    return max(hinge_factor(x, i - 1), max(hinge_factor(x, i), hinge_factor(x, i + 1)))
-
-
-@njit(cache=True, error_model="numpy")
-def vertex_fold(x: np.ndarray, i: int, contact_k: np.ndarray, local: bool, whole: float) -> float:
-    """The fold factor that stiffens vertex i's bending row: its own hinges' (local_fold) under the local
-    scaling, unless a contact spring may act on it, and the thread's most folded hinge's (``whole``,
-    fold_factor) otherwise. In a knot the hinges fold and unfold within a tick, and its vertices each read by
-    their own hinges made the strands of a 200-segment square knot pulled tight at 3 substeps jitter (median
-    vertex speed 102-144 mm/s against 25 with the whole thread's fold; docs/PHYSICS.md Sec. 6)."""
-    if local and contact_k[i] == 0.0:
-        return local_fold(x, i)
-    return whole
-
-
-@njit(cache=True, error_model="numpy")
-def fold_factor(x: np.ndarray) -> float:
-    """The most folded hinge's factor (hinge_factor) over the whole thread: the whole-thread scaling's fold."""
+def hinge_factors(x: np.ndarray, fold: np.ndarray) -> float:
+    """Every hinge's factor (hinge_factor) into ``fold`` (n,), 1 at the two ends; returns the largest (the
+    whole-thread scaling's fold). Each hinge once: a vertex's fold reads three hinges (local_fold), and reading
+    them from x each time made the mass scaling and the stability bound cost four times what they do now
+    (12.5 and 10.5 us for a 200-segment thread, 60 % of a contact-free substep; docs/BENCHMARKS.md Sec. 6)."""
     f = 1.0
-    for i in range(1, x.shape[0] - 1):
-        f = max(f, hinge_factor(x, i))
+    for i in range(x.shape[0]):
+        v = hinge_factor(x, i)
+        fold[i] = v
+        f = max(f, v)
     return f
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def local_fold(fold: np.ndarray, i: int) -> float:
+    """The fold factor of vertex i's bending row: the stiffest of the hinges it takes part in (i - 1, i, i + 1),
+    from ``fold`` (hinge_factors). Each hinge's linearised stiffness scaled by its own factor is still a
+    Gershgorin bound; the thread's most folded hinge for all would make a knot's tightest turn stiffen every
+    free strand."""
+    left = fold[i - 1] if i >= 1 else 1.0
+    right = fold[i + 1] if i + 1 < fold.shape[0] else 1.0
+    return max(left, max(fold[i], right))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def vertex_fold(fold: np.ndarray, i: int, contact_k: np.ndarray, local: bool, whole: float) -> float:
+    """The fold factor that stiffens vertex i's bending row: its own hinges' (local_fold, from ``fold``) under
+    the local scaling, unless a contact spring may act on it, and the thread's most folded hinge's (``whole``)
+    otherwise. In a knot the hinges fold and unfold within a tick, and its vertices each read by their own
+    hinges made the strands of a 200-segment square knot pulled tight at 3 substeps jitter (median vertex speed
+    102-144 mm/s against 25 with the whole thread's fold; docs/PHYSICS.md Sec. 6)."""
+    if local and contact_k[i] == 0.0:
+        return local_fold(fold, i)
+    return whole
 
 
 @njit(cache=True, error_model="numpy")
@@ -88,16 +96,17 @@ def vertex_stiffness(i: int, bend_gersh: np.ndarray, fac: float, rest: np.ndarra
 
 @njit(cache=True, error_model="numpy")
 def omega_bound(x: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray, rest: np.ndarray,
-                tension: np.ndarray, tension_margin: float, contact_k: np.ndarray, local: bool = True) -> float:
+                tension: np.ndarray, tension_margin: float, contact_k: np.ndarray, fold: np.ndarray,
+                local: bool = True) -> float:
     """Upper bound (rad/s) of the highest natural frequency at configuration x (m) with tensions (N)
     multiplied by ``tension_margin`` (tension can grow within a tick) and the contact springs ``contact_k``
     (N/m per vertex). Bending is stiffened by vertex_fold (``local``) or by the thread's most folded hinge (the
-    whole-thread scaling)."""
+    whole-thread scaling). ``fold`` (n,) is scratch (hinge_factors)."""
     n = x.shape[0]
     worst = 0.0
-    whole = fold_factor(x)
+    whole = hinge_factors(x, fold)
     for i in range(n):
-        w2 = inv_mass[i] * vertex_stiffness(i, bend_gersh, vertex_fold(x, i, contact_k, local, whole), rest,
+        w2 = inv_mass[i] * vertex_stiffness(i, bend_gersh, vertex_fold(fold, i, contact_k, local, whole), rest,
                                             tension, tension_margin, contact_k)
         if w2 > worst:
             worst = w2
@@ -128,7 +137,7 @@ def scale_masses(mass: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray,
                  tension: np.ndarray, tension_in: np.ndarray, tension_floor: np.ndarray, tension_margin: float,
                  h: float, target: float,
                  contact_k: np.ndarray, out: np.ndarray, x: np.ndarray, x_prev: np.ndarray,
-                 keep_energy: bool, local: bool) -> tuple:
+                 keep_energy: bool, local: bool, fold: np.ndarray) -> tuple:
     """Selective mass scaling: the inverse masses (1/kg) for a substep h (s) such that every vertex's Gershgorin
     bound meets h * omega_i <= target. A vertex that already does keeps its mass; a stiffer one (a taut or
     sharply bent stretch of a light suture) gets just enough extra inertia, m_i' = h^2 K_i / target^2, with K_i
@@ -145,12 +154,12 @@ def scale_masses(mass: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray,
     whole-thread scaling, as before 2026-11-27): every hinge is stiffened by the thread's most folded one and
     every tension is divided, inertial or not. With ``keep_energy``, a vertex made
     heavier has its history ``x_prev`` (m; positions ``x``) shortened so that its kinetic energy stays, not its
-    velocity. Returns (vertices scaled, largest factor)."""
+    velocity. ``fold`` (n,) is scratch (hinge_factors). Returns (vertices scaled, largest factor)."""
     n = mass.shape[0]
     scaled = 0
     worst = 1.0
     lim = target * target / (h * h)
-    whole = fold_factor(x)
+    whole = hinge_factors(x, fold)
     f_left = 1.0                       # the old factor of vertex i-1 (out[i-1] is already overwritten)
     f_here = inv_mass[0] / out[0] if out[0] > 0.0 else 1.0
     for i in range(n):
@@ -161,7 +170,7 @@ def scale_masses(mass: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray,
         if inv_mass[i] == 0.0:
             out[i] = 0.0
         else:
-            k = bend_gersh[i] * vertex_fold(x, i, contact_k, local, whole) + contact_k[i]
+            k = bend_gersh[i] * vertex_fold(fold, i, contact_k, local, whole) + contact_k[i]
             if i > 0:
                 t = _counted(tension[i - 1], tension_in[i - 1], max(f_left, f_here), local)
                 k += 2.0 * max(t, tension_floor[i - 1]) * tension_margin / rest[i - 1]

@@ -219,7 +219,7 @@ def _free_thread(twist_k_gj: float, twist0: float, spin: float = 20.0):
           + np.cross(spin * np.array([0.3, 0.5, 1.0]), x0))
     state = make_state(model, x0, v0, twist0)
     omega = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length, state.tension, 1.0,
-                        state.contact_k)
+                        state.contact_k, state.fold)
     return model, state, omega
 
 
