@@ -79,3 +79,27 @@ def test_bench_quick_runs_and_prints_tables(capsys):
     assert main(["bench", "all", "--quick", "--no-elastica", "--no-loop"]) == 0
     out = capsys.readouterr().out
     assert "bench-suture" in out and "newton" in out and "contraction" in out
+
+
+def test_bench_out_replaces_a_sections_figures_and_keeps_its_notes():
+    """`bench tissue --out` on docs/BENCHMARKS.md: the section's figures are the new run's, the other sections and
+    the section's text below the KEEP_BELOW line (earlier runs, written by hand) are as they were."""
+    from suturesim.tools.bench_loop import KEEP_BELOW, splice_section
+
+    doc = "\n".join(["# Benchmarks", "", "## 6. Self-contact", "", "| old six |", "",
+                     "## 7. Tissue", "", "| old figures |", "", KEEP_BELOW, "", "Session 24 measured 396 us.", "",
+                     "## Notes on method", "", "how"])
+    new = ["## 7. Tissue", "", "| new figures |", ""]
+    out = splice_section(doc, new, "suturesim bench tissue --out docs/BENCHMARKS.md", "2026-11-28 04:05 UTC")
+    assert "| new figures |" in out and "| old figures |" not in out
+    assert "| old six |" in out and out.index("| old six |") < out.index("## 7. Tissue")
+    seven = out[out.index("## 7. Tissue"):out.index("## Notes on method")]
+    assert "*This section: `suturesim bench tissue --out docs/BENCHMARKS.md`, 2026-11-28 04:05 UTC.*" in seven
+    assert seven.index("| new figures |") < seven.index(KEEP_BELOW) < seven.index("Session 24 measured 396 us.")
+    assert out.endswith("## Notes on method\n\nhow")
+    # run again: the notes are kept once, not piled up
+    again = splice_section(out, new, "suturesim bench tissue --out docs/BENCHMARKS.md", "2026-11-29 10:00 UTC")
+    assert again.count(KEEP_BELOW) == 1 and again.count("Session 24 measured") == 1
+    # a section without the line is replaced whole, as before
+    plain = splice_section(doc.replace(KEEP_BELOW, ""), new, "c", "d")
+    assert "Session 24" not in plain and "| new figures |" in plain

@@ -643,17 +643,28 @@ def render_loop(res: LoopResult) -> list[str]:
     return out
 
 
+# A line in a section of docs/BENCHMARKS.md after which its text is written by hand (earlier runs, other
+# machines, what the figures mean): `bench ... --out` replaces the section's figures above it and keeps the rest.
+KEEP_BELOW = "<!-- written by hand below: `suturesim bench --out` keeps it -->"
+
+
 def splice_section(existing: str, section: list[str], command: str, date: str) -> str:
     """``existing`` (a document written by `suturesim bench`) with the numbered section that ``section``
     starts with ("## 4. ...") replaced by ``section`` -- or, if it has none, ``section`` inserted before
     "## Notes on method" (or at the end) -- and a line saying which command produced it. The other sections
-    stay as they were."""
+    stay as they were, and so does whatever the old section holds from a KEEP_BELOW line on (notes written by
+    hand, which a re-run must not delete)."""
     lines = existing.rstrip("\n").split("\n")
     number = section[0].split()[1]            # "4."
     section = [section[0], "", f"*This section: `{command}`, {date}.*", *section[1:]]
     start = next((i for i, line in enumerate(lines) if line.startswith(f"## {number}")), None)
     if start is not None:
         end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        keep = next((i for i in range(start, end) if lines[i].strip() == KEEP_BELOW), None)
+        if keep is not None:
+            while section and section[-1] == "":
+                section.pop()
+            section = [*section, "", *lines[keep:end]]
     else:
         start = end = next((i for i, line in enumerate(lines) if line.startswith("## Notes on method")), len(lines))
         if start == len(lines) and lines and lines[-1] != "":
