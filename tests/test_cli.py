@@ -103,3 +103,19 @@ def test_bench_out_replaces_a_sections_figures_and_keeps_its_notes():
     # a section without the line is replaced whole, as before
     plain = splice_section(doc.replace(KEEP_BELOW, ""), new, "c", "d")
     assert "Session 24" not in plain and "| new figures |" in plain
+
+
+def test_bench_all_out_keeps_every_sections_notes():
+    """`bench all --out` writes the document anew, with each section's notes below its KEEP_BELOW line."""
+    from suturesim.tools.bench_loop import KEEP_BELOW, keep_notes
+
+    old = "\n".join(["# Benchmarks", "", "## 6. Self-contact", "", "| old six |", "", KEEP_BELOW, "", "six's notes",
+                     "", "## 7. Tissue", "", "| old seven |", "", "## Notes on method", "", "how"])
+    new = "\n".join(["# Benchmarks", "", "## 6. Self-contact", "", "| new six |", "", "## 7. Tissue", "",
+                     "| new seven |", "", "## Notes on method", "", "how"])
+    out = keep_notes(old, new)
+    assert out.split("\n") == ["# Benchmarks", "", "## 6. Self-contact", "", "| new six |", "", KEEP_BELOW, "",
+                                "six's notes", "", "## 7. Tissue", "", "| new seven |", "", "## Notes on method", "",
+                                "how"]
+    assert keep_notes(out, new) == out                 # again: kept once
+    assert keep_notes(new, new) == new                 # nothing to keep: unchanged

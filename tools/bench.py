@@ -571,6 +571,9 @@ NOTES = [
     "repeated; *best* is the fastest repeat (the least disturbed by the other processes on the machine), "
     "*median* the typical one. Numba kernels are compiled (or loaded from the cache) and the thread warmed up "
     "before anything is timed.",
+    "- **Re-running.** `suturesim bench <part> --out FILE` rewrites that part's section and leaves the others; "
+    "`bench all --out FILE` rewrites them all. Either keeps what a section holds below its line "
+    "`<!-- written by hand below: ... -->` (notes on earlier runs and other machines).",
     "- **Kernel µs/substep**: one `integrator.step(model, state, K, h)` call running K substeps inside one "
     "kernel call (K chosen so one call lasts ~30 ms), divided by K: the per-substep cost without Python dispatch. "
     "**dispatch**: `integrator.step(model, state, 0, h)` (no substep) called in a loop: the Python wrapper and "
@@ -709,6 +712,11 @@ def main(argv: list[str] | None = None) -> int:
             section = {"loop": loop_lines, "haptics": haptics_lines, "contact": contact_lines,
                        "tissue": tissue_lines}[args.what]
             text = splice_section(out.read_text(), section, f"{command.strip()}", info["date"])
+        elif out.exists():
+            # a whole new document keeps the notes written by hand below each section's KEEP_BELOW line
+            from .bench_loop import keep_notes
+
+            text = keep_notes(out.read_text(), text)
         out.write_text(text.rstrip() + "\n")
         log(f"wrote {out}")
     return 0

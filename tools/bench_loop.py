@@ -670,3 +670,30 @@ def splice_section(existing: str, section: list[str], command: str, date: str) -
         if start == len(lines) and lines and lines[-1] != "":
             section = ["", *section]
     return "\n".join(lines[:start] + section + lines[end:])
+
+
+def keep_notes(existing: str, new: str) -> str:
+    """``new`` (a whole document from `bench all --out`) with each numbered section's notes from ``existing``:
+    the lines from a section's KEEP_BELOW line to its end, appended to the section of the same number."""
+    old = existing.rstrip("\n").split("\n")
+    notes: dict[str, list[str]] = {}
+    for i, line in enumerate(old):
+        if line.startswith("## ") and line.split()[1][:-1].isdigit():
+            end = next((k for k in range(i + 1, len(old)) if old[k].startswith("## ")), len(old))
+            keep = next((k for k in range(i, end) if old[k].strip() == KEEP_BELOW), None)
+            if keep is not None:
+                notes[line.split()[1]] = old[keep:end]
+    lines = new.rstrip("\n").split("\n")
+    out: list[str] = []
+    number = None
+    for line in [*lines, "## end"]:
+        if line.startswith("## "):
+            if number in notes:
+                while out and out[-1] == "":
+                    out.pop()
+                out += ["", *notes[number]]
+                if out[-1] != "":
+                    out.append("")
+            number = line.split()[1] if len(line.split()) > 1 else None
+        out.append(line)
+    return "\n".join(out[:-1])
