@@ -45,9 +45,9 @@ def hinge_factor(x: np.ndarray, i: int) -> float:
 @njit(cache=True, error_model="numpy")
 def hinge_factors(x: np.ndarray, fold: np.ndarray) -> float:
     """Every hinge's factor (hinge_factor) into ``fold`` (n,), 1 at the two ends; returns the largest (the
-    whole-thread scaling's fold). Each hinge once: a vertex's fold reads three hinges (local_fold), and reading
-    them from x each time took the mass scaling from 6.2 to 12.4 us and the bound from 6.2 to 10.2 us for a
-    200-segment thread (kernels alone), and a tick of the default scene from 54 to 58 us (2026-11-28)."""
+    whole-thread scaling's fold). Each hinge once: a vertex's fold reads three hinges (local_fold). Read from x
+    each time, they cost the mass scaling 12.4 us and the bound 10.2 us on a 200-segment thread (6.2 and 6.2 us
+    now, kernels alone), and a tick of the default scene 58.4 us (54.2 now; 2026-11-28)."""
     f = 1.0
     for i in range(x.shape[0]):
         v = hinge_factor(x, i)
