@@ -113,8 +113,7 @@ def _new_edges(xbar: np.ndarray, e: np.ndarray, w: np.ndarray, alpha: np.ndarray
 @njit(cache=True, error_model="numpy")
 def solve_multipliers(xbar: np.ndarray, e: np.ndarray, elen: np.ndarray, w: np.ndarray, rest: np.ndarray,
                       compliance: np.ndarray, h: float, method: int, tol: float, max_iters: int,
-                      alpha: np.ndarray, E: np.ndarray, lo: np.ndarray, di: np.ndarray, up: np.ndarray,
-                      rhs: np.ndarray, cp: np.ndarray, delta: np.ndarray) -> tuple:
+                      alpha: np.ndarray, E: np.ndarray, di: np.ndarray, rhs: np.ndarray, cp: np.ndarray) -> tuple:
     """Solve for ``alpha`` (warm start: its value on entry) so that the new edges E have their rest lengths.
 
     xbar (n,3) predicted positions (m); e (n-1,3) edges at x^k (m), elen their lengths (m); w (n,) effective
@@ -124,8 +123,8 @@ def solve_multipliers(xbar: np.ndarray, e: np.ndarray, elen: np.ndarray, w: np.n
     Segments whose both vertices are kinematic carry no constraint: the caller sets their alpha to 0.
 
     Each iteration is two sweeps: the first computes E_j, G_j and row j of the matrix and eliminates forward
-    (Thomas), the second substitutes back and updates alpha. ``lo``, ``up`` and ``delta`` are kept for the
-    caller's scratch layout; ``di`` holds the eliminated pivots and ``rhs`` the eliminated right side.
+    (Thomas), the second substitutes back and updates alpha. ``di``, ``rhs`` and ``cp`` (n-1,) are scratch: the
+    eliminated pivots, right side and upper diagonal.
     """
     m = e.shape[0]
     inv_h2 = 1.0 / (h * h)

@@ -92,9 +92,10 @@ def constraint_displace(xbar: np.ndarray, w_eff: np.ndarray, alpha: np.ndarray, 
 
 @njit(cache=True, error_model="numpy")
 def solve_again(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_iters, alpha, alpha_extra,
-                new_edges, lo, di, up, rhs, cp, delta):
+                new_edges, lo, di, up, rhs, cp):
     """Solve the constraints again after xbar was moved (a floor, a pad), add the displacement to xbar and
-    the extra multipliers to alpha. Returns (iterations, residual). ``lo`` and ``up`` are scratch (m,)."""
+    the extra multipliers to alpha. Returns (iterations, residual). ``lo``, ``di``, ``up``, ``rhs`` and ``cp``
+    are scratch (m,): ``lo`` and ``up`` carry the extra solve's lengths and compliances."""
     # An extensible segment's target length follows its whole tension, alpha + alpha_extra, but
     # solve_multipliers reads only the multiplier it solves for: solved from zero, the extra solve pulled each
     # stretched segment back to its rest length and doubled its tension (the Choi rod's end force read twice
@@ -109,7 +110,7 @@ def solve_again(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_
         lo[j] = l_a
         up[j] = compliance[j] * rest[j] / l_a if l_a > 0.0 else compliance[j]
     it, residual = solve_multipliers(xbar, edges, elen, w_eff, lo, up, h, method, tol, max_iters,
-                                     alpha_extra, new_edges, delta, di, delta, rhs, cp, delta)
+                                     alpha_extra, new_edges, di, rhs, cp)
     constraint_displace(xbar, w_eff, alpha_extra, edges)
     for j in range(alpha.shape[0]):
         alpha[j] += alpha_extra[j]
@@ -123,7 +124,7 @@ def substep(h: float, t: float,
             x, x_prev, tension, tension_in, split, twist, kin_target, ext_force,
             grasp_vertex, grasp_k, grasp_c, grasp_fmax, grasp_target, grasp_target_prev, grasp_vel, grasp_force,
             grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
-            lo, di, up, rhs, cp, delta,
+            lo, di, up, rhs, cp,
             contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa,
             contact_k, contact_k_act, turn, alpha_extra, cstats, cscratch,
             tissue_on, tpar, pads, pst, pun_i, pun_f, needle_on, npar, nst):
@@ -238,7 +239,7 @@ def substep(h: float, t: float,
         cstats[CS_STICKING] = stick
 
     iters, residual = solve_multipliers(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_iters,
-                                        alpha, new_edges, lo, di, up, rhs, cp, delta)
+                                        alpha, new_edges, di, rhs, cp)
     # which part of the tensions the velocities make, for the next substep's (local) mass scaling; without
     # it, none: all counts as static, which never makes a vertex too light
     if split:
@@ -263,7 +264,7 @@ def substep(h: float, t: float,
                 break
             cstats[CS_PROJECTIONS] += raised
             it2, residual = solve_again(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_iters,
-                                        alpha, alpha_extra, new_edges, lo, di, up, rhs, cp, delta)
+                                        alpha, alpha_extra, new_edges, lo, di, up, rhs, cp)
             iters += it2
         if raised > 0:
             reverted = guard_crossings(x, xbar, kinematic, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_n)
@@ -283,7 +284,7 @@ def substep(h: float, t: float,
             if moved == 0:
                 break
             it2, residual = solve_again(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_iters,
-                                        alpha, alpha_extra, new_edges, lo, di, up, rhs, cp, delta)
+                                        alpha, alpha_extra, new_edges, lo, di, up, rhs, cp)
             iters += it2
         if needle_on:
             needle_pierce(xbar, npar, nst, pads, pst, pun_i, pun_f, held)   # where the tissue's pushes took the tip
@@ -329,7 +330,7 @@ def advance(n_sub: int, h: float, t: float,
             x, x_prev, tension, tension_in, twist, kin_target, ext_force,
             grasp_vertex, grasp_k, grasp_c, grasp_fmax, grasp_target, grasp_target_prev, grasp_vel, grasp_force,
             grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
-            lo, di, up, rhs, cp, delta, stats,
+            lo, di, up, rhs, cp, stats,
             scale, base_inv_mass, bend_gersh, tension_floor, tension_margin, target, keep_energy, local,
             contact_on, cpar, cexclude, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa, x_ref,
             contact_k, contact_k_act, turn, alpha_extra, cstats, grid_head, grid_next, grid_cells, grid_scratch, old_j, old_n, old_fp,
@@ -391,7 +392,7 @@ def advance(n_sub: int, h: float, t: float,
                           max_iters, x, x_prev, tension, tension_in, split, twist, kin_target, ext_force,
                           grasp_vertex, grasp_k, grasp_c, grasp_fmax, grasp_target, grasp_target_prev,
                           grasp_vel, grasp_force, grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
-                          lo, di, up, rhs, cp, delta,
+                          lo, di, up, rhs, cp,
                           contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f,
                           cand_fp, cand_fa, contact_k, contact_k_act, turn, alpha_extra, cstats, grid_scratch,
                           tissue_on, tpar, pads, pst, pun_i, pun_f, needle_on, npar, nst)
@@ -449,7 +450,7 @@ def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, scale: bo
             state.grasp_vertex, state.grasp_k, state.grasp_c, state.grasp_fmax, state.grasp_target,
             state.grasp_target_prev, state.grasp_vel, state.grasp_force, state.grasp_sat, state.force, state.twist_grad, state.xbar, state.w_eff,
             state.edges, state.elen, state.new_edges, state.alpha, state.tri_lo, state.tri_di, state.tri_up,
-            state.tri_rhs, state.tri_cp, state.tri_delta, state.stats,
+            state.tri_rhs, state.tri_cp, state.stats,
             scale, model.inv_mass, model.bend_gersh, state.tension_floor, tension_margin,
             model.solver.stability_target, model.solver.scaled_mass_keeps == "energy",
             model.solver.mass_scaling == "local",

@@ -220,7 +220,6 @@ class ThreadState:
     tri_up: np.ndarray
     tri_rhs: np.ndarray
     tri_cp: np.ndarray
-    tri_delta: np.ndarray
 
     def __post_init__(self) -> None:
         self._carry = _pack_carried(self)
@@ -386,7 +385,7 @@ def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
         inv_mass_tick=model.inv_mass.copy(),
         force=z(n, 3), twist_grad=z(n, 3), xbar=z(n, 3), w_eff=z(n), edges=z(ns, 3), elen=z(ns),
         new_edges=z(ns, 3), alpha=z(ns), tri_lo=z(ns), tri_di=z(ns), tri_up=z(ns), tri_rhs=z(ns),
-        tri_cp=z(ns), tri_delta=z(ns),
+        tri_cp=z(ns),
         cand_i=np.zeros(cap, np.int64), cand_j=np.zeros(cap, np.int64), cand_s=z(cap), cand_t=z(cap),
         cand_d=z(cap), cand_n=z(cap, 3), cand_f=z(cap), cand_fp=z(cap), cand_fa=z(cap, 3), x_ref=np.full((n, 3), np.inf),
         contact_k=z(n), contact_k_act=z(n), turn=z(n), fold=z(n), contact_stats=z(9), grid_head=np.zeros(2 * ns + 1, np.int64),

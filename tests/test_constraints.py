@@ -64,7 +64,7 @@ def _solve(xbar, x, w, rest, compliance, h, method, alpha0=None, tol=1e-12, max_
     elen = np.linalg.norm(e, axis=1)
     alpha = np.zeros(m) if alpha0 is None else alpha0.copy()
     E = np.zeros((m, 3))
-    scratch = [np.zeros(m) for _ in range(6)]
+    scratch = [np.zeros(m) for _ in range(3)]     # di, rhs, cp
     iters, residual = solve_multipliers(xbar, e, elen, w, rest, compliance, h, method, tol, max_iters, alpha, E,
                                         *scratch)
     # Eq. D.3, rebuilt here: x_i^{k+1} = xbar_i + w_i (alpha_i e_i - alpha_{i-1} e_{i-1})
@@ -186,7 +186,7 @@ def test_solving_a_stretched_extensible_thread_again_keeps_its_tension(method):
     tension = alpha * elen / h ** 2
     assert tension.min() > 0.1    # really pulled: stretched by over 0.2 %
     e = np.ascontiguousarray(np.diff(x, axis=0))
-    scratch = [np.zeros(n - 1) for _ in range(6)]   # lo, di, up, rhs, cp, delta
+    scratch = [np.zeros(n - 1) for _ in range(5)]   # lo, di, up, rhs, cp
     extra, new_edges = np.zeros(n - 1), np.zeros((n - 1, 3))
     a2 = alpha.copy()
     solve_again(xn, e, elen, w, rest, comp, h, method, 1e-12, 500, a2, extra, new_edges, *scratch)
