@@ -652,38 +652,40 @@ def splice_section(existing: str, section: list[str], command: str, date: str) -
     """``existing`` (a document written by `suturesim bench`) with the numbered section that ``section``
     starts with ("## 4. ...") replaced by ``section`` -- or, if it has none, ``section`` inserted before
     "## Notes on method" (or at the end) -- and a line saying which command produced it. The other sections
-    stay as they were, and so does whatever the old section holds from a KEEP_BELOW line on (notes written by
-    hand, which a re-run must not delete)."""
+    stay as they were, and so does whatever the old section holds from a KEEP_BELOW line on (keep_notes)."""
     lines = existing.rstrip("\n").split("\n")
     number = section[0].split()[1]            # "4."
     section = [section[0], "", f"*This section: `{command}`, {date}.*", *section[1:]]
     start = next((i for i, line in enumerate(lines) if line.startswith(f"## {number}")), None)
     if start is not None:
         end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        keep = next((i for i in range(start, end) if lines[i].strip() == KEEP_BELOW), None)
-        if keep is not None:
-            while section and section[-1] == "":
-                section.pop()
-            section = [*section, "", *lines[keep:end]]
     else:
         start = end = next((i for i, line in enumerate(lines) if line.startswith("## Notes on method")), len(lines))
         if start == len(lines) and lines and lines[-1] != "":
             section = ["", *section]
-    return "\n".join(lines[:start] + section + lines[end:])
+    return keep_notes(existing, "\n".join(lines[:start] + section + lines[end:]))
+
+
+def _section_notes(lines: list[str]) -> dict[str, list[str]]:
+    """Each numbered section's ("4.") lines from its KEEP_BELOW line to its end, for those that have one."""
+    notes: dict[str, list[str]] = {}
+    for i, line in enumerate(lines):
+        if line.startswith("## ") and line.split()[1][:-1].isdigit():
+            end = next((k for k in range(i + 1, len(lines)) if lines[k].startswith("## ")), len(lines))
+            keep = next((k for k in range(i, end) if lines[k].strip() == KEEP_BELOW), None)
+            if keep is not None:
+                notes[line.split()[1]] = lines[keep:end]
+    return notes
 
 
 def keep_notes(existing: str, new: str) -> str:
-    """``new`` (a whole document from `bench all --out`) with each numbered section's notes from ``existing``:
-    the lines from a section's KEEP_BELOW line to its end, appended to the section of the same number."""
-    old = existing.rstrip("\n").split("\n")
-    notes: dict[str, list[str]] = {}
-    for i, line in enumerate(old):
-        if line.startswith("## ") and line.split()[1][:-1].isdigit():
-            end = next((k for k in range(i + 1, len(old)) if old[k].startswith("## ")), len(old))
-            keep = next((k for k in range(i, end) if old[k].strip() == KEEP_BELOW), None)
-            if keep is not None:
-                notes[line.split()[1]] = old[keep:end]
+    """``new`` (a document `bench --out` wrote anew, whole or one section) with the notes of ``existing``: each
+    numbered section's lines from its KEEP_BELOW line to its end, appended to the section of the same number in
+    ``new`` unless that one has notes of its own."""
+    notes = _section_notes(existing.rstrip("\n").split("\n"))
     lines = new.rstrip("\n").split("\n")
+    for number in _section_notes(lines):
+        notes.pop(number, None)
     out: list[str] = []
     number = None
     for line in [*lines, "## end"]:
