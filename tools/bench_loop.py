@@ -666,15 +666,24 @@ def splice_section(existing: str, section: list[str], command: str, date: str) -
     return keep_notes(existing, "\n".join(lines[:start] + section + lines[end:]))
 
 
+def _section_number(line: str) -> str | None:
+    """"4." for a numbered section's heading ("## 4. ..."), None for any other line."""
+    words = line.split()
+    if line.startswith("## ") and len(words) > 1 and words[1][:-1].isdigit():
+        return words[1]
+    return None
+
+
 def _section_notes(lines: list[str]) -> dict[str, list[str]]:
     """Each numbered section's ("4.") lines from its KEEP_BELOW line to its end, for those that have one."""
     notes: dict[str, list[str]] = {}
     for i, line in enumerate(lines):
-        if line.startswith("## ") and line.split()[1][:-1].isdigit():
+        number = _section_number(line)
+        if number is not None:
             end = next((k for k in range(i + 1, len(lines)) if lines[k].startswith("## ")), len(lines))
             keep = next((k for k in range(i, end) if lines[k].strip() == KEEP_BELOW), None)
             if keep is not None:
-                notes[line.split()[1]] = lines[keep:end]
+                notes[number] = lines[keep:end]
     return notes
 
 
@@ -696,6 +705,6 @@ def keep_notes(existing: str, new: str) -> str:
                 out += ["", *notes[number]]
                 if out[-1] != "":
                     out.append("")
-            number = line.split()[1] if len(line.split()) > 1 else None
+            number = _section_number(line)
         out.append(line)
     return "\n".join(out[:-1])
