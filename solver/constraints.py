@@ -41,7 +41,7 @@ def thomas_solve(lo: np.ndarray, di: np.ndarray, up: np.ndarray, rhs: np.ndarray
         out[j] -= cp[j] * out[j + 1]
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", inline="always")
 def _matrix_row(j: int, m: int, px: float, py: float, pz: float, e: np.ndarray, wl: float, wr: float,
                 dcomp: float) -> tuple:
     """(sub-, main, super-diagonal) of row j of the multipliers' tridiagonal matrix, p . C_jk with the row's

@@ -33,7 +33,7 @@ from numba import njit
 _EPS = 1e-300   # below this a squared length is a point
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", inline="always")
 def segment_closest(p0x, p0y, p0z, p1x, p1y, p1z, q0x, q0y, q0z, q1x, q1y, q1z, out):
     """Closest points of segments [p0, p1] and [q0, q1] (m): writes (s, t, squared distance m^2) into
     ``out[0:3]``; the points are p0 + s (p1 - p0) and q0 + t (q1 - q0)."""
@@ -82,12 +82,12 @@ _FORWARD = np.array([(ox, oy, oz) for ox in (-1, 0, 1) for oy in (-1, 0, 1) for 
                      if (ox, oy, oz) > (0, 0, 0)], dtype=np.int64)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", inline="always")
 def _cell(v: float, inv: float) -> int:
     return int(np.floor(v * inv))
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", inline="always")
 def _hash(ix: int, iy: int, iz: int, mask: int) -> int:
     # large primes mixing the three coordinates (Teschner et al. 2003's spatial hash), then the low bits: the
     # table is a power of two, so no integer division in the 14 bucket visits per segment

@@ -28,7 +28,7 @@ from numba import njit
 from .forces import hinge_cos
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", inline="always")
 def hinge_factor(x: np.ndarray, i: int) -> float:
     """How much stiffer hinge i is than a straight one, (E'' + |E'|) / E''(0) for E(phi) = tan^2(phi/2): with
     u = tan^2(phi/2) = (1-c)/(1+c) and sec^2 = 1 + u, E' = tan sec^2, E'' = sec^4/2 + tan^2 sec^2 and
@@ -79,7 +79,7 @@ def vertex_fold(fold: np.ndarray, i: int, contact_k: np.ndarray, local: bool, wh
     return whole
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", inline="always")
 def vertex_stiffness(i: int, bend_gersh: np.ndarray, fac: float, rest: np.ndarray, tension: np.ndarray,
                      tension_margin: float, contact_k: np.ndarray) -> float:
     """Gershgorin row sum (N/m) of vertex i: bending scaled by the fold factor, plus the geometric stiffness
@@ -120,7 +120,7 @@ def substeps_for(omega: float, tick: float, target: float, max_substeps: int) ->
     return int(min(max(1, math.ceil(tick * omega / target)), max_substeps))
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", inline="always")
 def _counted(t: float, t_in: float, f: float, local: bool) -> float:
     """The tension (N) the scaling counts of a segment's t, whose inertial part is t_in, under a scale factor f
     at its ends: the inertial part divided by f (local), or all of it (whole-thread). The inertial part is taken
