@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from suturesim.tools.bench_contact import held_knot, held_run
+from suturesim.tools.bench_contact import held_knot, held_run, knot, same_tick
 from suturesim.tools.crossings import crossings, segment_distance
 from suturesim.solver.config import ConfigError
 from suturesim.solver.contact_response import (CP_NEAR, CP_SIZE, CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS,
@@ -393,3 +393,18 @@ def test_a_substep_the_guard_undid_keeps_the_tensions_before_it():
             np.testing.assert_array_equal(state.tension, before)
     assert undone > 500
     assert np.abs(state.tension).max() < 1e3     # N (137 N, read before the thread froze)
+
+
+def test_same_tick_times_one_tick_again_and_puts_the_state_back():
+    """`bench contact`'s machine-noise row: the tick is run again from one state, which it leaves as it was."""
+    sc = knot(40)
+    st = sc.new_state()
+    stepper = Stepper(sc.model, st)
+    for _ in range(20):
+        stepper.tick()
+    x0, t0 = st.x.copy(), float(st.time[0])
+    again = same_tick(stepper, 5)
+    assert again.shape == (5,) and np.all(again > 0.0)
+    assert np.array_equal(st.x, x0) and float(st.time[0]) == t0
+    stepper.tick()
+    assert not np.array_equal(st.x, x0)   # the tick it timed moves the knot: it was real work
