@@ -140,6 +140,7 @@ def test_openhaptics_pull_taut_forces_match_clamp_and_latency(rig):
     r = rig().serve()
     wait_for(lambda: pulled_past_reach(r), 20.0, what="the stylus past the thread's reach")
     time.sleep(0.5)
+    t_stop = time.monotonic_ns()   # after it, the watchdog's ramp to zero: forces never published
     assert r.stop() == 0, r.d.output()
     log = r.emulator()
     t_f, f = emulator_forces(log)
@@ -151,7 +152,7 @@ def test_openhaptics_pull_taut_forces_match_clamp_and_latency(rig):
     # what the device received is what `force` published (identity rotation: the same floats)
     published = {tuple(m["force"]) for m in r.forces()}
     t_first = r.msgs[0][0] * 1e9 + 5e6           # forces sent before the subscriber joined cannot match
-    live = (mags > 0.0) & (t_f > t_first)
+    live = (mags > 0.0) & (t_f > t_first) & (t_f < t_stop)
     matched = np.array([tuple(v) in published for v in f[live]])
     assert matched.mean() > 0.99, f"{(~matched).sum()} of {matched.size} device forces were never published"
     pub_mags = np.array([np.linalg.norm(m["force"]) for m in r.forces()])
@@ -338,12 +339,16 @@ devices:
     r = rig(script=script, config=config).serve()
     wait_for(lambda: any(m["pose"][0] > 0.459 for m in r.forces("stylus0")), 20.0, what="the hands apart")
     time.sleep(0.5)
+    # the motors' forces up to the stop: after it the physics no longer publishes, and the safety's watchdog ramps
+    # each device to zero over 50 ms (forces never published). Left among the last 300, that ramp failed a run of
+    # the full suite (0.86 of them matched) when the physics stopped before the devices.
+    t_stop = time.monotonic_ns()
     assert r.stop() == 0, r.d.output()
     log = r.emulator()
     f = log[log["kind"] == emu.LOG_FORCE]
     t_first = r.msgs[0][0] * 1e9 + 5e6
     for handle, device, sign in ((0, "stylus0", -1.0), (1, "stylus1", -1.0)):
-        mine = f[(f["d"] == handle) & (f["t_ns"] > t_first)]
+        mine = f[(f["d"] == handle) & (f["t_ns"] > t_first) & (f["t_ns"] < t_stop)]
         vec = np.column_stack([mine["a"], mine["b"], mine["c"]])
         published = {tuple(m["force"]) for m in r.forces(device)}
         # each device's motors got its own published stream; the second device's frame is turned by 180°
