@@ -149,24 +149,6 @@ def _move_pair(x: np.ndarray, a: int, b: int, s: float, t: float, w: np.ndarray,
 
 
 @njit(cache=True, error_model="numpy")
-def copy_neighbour_list(n: int, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa,
-                        to_i, to_j, to_s, to_t, to_d, to_n, to_f, to_fp, to_fa) -> None:
-    """The first ``n`` pairs of a neighbour list into another (rows past the count are never read: a rebuild
-    writes them before the count covers them)."""
-    for c in range(n):
-        to_i[c] = cand_i[c]
-        to_j[c] = cand_j[c]
-        to_s[c] = cand_s[c]
-        to_t[c] = cand_t[c]
-        to_d[c] = cand_d[c]
-        to_f[c] = cand_f[c]
-        to_fp[c] = cand_fp[c]
-        for d in range(3):
-            to_n[c, d] = cand_n[c, d]
-            to_fa[c, d] = cand_fa[c, d]
-
-
-@njit(cache=True, error_model="numpy")
 def rebuild_neighbours(x: np.ndarray, cpar: np.ndarray, skin: float, exclude: int, head, nxt, cells, scratch,
                        cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_fp, old_j, old_n, old_fp, old_next,
                        seg_head, x_ref, cstats) -> None:

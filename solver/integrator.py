@@ -26,7 +26,7 @@ from .contact_response import (CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECT
                                enforce_min_gap, guard_crossings, largest_step, neighbours_stale, penalty_forces,
                                rebuild_neighbours)
 from .forces import accumulate_forces, edge_vectors
-from .model import ThreadModel, ThreadState, TickCopy
+from .model import BUF_CARRIED_F, BUF_CARRIED_I, STATE_FIELDS, ThreadModel, ThreadState, TickCopy
 from .motion import apply_motions
 from .stability import omega_bound, scale_masses, substeps_for
 from .needle import (NP_WIRE, needle_constraints, needle_finish, needle_held, needle_pierce, needle_thread,
@@ -427,6 +427,91 @@ def rescale_history(x: np.ndarray, x_prev: np.ndarray, ratio: float) -> None:
 
 _NO_TRACE = np.zeros((0, 0, 3))
 
+# rows of ThreadState.packed's layout that the step reads
+(_X, _X_PREV, _TENSION, _TENSION_IN, _TENSION_FLOOR, _TWIST, _KIN_TARGET, _EXT_FORCE, _GRASP_VERTEX, _GRASP_K,
+ _GRASP_C, _GRASP_FMAX, _GRASP_TARGET, _GRASP_TARGET_PREV, _GRASP_VEL, _GRASP_FORCE, _GRASP_SAT, _STATS,
+ _INV_MASS_TICK, _CAND_I, _CAND_J, _CAND_S, _CAND_T, _CAND_D, _CAND_N, _CAND_F, _CAND_FP, _CAND_FA, _X_REF,
+ _CONTACT_K, _CONTACT_K_ACT, _TURN, _FOLD, _CONTACT_STATS, _GRID_HEAD, _GRID_NEXT, _GRID_CELLS, _GRID_SCRATCH,
+ _ALPHA_EXTRA, _OLD_J, _OLD_N, _OLD_FP, _OLD_NEXT, _SEG_HEAD, _PST, _PUN_I, _PUN_F, _NST, _FORCE, _TWIST_GRAD,
+ _XBAR, _W_EFF, _EDGES, _ELEN, _NEW_EDGES, _ALPHA, _TRI_LO, _TRI_DI, _TRI_UP, _TRI_RHS, _TRI_CP) = (
+    STATE_FIELDS.index(name) for name in (
+        "x", "x_prev", "tension", "tension_in", "tension_floor", "twist", "kin_target", "ext_force", "grasp_vertex",
+        "grasp_k", "grasp_c", "grasp_fmax", "grasp_target", "grasp_target_prev", "grasp_vel", "grasp_force",
+        "grasp_sat", "stats", "inv_mass_tick", "cand_i", "cand_j", "cand_s", "cand_t", "cand_d", "cand_n", "cand_f",
+        "cand_fp", "cand_fa", "x_ref", "contact_k", "contact_k_act", "turn", "fold", "contact_stats", "grid_head",
+        "grid_next", "grid_cells", "grid_scratch", "alpha_extra", "old_j", "old_n", "old_fp", "old_next",
+        "seg_head", "pst", "pun_i", "pun_f", "nst", "force", "twist_grad", "xbar", "w_eff", "edges", "elen",
+        "new_edges", "alpha", "tri_lo", "tri_di", "tri_up", "tri_rhs", "tri_cp"))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _f1(cf, sf, lay, k):
+    """Field k of a packed state (ThreadState.packed): a float64 vector, a view of its buffer."""
+    b = cf if lay[k, 0] == BUF_CARRIED_F else sf
+    return b[lay[k, 1]:lay[k, 1] + lay[k, 2]]
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _f2(cf, sf, lay, k):
+    """Field k of a packed state: a float64 matrix."""
+    b = cf if lay[k, 0] == BUF_CARRIED_F else sf
+    return b[lay[k, 1]:lay[k, 1] + lay[k, 2] * lay[k, 3]].reshape((lay[k, 2], lay[k, 3]))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _i1(ci, si, lay, k):
+    """Field k of a packed state: an int64 vector."""
+    b = ci if lay[k, 0] == BUF_CARRIED_I else si
+    return b[lay[k, 1]:lay[k, 1] + lay[k, 2]]
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _i2(ci, si, lay, k):
+    """Field k of a packed state: an int64 matrix."""
+    b = ci if lay[k, 0] == BUF_CARRIED_I else si
+    return b[lay[k, 1]:lay[k, 1] + lay[k, 2] * lay[k, 3]].reshape((lay[k, 2], lay[k, 3]))
+
+
+@njit(cache=True, error_model="numpy")
+def advance_state(n_sub: int, h: float, t: float,
+                  rest, mass, inv_mass, kinematic, hinge_k, k_d, drag_quad, drag_lin, compliance, gravity, twist_k,
+                  mot_kind, mot_index, mot_t0, mot_t1, mot_vel, method, tol, max_iters, bend_gersh,
+                  scale, tension_margin, target, keep_energy, local, contact_on, cpar, cexclude,
+                  tissue_on, tpar, pads, needle_on, npar, trace, cf, sf, ci, si, cb, lay):
+    """advance() on a packed state (ThreadState.packed: the buffers ``cf``, ``sf`` (float64), ``ci``, ``si``
+    (int64), ``cb`` (int8) and their ``layout``): the fields are rebuilt here as views, so the call from Python
+    unboxes six arrays for the state rather than 61. The model's arrays come as they are (``inv_mass`` also
+    serves as the unscaled masses the scaling starts from)."""
+    advance(n_sub, h, t, rest, mass, _f1(cf, sf, lay, _INV_MASS_TICK), kinematic, hinge_k, k_d, drag_quad,
+            drag_lin, compliance, gravity, twist_k, mot_kind, mot_index, mot_t0, mot_t1, mot_vel, method, tol,
+            max_iters,
+            _f2(cf, sf, lay, _X), _f2(cf, sf, lay, _X_PREV), _f1(cf, sf, lay, _TENSION),
+            _f1(cf, sf, lay, _TENSION_IN), _f1(cf, sf, lay, _TWIST), _f2(cf, sf, lay, _KIN_TARGET),
+            _f2(cf, sf, lay, _EXT_FORCE),
+            _i1(ci, si, lay, _GRASP_VERTEX), _f1(cf, sf, lay, _GRASP_K), _f1(cf, sf, lay, _GRASP_C),
+            _f1(cf, sf, lay, _GRASP_FMAX), _f2(cf, sf, lay, _GRASP_TARGET), _f2(cf, sf, lay, _GRASP_TARGET_PREV),
+            _f2(cf, sf, lay, _GRASP_VEL), _f2(cf, sf, lay, _GRASP_FORCE),
+            cb[lay[_GRASP_SAT, 1]:lay[_GRASP_SAT, 1] + lay[_GRASP_SAT, 2]],
+            _f2(cf, sf, lay, _FORCE), _f2(cf, sf, lay, _TWIST_GRAD), _f2(cf, sf, lay, _XBAR),
+            _f1(cf, sf, lay, _W_EFF), _f2(cf, sf, lay, _EDGES), _f1(cf, sf, lay, _ELEN),
+            _f2(cf, sf, lay, _NEW_EDGES), _f1(cf, sf, lay, _ALPHA),
+            _f1(cf, sf, lay, _TRI_LO), _f1(cf, sf, lay, _TRI_DI), _f1(cf, sf, lay, _TRI_UP),
+            _f1(cf, sf, lay, _TRI_RHS), _f1(cf, sf, lay, _TRI_CP), _f1(cf, sf, lay, _STATS),
+            scale, inv_mass, bend_gersh, _f1(cf, sf, lay, _TENSION_FLOOR), tension_margin, target, keep_energy, local,
+            contact_on, cpar, cexclude,
+            _i1(ci, si, lay, _CAND_I), _i1(ci, si, lay, _CAND_J), _f1(cf, sf, lay, _CAND_S),
+            _f1(cf, sf, lay, _CAND_T), _f1(cf, sf, lay, _CAND_D), _f2(cf, sf, lay, _CAND_N),
+            _f1(cf, sf, lay, _CAND_F), _f1(cf, sf, lay, _CAND_FP), _f2(cf, sf, lay, _CAND_FA),
+            _f2(cf, sf, lay, _X_REF),
+            _f1(cf, sf, lay, _CONTACT_K), _f1(cf, sf, lay, _CONTACT_K_ACT), _f1(cf, sf, lay, _TURN),
+            _f1(cf, sf, lay, _ALPHA_EXTRA), _f1(cf, sf, lay, _CONTACT_STATS),
+            _i1(ci, si, lay, _GRID_HEAD), _i1(ci, si, lay, _GRID_NEXT), _i2(ci, si, lay, _GRID_CELLS),
+            _f1(cf, sf, lay, _GRID_SCRATCH), _i1(ci, si, lay, _OLD_J), _f2(cf, sf, lay, _OLD_N),
+            _f1(cf, sf, lay, _OLD_FP), _i1(ci, si, lay, _OLD_NEXT), _i1(ci, si, lay, _SEG_HEAD),
+            _f1(cf, sf, lay, _FOLD), trace,
+            tissue_on, tpar, pads, _f2(cf, sf, lay, _PST), _i2(ci, si, lay, _PUN_I), _f2(cf, sf, lay, _PUN_F),
+            needle_on, npar, _f1(cf, sf, lay, _NST))
+
 
 def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, scale: bool = False,
          tension_margin: float = 1.5, trace: np.ndarray | None = None) -> None:
@@ -441,27 +526,15 @@ def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, scale: bo
         np.copyto(state.inv_mass_tick, model.inv_mass)
     # with scale, inv_mass_tick still holds the masses of the previous substep, which scale_masses needs
     s = model.solver
-    advance(n_sub, h, state.time[0],
-            model.rest_length, model.mass, state.inv_mass_tick, model.kinematic, model.hinge_k,
-            model.bending_dissipation, model.drag_quad, model.drag_lin, model.compliance, model.gravity,
-            model.twist_k, model.mot_kind, model.mot_index, model.mot_t0, model.mot_t1, model.mot_vel,
-            model.method_code, s.tol, s.max_iters,
-            state.x, state.x_prev, state.tension, state.tension_in, state.twist, state.kin_target, state.ext_force,
-            state.grasp_vertex, state.grasp_k, state.grasp_c, state.grasp_fmax, state.grasp_target,
-            state.grasp_target_prev, state.grasp_vel, state.grasp_force, state.grasp_sat, state.force, state.twist_grad, state.xbar, state.w_eff,
-            state.edges, state.elen, state.new_edges, state.alpha, state.tri_lo, state.tri_di, state.tri_up,
-            state.tri_rhs, state.tri_cp, state.stats,
-            scale, model.inv_mass, model.bend_gersh, state.tension_floor, tension_margin,
-            model.solver.stability_target, model.solver.scaled_mass_keeps == "energy",
-            model.solver.mass_scaling == "local",
-            model.contact.enabled, model.contact_par, model.contact.exclude, state.cand_i, state.cand_j,
-            state.cand_s, state.cand_t, state.cand_d, state.cand_n, state.cand_f, state.cand_fp, state.cand_fa,
-            state.x_ref,
-            state.contact_k, state.contact_k_act, state.turn, state.alpha_extra, state.contact_stats, state.grid_head, state.grid_next,
-            state.grid_cells, state.grid_scratch, state.old_j, state.old_n, state.old_fp, state.old_next,
-            state.seg_head, state.fold, _NO_TRACE if trace is None else trace,
-            model.tissue_on, model.tissue_par, model.pads, state.pst, state.pun_i, state.pun_f,
-            model.needle_on, model.needle_par, state.nst)
+    advance_state(n_sub, h, state.time[0],
+                  model.rest_length, model.mass, model.inv_mass, model.kinematic, model.hinge_k,
+                  model.bending_dissipation, model.drag_quad, model.drag_lin, model.compliance, model.gravity,
+                  model.twist_k, model.mot_kind, model.mot_index, model.mot_t0, model.mot_t1, model.mot_vel,
+                  model.method_code, s.tol, s.max_iters, model.bend_gersh,
+                  scale, tension_margin, s.stability_target, s.scaled_mass_keeps == "energy",
+                  s.mass_scaling == "local", model.contact.enabled, model.contact_par, model.contact.exclude,
+                  model.tissue_on, model.tissue_par, model.pads, model.needle_on, model.needle_par,
+                  _NO_TRACE if trace is None else trace, *state.packed())
     state.time[0] += n_sub * h
 
 

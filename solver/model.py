@@ -12,8 +12,9 @@ import math
 from dataclasses import dataclass, field, fields
 
 import numpy as np
+from numba import njit
 
-from .contact_response import CS_COUNT, copy_neighbour_list
+from .contact_response import CS_COUNT
 from .needle import NP_COUNT, NS_COUNT, NS_Q, NS_QT
 from .tissue import MAX_PUNCTURES, PD_COUNT, PD_REST, PF_COUNT, PI_COUNT, PI_MATE, PS_COUNT, PS_X, TP_COUNT
 
@@ -222,10 +223,10 @@ class ThreadState:
     tri_cp: np.ndarray
 
     def __post_init__(self) -> None:
-        self._carry = _pack_carried(self)
+        self._carry, self._scratch, self._layout = _pack(self)
 
     # pickling (a scene built in a worker process) and deepcopy take the arrays one by one; the copy packs them
-    # again, so its carried arrays are views of its own buffers, not independent copies
+    # again, so its arrays are views of its own buffers, not independent copies
     def __getstate__(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
@@ -236,10 +237,16 @@ class ThreadState:
     def copy(self) -> "ThreadState":
         return copy.deepcopy(self)
 
-    def carried(self) -> tuple:
-        """The buffers (one per dtype) whose views are every array a tick carries over to the next: copying
-        these copies the state a tick starts from (TickCopy), bar the neighbour list."""
-        return self._carry
+    def packed(self) -> tuple:
+        """(carried float64, scratch float64, carried int64, scratch int64, carried int8, layout): the five
+        buffers every field is a view of, and where each lies in them, one row per field in STATE_FIELDS order
+        (buffer BUF_*, offset, rows, columns; 1 column for a vector). A kernel handed these rebuilds the fields
+        as views (integrator.advance_state): six arguments instead of one per array (numba unboxes each array
+        argument on every call, about 0.1 us each, and the step reads 61 of the state's). TickCopy copies the
+        carried buffers whole."""
+        cf, ci, cb = self._carry
+        sf, si = self._scratch
+        return cf, sf, ci, si, cb, self._layout
 
     def copy_into(self, other: "ThreadState") -> None:
         """Overwrite ``other``'s arrays in place (no allocation): how reset restores the initial state."""
@@ -255,46 +262,83 @@ TICK_SCRATCH = frozenset(("grid_head", "grid_next", "grid_cells", "grid_scratch"
 NEIGHBOUR_LIST = ("cand_i", "cand_j", "cand_s", "cand_t", "cand_d", "cand_n", "cand_f", "cand_fp", "cand_fa")
 
 
-def _pack_carried(state: ThreadState) -> tuple:
-    """Move every array a tick carries over (all but TICK_SCRATCH and NEIGHBOUR_LIST) into one buffer per
-    dtype, each field becoming a view of it (same shape, C-contiguous, so the kernels see the same types).
-    Copying a tick's start is then a few memcpy's instead of one call per array: for a 200-segment knot,
-    15.3 us a tick with 42 arrays, 5.5 us with the buffers, the neighbour list included (the tick's budget is
-    250 us)."""
+# the buffers of ThreadState.packed, and the dtypes each kind of field is kept in
+BUF_CARRIED_F, BUF_SCRATCH_F, BUF_CARRIED_I, BUF_SCRATCH_I, BUF_CARRIED_B = range(5)
+_CARRIED_BUFFERS = ((np.dtype(np.float64), BUF_CARRIED_F), (np.dtype(np.int64), BUF_CARRIED_I),
+                    (np.dtype(np.int8), BUF_CARRIED_B))
+_SCRATCH_BUFFERS = ((np.dtype(np.float64), BUF_SCRATCH_F), (np.dtype(np.int64), BUF_SCRATCH_I))
+STATE_FIELDS = tuple(f.name for f in fields(ThreadState))
+
+
+def _pack(state: ThreadState) -> tuple:
+    """Move every field into one buffer per dtype and kind, each field becoming a view of it (same shape,
+    C-contiguous, so the kernels see the same types). Returns (carried buffers, scratch buffers, layout).
+
+    Carried: every array a tick carries over (all but TICK_SCRATCH and NEIGHBOUR_LIST). Copying a tick's start is
+    then a few memcpy's instead of one call per array: for a 200-segment knot, 15.3 us a tick with 42 arrays,
+    5.5 us with the buffers, the neighbour list included. Scratch: the rest. The layout (ThreadState.packed)
+    lets a kernel take the buffers instead of the fields."""
     skip = TICK_SCRATCH.union(NEIGHBOUR_LIST)
-    groups: dict = {}
-    for f in fields(state):
-        if f.name not in skip:
-            value = getattr(state, f.name)
-            groups.setdefault(value.dtype.str, []).append((f.name, value))
+    layout = np.zeros((len(STATE_FIELDS), 4), np.int64)
+    carried = _pack_group(state, [n for n in STATE_FIELDS if n not in skip], _CARRIED_BUFFERS, layout)
+    scratch = _pack_group(state, [n for n in STATE_FIELDS if n in skip], _SCRATCH_BUFFERS, layout)
+    return carried, scratch, layout
+
+
+def _pack_group(state: ThreadState, names: list, kinds: tuple, layout: np.ndarray) -> tuple:
+    values = {name: getattr(state, name) for name in names}
+    for name, value in values.items():
+        if value.dtype not in [d for d, _ in kinds] or value.ndim not in (1, 2):
+            raise TypeError(f"ThreadState.{name}: a {value.ndim}-d {value.dtype} array cannot be packed")
     buffers = []
-    for key in sorted(groups):
-        members = groups[key]
-        buf = np.empty(sum(v.size for _, v in members), dtype=np.dtype(key))
+    for dtype, buf_id in kinds:
+        members = [(name, v) for name, v in values.items() if v.dtype == dtype]
+        buf = np.empty(sum(v.size for _, v in members), dtype=dtype)
         at = 0
         for name, value in members:
             view = buf[at:at + value.size].reshape(value.shape)
             view[...] = value
             setattr(state, name, view)
+            layout[STATE_FIELDS.index(name)] = (buf_id, at, value.shape[0], value.shape[1] if value.ndim == 2 else 1)
             at += value.size
         buffers.append(buf)
     return tuple(buffers)
 
 
+_LIST_ROWS = tuple(STATE_FIELDS.index(name) for name in NEIGHBOUR_LIST)
+
+
+@njit(cache=True, error_model="numpy")
+def _copy_tick(cf, ci, cb, sf, si, to_cf, to_ci, to_cb, to_sf, to_si, lay, count) -> None:
+    """The carried buffers whole, and of the neighbour list the first ``count`` pairs (rows past the count are
+    never read: a rebuild writes them before the count covers them), from one packed state into another of the
+    same layout."""
+    to_cf[:] = cf
+    to_ci[:] = ci
+    to_cb[:] = cb
+    for k in _LIST_ROWS:
+        o = lay[k, 1]
+        size = count * lay[k, 3]
+        if lay[k, 0] == BUF_SCRATCH_F:
+            to_sf[o:o + size] = sf[o:o + size]
+        else:
+            to_si[o:o + size] = si[o:o + size]
+
+
 class TickCopy:
     """Copies what a tick starts from, ``src`` into ``dst`` (two states of one model), allocating nothing: the
-    Stepper's backup of the state before a tick, and its restore for a tick run again."""
+    Stepper's backup of the state before a tick, and its restore for a tick run again. One kernel call."""
 
     def __init__(self, src: ThreadState, dst: ThreadState):
-        self._pairs = tuple(zip(src.carried(), dst.carried(), strict=True))
-        self._lists = tuple(getattr(src, name) for name in NEIGHBOUR_LIST) + tuple(
-            getattr(dst, name) for name in NEIGHBOUR_LIST)
+        cf, sf, ci, si, cb, lay = src.packed()
+        to_cf, to_sf, to_ci, to_si, to_cb, to_lay = dst.packed()
+        if not np.array_equal(lay, to_lay):
+            raise ValueError("TickCopy: the two states are not of one model (their layouts differ)")
+        self._args = (cf, ci, cb, sf, si, to_cf, to_ci, to_cb, to_sf, to_si, lay)
         self._count = src.contact_stats
 
     def __call__(self) -> None:
-        for value, target in self._pairs:
-            np.copyto(target, value)
-        copy_neighbour_list(int(self._count[CS_COUNT]), *self._lists)
+        _copy_tick(*self._args, int(self._count[CS_COUNT]))
 
 
 def lumped_masses(rest_length: np.ndarray, linear_density: float) -> np.ndarray:

@@ -80,18 +80,12 @@ def vertex_fold(fold: np.ndarray, i: int, contact_k: np.ndarray, local: bool, wh
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def vertex_stiffness(i: int, bend_gersh: np.ndarray, fac: float, rest: np.ndarray, tension: np.ndarray,
-                     tension_margin: float, contact_k: np.ndarray) -> float:
-    """Gershgorin row sum (N/m) of vertex i: bending scaled by the fold factor, plus the geometric stiffness
-    2 (T_{i-1}/l_{i-1} + T_i/l_i) of the tensions (times tension_margin; compression counts 0), plus the
-    contact springs' row sum ``contact_k[i]``."""
-    n = bend_gersh.shape[0]
-    k = bend_gersh[i] * fac + contact_k[i]
-    if i > 0:
-        k += 2.0 * max(tension[i - 1], 0.0) * tension_margin / rest[i - 1]
-    if i < n - 1:
-        k += 2.0 * max(tension[i], 0.0) * tension_margin / rest[i]
-    return k
+def geometric_stiffness(t: float, length: float, tension_margin: float) -> float:
+    """A segment's share of the Gershgorin row sum (N/m) of each of its two vertices: 2 T / l, the string mode
+    of a taut thread, with the tension T (N) times tension_margin; compression counts 0. Scalars: omega_bound's
+    loop passed the tension and length arrays to an inlined helper, which kept their reference counts per vertex
+    (2.4 us of its 3.4 us on 101 vertices; 0.4 us with scalars)."""
+    return 2.0 * max(t, 0.0) * tension_margin / length
 
 
 @njit(cache=True, error_model="numpy")
@@ -106,8 +100,13 @@ def omega_bound(x: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray, res
     worst = 0.0
     whole = hinge_factors(x, fold)
     for i in range(n):
-        w2 = inv_mass[i] * vertex_stiffness(i, bend_gersh, vertex_fold(fold, i, contact_k, local, whole), rest,
-                                            tension, tension_margin, contact_k)
+        # Gershgorin row sum (N/m): bending scaled by the fold factor, the tensions, the contact springs
+        k = bend_gersh[i] * vertex_fold(fold, i, contact_k, local, whole) + contact_k[i]
+        if i > 0:
+            k += geometric_stiffness(tension[i - 1], rest[i - 1], tension_margin)
+        if i < n - 1:
+            k += geometric_stiffness(tension[i], rest[i], tension_margin)
+        w2 = inv_mass[i] * k
         if w2 > worst:
             worst = w2
     return math.sqrt(worst)
