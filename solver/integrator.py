@@ -473,15 +473,15 @@ def _i2(ci, si, lay, k):
 
 
 @njit(cache=True, error_model="numpy")
-def advance_state(n_sub: int, h: float, t: float,
+def advance_state(n_sub: int, h: float, t: float, scale: bool, tension_margin: float, trace,
                   rest, mass, inv_mass, kinematic, hinge_k, k_d, drag_quad, drag_lin, compliance, gravity, twist_k,
                   mot_kind, mot_index, mot_t0, mot_t1, mot_vel, method, tol, max_iters, bend_gersh,
-                  scale, tension_margin, target, keep_energy, local, contact_on, cpar, cexclude,
-                  tissue_on, tpar, pads, needle_on, npar, trace, cf, sf, ci, si, cb, lay):
+                  target, keep_energy, local, contact_on, cpar, cexclude,
+                  tissue_on, tpar, pads, needle_on, npar, cf, sf, ci, si, cb, lay):
     """advance() on a packed state (ThreadState.packed: the buffers ``cf``, ``sf`` (float64), ``ci``, ``si``
     (int64), ``cb`` (int8) and their ``layout``): the fields are rebuilt here as views, so the call from Python
-    unboxes six arrays for the state rather than 61. The model's arrays come as they are (``inv_mass`` also
-    serves as the unscaled masses the scaling starts from)."""
+    unboxes six arrays for the state rather than 61. The model's arrays and settings come as model_args gives
+    them (``inv_mass`` also serves as the unscaled masses the scaling starts from)."""
     advance(n_sub, h, t, rest, mass, _f1(cf, sf, lay, _INV_MASS_TICK), kinematic, hinge_k, k_d, drag_quad,
             drag_lin, compliance, gravity, twist_k, mot_kind, mot_index, mot_t0, mot_t1, mot_vel, method, tol,
             max_iters,
@@ -513,28 +513,33 @@ def advance_state(n_sub: int, h: float, t: float,
             needle_on, npar, _f1(cf, sf, lay, _NST))
 
 
+def model_args(model: ThreadModel) -> tuple:
+    """advance_state's arguments that come from the model (its arrays and solver settings), in order. A Stepper
+    takes them once; step() otherwise takes them at every call."""
+    s = model.solver
+    return (model.rest_length, model.mass, model.inv_mass, model.kinematic, model.hinge_k,
+            model.bending_dissipation, model.drag_quad, model.drag_lin, model.compliance, model.gravity,
+            model.twist_k, model.mot_kind, model.mot_index, model.mot_t0, model.mot_t1, model.mot_vel,
+            model.method_code, s.tol, s.max_iters, model.bend_gersh, s.stability_target,
+            s.scaled_mass_keeps == "energy", s.mass_scaling == "local", model.contact.enabled, model.contact_par,
+            model.contact.exclude, model.tissue_on, model.tissue_par, model.pads, model.needle_on, model.needle_par)
+
+
 def step(model: ThreadModel, state: ThreadState, n_sub: int, h: float, scale: bool = False,
-         tension_margin: float = 1.5, trace: np.ndarray | None = None) -> None:
+         tension_margin: float = 1.5, trace: np.ndarray | None = None, margs: tuple | None = None) -> None:
     """Advance ``state`` by n_sub substeps of h seconds (one kernel call). With ``scale``, masses are scaled
     before every substep wherever the substep is too long for the local stiffness (docs/PHYSICS.md Sec. 6),
     counting each segment's tension as at least ``state.tension_floor`` (N; tension_floors sets it).
-    ``trace`` (k >= n_sub, n, 3), if given, gets the positions (m) after each substep."""
+    ``trace`` (k >= n_sub, n, 3), if given, gets the positions (m) after each substep. ``margs``: the model's
+    model_args, if the caller keeps them."""
     if h != state.h[0]:
         rescale_history(state.x, state.x_prev, h / state.h[0])
         state.h[0] = h
     if not scale:
         np.copyto(state.inv_mass_tick, model.inv_mass)
     # with scale, inv_mass_tick still holds the masses of the previous substep, which scale_masses needs
-    s = model.solver
-    advance_state(n_sub, h, state.time[0],
-                  model.rest_length, model.mass, model.inv_mass, model.kinematic, model.hinge_k,
-                  model.bending_dissipation, model.drag_quad, model.drag_lin, model.compliance, model.gravity,
-                  model.twist_k, model.mot_kind, model.mot_index, model.mot_t0, model.mot_t1, model.mot_vel,
-                  model.method_code, s.tol, s.max_iters, model.bend_gersh,
-                  scale, tension_margin, s.stability_target, s.scaled_mass_keeps == "energy",
-                  s.mass_scaling == "local", model.contact.enabled, model.contact_par, model.contact.exclude,
-                  model.tissue_on, model.tissue_par, model.pads, model.needle_on, model.needle_par,
-                  _NO_TRACE if trace is None else trace, *state.packed())
+    advance_state(n_sub, h, state.time[0], scale, tension_margin, _NO_TRACE if trace is None else trace,
+                  *(model_args(model) if margs is None else margs), *state.packed())
     state.time[0] += n_sub * h
 
 
@@ -684,6 +689,15 @@ class Stepper:
         self.retries = 0          # ticks run again since this stepper was made
         self.past_budget = 0      # of those, ticks kept with more substeps than solver.max_substeps (overruns)
         self.trace: np.ndarray | None = None   # (k, n, 3): if set, each tick writes its substeps' positions
+        # the kernels' arguments, taken once: a model's arrays and settings do not change during a run, and a
+        # state's arrays are never replaced, only written
+        self._margs = model_args(model)
+        s = model.solver
+        self._plan_args = (state.x, state.tension, state.grasp_vertex, state.grasp_target, state.grasp_k,
+                           state.grasp_fmax, s.scaled_mass_keeps == "energy", model.tissue_on, model.tissue_par,
+                           state.pun_i, state.pun_f, model.inv_mass, model.bend_gersh, model.rest_length,
+                           state.contact_k, self._tension, state.tension_floor, state.fold,
+                           s.mass_scaling == "local")
 
     def tick(self) -> int:
         """Advance one tick; returns the substeps of the run that was kept. Raises SolverDivergence if the
@@ -691,20 +705,16 @@ class Stepper:
         model, state, s = self.model, self.state, self.model.solver
         if s.substeps > 0:
             n = s.substeps
-            step(model, state, n, s.tick / n, trace=self.trace)
+            step(model, state, n, s.tick / n, trace=self.trace, margs=self._margs)
             self._check_finite(n)
             return n
         est = self._tension
-        floor, omega = plan_tick(state.x, state.tension, state.grasp_vertex, state.grasp_target, state.grasp_k,
-                                 state.grasp_fmax, s.scaled_mass_keeps == "energy", model.tissue_on,
-                                 model.tissue_par, state.pun_i, state.pun_f, model.inv_mass, model.bend_gersh,
-                                 model.rest_length, state.contact_k, est, state.tension_floor, state.fold,
-                                 s.mass_scaling == "local")
+        floor, omega = plan_tick(*self._plan_args)
         n, needed = choose_substeps(model, state, est, omega)
         self._save()
         for attempt in range(self.MAX_RETRIES + 1):
             h = s.tick / n
-            step(model, state, n, h, scale=needed > n, trace=self.trace)
+            step(model, state, n, h, scale=needed > n, trace=self.trace, margs=self._margs)
             ok = state.stats[STAT_MAX_RESIDUAL] <= self.CONVERGED  # False for NaN too
             if ok:
                 ok = h * state.stats[STAT_OMEGA_END] < 2.0
