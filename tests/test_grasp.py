@@ -166,8 +166,8 @@ def test_a_runaway_ticks_tensions_are_not_counted_as_static(monkeypatch):
     real = integrator.step
     runs = []
 
-    def runaway_once(model, state, n, h, scale=False, trace=None):
-        real(model, state, n, h, scale=scale, trace=trace)
+    def runaway_once(model, state, n, h, scale=False, trace=None, margs=None):
+        real(model, state, n, h, scale=scale, trace=trace, margs=margs)
         runs.append(n)
         if len(runs) == 1:
             state.tension[:] = 1.4e8
