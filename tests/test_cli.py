@@ -105,6 +105,32 @@ def test_bench_out_replaces_a_sections_figures_and_keeps_its_notes():
     assert "Session 24" not in plain and "| new figures |" in plain
 
 
+def test_bench_one_part_out_keeps_the_other_sections(tmp_path, monkeypatch):
+    """`bench solver --out` and `bench suture --out` update their own sections (1; 2 and 3) of an existing
+    document: a `bench solver --out docs/BENCHMARKS.md` once wrote Sec. 1 alone and lost Sec. 2-7. A suture run
+    without PyElastica leaves Sec. 3 as it was. (The measurements are stubbed: this tests the writing.)"""
+    from suturesim.solver.scenario import load_scenario
+    from suturesim.tools import bench
+
+    monkeypatch.setattr(bench, "measure_sweep", lambda budget, log: None)
+    monkeypatch.setattr(bench, "render_sweep", lambda res: ["## 1. Solver", "", "| new one |", ""])
+    monkeypatch.setattr(bench, "measure_scenarios", lambda budget, log: [None])
+    monkeypatch.setattr(bench, "render_scenarios", lambda res, budget: ["## 2. Scenarios", "", "| new two |", ""])
+    rod = bench.elastica_suture(load_scenario("bench-suture"))
+    monkeypatch.setattr(bench, "measure_elastica", lambda budget, log: bench.ElasticaResult([], rod, skipped="no"))
+    doc = tmp_path / "b.md"
+    sections = [[f"## {k}. Part {k}", "", f"| old {k} |", ""] for k in range(1, 8)]
+    doc.write_text("\n".join(["# Benchmarks", "", *sum(sections, []), "## Notes on method", "", "how"]) + "\n")
+    assert bench.main(["solver", "--out", str(doc)]) == 0
+    text = doc.read_text()
+    assert "| new one |" in text and "| old 1 |" not in text
+    assert all(f"| old {k} |" in text for k in range(2, 8)) and text.rstrip().endswith("how")
+    assert bench.main(["suture", "--out", str(doc)]) == 0
+    text = doc.read_text()
+    assert "| new two |" in text and "| old 2 |" not in text and "| old 3 |" in text   # PyElastica skipped
+    assert "| new one |" in text and all(f"| old {k} |" in text for k in range(4, 8))
+
+
 def test_bench_all_out_keeps_every_sections_notes():
     """`bench all --out` writes the document anew, with each section's notes below its KEEP_BELOW line."""
     from suturesim.tools.bench_loop import KEEP_BELOW, keep_notes

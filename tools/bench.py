@@ -653,51 +653,51 @@ def main(argv: list[str] | None = None) -> int:
     emit(render_machine(info))
 
     t_start = time.perf_counter()
+    measured: list[list[str]] = []   # the sections measured, for a `--out` of one part
+
+    def section(lines: list[str]) -> None:
+        emit(lines)
+        measured.append(lines)
+
     if args.what in ("solver", "all"):
         log("solver sweep ...")
-        emit(render_sweep(measure_sweep(budget, log)))
+        section(render_sweep(measure_sweep(budget, log)))
     if args.what in ("suture", "all"):
         log("scenarios ...")
         scen = measure_scenarios(budget, log)
-        emit(render_scenarios(scen, budget))
+        section(render_scenarios(scen, budget))
         if args.no_elastica:
             log("PyElastica skipped (--no-elastica)")
         else:
             log("PyElastica ...")
             el = measure_elastica(budget, log)
-            if el.skipped:
+            if el.skipped:   # a run without PyElastica leaves a document's comparison as it was
                 log(f"PyElastica skipped: {el.skipped}")
-            emit(render_elastica(el, scen[0]))
-    loop_lines = None
+                emit(render_elastica(el, scen[0]))
+            else:
+                section(render_elastica(el, scen[0]))
     if args.what == "loop" or (args.what == "all" and not args.no_loop):
         from .bench_loop import measure_loop, render_loop
 
         log("server loop ...")
-        loop_lines = render_loop(measure_loop(args.quick, log))
-        emit(loop_lines)
+        section(render_loop(measure_loop(args.quick, log)))
     elif args.what == "all":
         log("server loop skipped (--no-loop)")
-    haptics_lines = None
     if args.what == "haptics" or (args.what == "all" and not args.no_loop):
         from .bench_haptics import measure_haptics, render_haptics
 
         log("haptics ...")
-        haptics_lines = render_haptics(measure_haptics(args.quick, log))
-        emit(haptics_lines)
-    contact_lines = None
+        section(render_haptics(measure_haptics(args.quick, log)))
     if args.what in ("contact", "all"):
         from .bench_contact import measure_contact, render_contact
 
         log("self-contact ...")
-        contact_lines = render_contact(measure_contact(args.quick, log))
-        emit(contact_lines)
-    tissue_lines = None
+        section(render_contact(measure_contact(args.quick, log)))
     if args.what in ("tissue", "all"):
         from .bench_tissue import measure_tissue, render_tissue
 
         log("tissue and the scripted suture ...")
-        tissue_lines = render_tissue(measure_tissue(args.quick, log))
-        emit(tissue_lines)
+        section(render_tissue(measure_tissue(args.quick, log)))
     emit(NOTES)
     log(f"done in {time.perf_counter() - t_start:.0f} s")
 
@@ -705,14 +705,14 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         text = "\n".join(doc)
-        if args.what in ("loop", "haptics", "contact", "tissue") and out.exists():
-            # `bench loop|haptics|contact|tissue --out` updates its own section of an existing document, keeps the
-            # others
+        if args.what != "all" and out.exists():
+            # `bench <part> --out` updates its own sections of an existing document and keeps the others (a
+            # `bench solver --out` wrote a document of Sec. 1 alone, and took Sec. 2-7 with it)
             from .bench_loop import splice_section
 
-            section = {"loop": loop_lines, "haptics": haptics_lines, "contact": contact_lines,
-                       "tissue": tissue_lines}[args.what]
-            text = splice_section(out.read_text(), section, f"{command.strip()}", info["date"])
+            text = out.read_text()
+            for section in measured:
+                text = splice_section(text, section, f"{command.strip()}", info["date"])
         elif out.exists():
             # a whole new document keeps the notes written by hand below each section's KEEP_BELOW line
             from .bench_loop import keep_notes
