@@ -26,7 +26,7 @@ from .contact_response import (CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECT
                                enforce_min_gap, guard_crossings, largest_step, neighbours_stale, penalty_forces,
                                rebuild_neighbours)
 from .forces import accumulate_forces, edge_vectors
-from .model import BUF_CARRIED_F, BUF_CARRIED_I, STATE_FIELDS, ThreadModel, ThreadState, TickCopy
+from .model import BUF_CARRIED_B, BUF_CARRIED_F, BUF_CARRIED_I, STATE_FIELDS, ThreadModel, ThreadState, TickCopy
 from .motion import apply_motions
 from .stability import omega_bound, scale_masses, substeps_for
 from .needle import (NP_WIRE, needle_constraints, needle_finish, needle_held, needle_pierce, needle_thread,
@@ -445,30 +445,22 @@ _NO_TRACE = np.zeros((0, 0, 3))
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _f1(cf, sf, lay, k):
-    """Field k of a packed state (ThreadState.packed): a float64 vector, a view of its buffer."""
-    b = cf if lay[k, 0] == BUF_CARRIED_F else sf
+def _in_carried(lay, k) -> bool:
+    return lay[k, 0] == BUF_CARRIED_F or lay[k, 0] == BUF_CARRIED_I or lay[k, 0] == BUF_CARRIED_B
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _vector(carried, scratch, lay, k):
+    """Field k of a packed state (ThreadState.packed), a vector: a view of the carried or the scratch buffer of
+    its dtype."""
+    b = carried if _in_carried(lay, k) else scratch
     return b[lay[k, 1]:lay[k, 1] + lay[k, 2]]
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _f2(cf, sf, lay, k):
-    """Field k of a packed state: a float64 matrix."""
-    b = cf if lay[k, 0] == BUF_CARRIED_F else sf
-    return b[lay[k, 1]:lay[k, 1] + lay[k, 2] * lay[k, 3]].reshape((lay[k, 2], lay[k, 3]))
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def _i1(ci, si, lay, k):
-    """Field k of a packed state: an int64 vector."""
-    b = ci if lay[k, 0] == BUF_CARRIED_I else si
-    return b[lay[k, 1]:lay[k, 1] + lay[k, 2]]
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def _i2(ci, si, lay, k):
-    """Field k of a packed state: an int64 matrix."""
-    b = ci if lay[k, 0] == BUF_CARRIED_I else si
+def _matrix(carried, scratch, lay, k):
+    """Field k of a packed state, a matrix (rows, columns as the layout says)."""
+    b = carried if _in_carried(lay, k) else scratch
     return b[lay[k, 1]:lay[k, 1] + lay[k, 2] * lay[k, 3]].reshape((lay[k, 2], lay[k, 3]))
 
 
@@ -482,35 +474,38 @@ def advance_state(n_sub: int, h: float, t: float, scale: bool, tension_margin: f
     (int64), ``cb`` (int8) and their ``layout``): the fields are rebuilt here as views, so the call from Python
     unboxes six arrays for the state rather than 61. The model's arrays and settings come as model_args gives
     them (``inv_mass`` also serves as the unscaled masses the scaling starts from)."""
-    advance(n_sub, h, t, rest, mass, _f1(cf, sf, lay, _INV_MASS_TICK), kinematic, hinge_k, k_d, drag_quad,
+    advance(n_sub, h, t, rest, mass, _vector(cf, sf, lay, _INV_MASS_TICK), kinematic, hinge_k, k_d, drag_quad,
             drag_lin, compliance, gravity, twist_k, mot_kind, mot_index, mot_t0, mot_t1, mot_vel, method, tol,
             max_iters,
-            _f2(cf, sf, lay, _X), _f2(cf, sf, lay, _X_PREV), _f1(cf, sf, lay, _TENSION),
-            _f1(cf, sf, lay, _TENSION_IN), _f1(cf, sf, lay, _TWIST), _f2(cf, sf, lay, _KIN_TARGET),
-            _f2(cf, sf, lay, _EXT_FORCE),
-            _i1(ci, si, lay, _GRASP_VERTEX), _f1(cf, sf, lay, _GRASP_K), _f1(cf, sf, lay, _GRASP_C),
-            _f1(cf, sf, lay, _GRASP_FMAX), _f2(cf, sf, lay, _GRASP_TARGET), _f2(cf, sf, lay, _GRASP_TARGET_PREV),
-            _f2(cf, sf, lay, _GRASP_VEL), _f2(cf, sf, lay, _GRASP_FORCE),
-            cb[lay[_GRASP_SAT, 1]:lay[_GRASP_SAT, 1] + lay[_GRASP_SAT, 2]],
-            _f2(cf, sf, lay, _FORCE), _f2(cf, sf, lay, _TWIST_GRAD), _f2(cf, sf, lay, _XBAR),
-            _f1(cf, sf, lay, _W_EFF), _f2(cf, sf, lay, _EDGES), _f1(cf, sf, lay, _ELEN),
-            _f2(cf, sf, lay, _NEW_EDGES), _f1(cf, sf, lay, _ALPHA),
-            _f1(cf, sf, lay, _TRI_LO), _f1(cf, sf, lay, _TRI_DI), _f1(cf, sf, lay, _TRI_UP),
-            _f1(cf, sf, lay, _TRI_RHS), _f1(cf, sf, lay, _TRI_CP), _f1(cf, sf, lay, _STATS),
-            scale, inv_mass, bend_gersh, _f1(cf, sf, lay, _TENSION_FLOOR), tension_margin, target, keep_energy, local,
+            _matrix(cf, sf, lay, _X), _matrix(cf, sf, lay, _X_PREV), _vector(cf, sf, lay, _TENSION),
+            _vector(cf, sf, lay, _TENSION_IN), _vector(cf, sf, lay, _TWIST), _matrix(cf, sf, lay, _KIN_TARGET),
+            _matrix(cf, sf, lay, _EXT_FORCE),
+            _vector(ci, si, lay, _GRASP_VERTEX), _vector(cf, sf, lay, _GRASP_K), _vector(cf, sf, lay, _GRASP_C),
+            _vector(cf, sf, lay, _GRASP_FMAX), _matrix(cf, sf, lay, _GRASP_TARGET),
+            _matrix(cf, sf, lay, _GRASP_TARGET_PREV),
+            _matrix(cf, sf, lay, _GRASP_VEL), _matrix(cf, sf, lay, _GRASP_FORCE),
+            _vector(cb, cb, lay, _GRASP_SAT),
+            _matrix(cf, sf, lay, _FORCE), _matrix(cf, sf, lay, _TWIST_GRAD), _matrix(cf, sf, lay, _XBAR),
+            _vector(cf, sf, lay, _W_EFF), _matrix(cf, sf, lay, _EDGES), _vector(cf, sf, lay, _ELEN),
+            _matrix(cf, sf, lay, _NEW_EDGES), _vector(cf, sf, lay, _ALPHA),
+            _vector(cf, sf, lay, _TRI_LO), _vector(cf, sf, lay, _TRI_DI), _vector(cf, sf, lay, _TRI_UP),
+            _vector(cf, sf, lay, _TRI_RHS), _vector(cf, sf, lay, _TRI_CP), _vector(cf, sf, lay, _STATS),
+            scale, inv_mass, bend_gersh, _vector(cf, sf, lay, _TENSION_FLOOR), tension_margin, target, keep_energy,
+            local,
             contact_on, cpar, cexclude,
-            _i1(ci, si, lay, _CAND_I), _i1(ci, si, lay, _CAND_J), _f1(cf, sf, lay, _CAND_S),
-            _f1(cf, sf, lay, _CAND_T), _f1(cf, sf, lay, _CAND_D), _f2(cf, sf, lay, _CAND_N),
-            _f1(cf, sf, lay, _CAND_F), _f1(cf, sf, lay, _CAND_FP), _f2(cf, sf, lay, _CAND_FA),
-            _f2(cf, sf, lay, _X_REF),
-            _f1(cf, sf, lay, _CONTACT_K), _f1(cf, sf, lay, _CONTACT_K_ACT), _f1(cf, sf, lay, _TURN),
-            _f1(cf, sf, lay, _ALPHA_EXTRA), _f1(cf, sf, lay, _CONTACT_STATS),
-            _i1(ci, si, lay, _GRID_HEAD), _i1(ci, si, lay, _GRID_NEXT), _i2(ci, si, lay, _GRID_CELLS),
-            _f1(cf, sf, lay, _GRID_SCRATCH), _i1(ci, si, lay, _OLD_J), _f2(cf, sf, lay, _OLD_N),
-            _f1(cf, sf, lay, _OLD_FP), _i1(ci, si, lay, _OLD_NEXT), _i1(ci, si, lay, _SEG_HEAD),
-            _f1(cf, sf, lay, _FOLD), trace,
-            tissue_on, tpar, pads, _f2(cf, sf, lay, _PST), _i2(ci, si, lay, _PUN_I), _f2(cf, sf, lay, _PUN_F),
-            needle_on, npar, _f1(cf, sf, lay, _NST))
+            _vector(ci, si, lay, _CAND_I), _vector(ci, si, lay, _CAND_J), _vector(cf, sf, lay, _CAND_S),
+            _vector(cf, sf, lay, _CAND_T), _vector(cf, sf, lay, _CAND_D), _matrix(cf, sf, lay, _CAND_N),
+            _vector(cf, sf, lay, _CAND_F), _vector(cf, sf, lay, _CAND_FP), _matrix(cf, sf, lay, _CAND_FA),
+            _matrix(cf, sf, lay, _X_REF),
+            _vector(cf, sf, lay, _CONTACT_K), _vector(cf, sf, lay, _CONTACT_K_ACT), _vector(cf, sf, lay, _TURN),
+            _vector(cf, sf, lay, _ALPHA_EXTRA), _vector(cf, sf, lay, _CONTACT_STATS),
+            _vector(ci, si, lay, _GRID_HEAD), _vector(ci, si, lay, _GRID_NEXT), _matrix(ci, si, lay, _GRID_CELLS),
+            _vector(cf, sf, lay, _GRID_SCRATCH), _vector(ci, si, lay, _OLD_J), _matrix(cf, sf, lay, _OLD_N),
+            _vector(cf, sf, lay, _OLD_FP), _vector(ci, si, lay, _OLD_NEXT), _vector(ci, si, lay, _SEG_HEAD),
+            _vector(cf, sf, lay, _FOLD), trace,
+            tissue_on, tpar, pads, _matrix(cf, sf, lay, _PST), _matrix(ci, si, lay, _PUN_I),
+            _matrix(cf, sf, lay, _PUN_F),
+            needle_on, npar, _vector(cf, sf, lay, _NST))
 
 
 def model_args(model: ThreadModel) -> tuple:

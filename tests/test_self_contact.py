@@ -408,3 +408,36 @@ def test_same_tick_times_one_tick_again_and_puts_the_state_back():
     assert np.array_equal(st.x, x0) and float(st.time[0]) == t0
     stepper.tick()
     assert not np.array_equal(st.x, x0)   # the tick it timed moves the knot: it was real work
+
+
+def test_a_packed_state_holds_every_field_where_its_layout_says_and_a_tick_copy_puts_it_back():
+    """ThreadState.packed: the step kernel rebuilds the fields from these buffers and the layout
+    (integrator.advance_state), so each field must be the view the layout describes. TickCopy copies the carried
+    buffers and the neighbour list's used rows: after it, the state is the one copied from."""
+    from suturesim.solver.model import (BUF_CARRIED_B, BUF_CARRIED_F, BUF_CARRIED_I, BUF_SCRATCH_F, BUF_SCRATCH_I,
+                                        NEIGHBOUR_LIST, STATE_FIELDS, TickCopy)
+
+    sc = knot(40)
+    st = sc.new_state()
+    cf, sf, ci, si, cb, lay = st.packed()
+    buffers = {BUF_CARRIED_F: cf, BUF_SCRATCH_F: sf, BUF_CARRIED_I: ci, BUF_SCRATCH_I: si, BUF_CARRIED_B: cb}
+    for k, name in enumerate(STATE_FIELDS):
+        field = getattr(st, name)
+        buf, at, rows, cols = lay[k]
+        assert field.shape in ((rows,), (rows, cols)) and (field.ndim == 2 or cols == 1), name
+        view = buffers[buf][at:at + field.size].reshape(field.shape)
+        assert view.dtype == field.dtype and np.array_equal(view, field), name
+        assert field.size == 0 or np.shares_memory(view, field), name
+    stepper = Stepper(sc.model, st)
+    for _ in range(30):
+        stepper.tick()
+    saved = st.copy()
+    TickCopy(st, saved)()          # copies into an independent state of the same model
+    for _ in range(10):
+        stepper.tick()
+    assert not np.array_equal(st.x, saved.x)
+    TickCopy(saved, st)()
+    count = int(saved.contact_stats[CS_COUNT])
+    assert count > 0 and np.array_equal(st.x, saved.x) and np.array_equal(st.tension, saved.tension)
+    for name in NEIGHBOUR_LIST:
+        assert np.array_equal(getattr(st, name)[:count], getattr(saved, name)[:count]), name
