@@ -22,8 +22,8 @@ from numba import njit
 
 from .constraints import inertial_tension, solve_multipliers
 from .contact_response import (CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS, CS_REBUILDS,
-                               CS_REVERTED, CS_SKIN, CS_STICKING, CP_MIN_GAP, CP_ROUNDS, CP_SKIN, apply_friction,
-                               enforce_min_gap, guard_crossings, largest_step, neighbours_stale, penalty_forces,
+                               CS_REVERTED, CS_SKIN, CS_STICKING, CP_MIN_GAP, CP_ROUNDS, CP_SETTLE, CP_SKIN,
+                               apply_friction, enforce_min_gap, guard_crossings, largest_step, neighbours_stale, penalty_forces,
                                rebuild_neighbours)
 from .forces import accumulate_forces, edge_vectors
 from .model import BUF_CARRIED_B, BUF_CARRIED_F, BUF_CARRIED_I, STATE_FIELDS, ThreadModel, ThreadState, TickCopy
@@ -49,16 +49,14 @@ STAT_OMEGA_END = 9      # stability bound (rad/s) at the masses, tensions and ac
 
 
 PAD_CRACK = 3.0      # thread radii left between two pads that meet: the thread that crosses between them
-FRICTION_TOL = 1e-3  # friction has settled when a round changes no contact point by more than this x min_gap,
-                     # at substeps of FRICTION_H or longer (friction_rounds)
 FRICTION_H = 2.5e-4  # s: the substep the tolerance and the contact rounds are set for (4 substeps of a 1 ms tick)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def friction_rounds(rounds: int, min_gap: float, h: float) -> tuple:
+def friction_rounds(rounds: int, min_gap: float, settle: float, h: float) -> tuple:
     """The rounds of floor, friction and constraint solve a substep of ``h`` seconds may take, and the change
-    (m) of a contact point under which friction has settled, for the scenario's ``contact.rounds`` and
-    ``min_gap`` (m). At h >= FRICTION_H, those as given.
+    (m) of a contact point under which friction has settled, for the scenario's ``contact.rounds``,
+    ``min_gap`` (m) and ``settle`` (a fraction of min_gap). At h >= FRICTION_H, those as given.
 
     Below it both follow the substep: the slip friction answers in a substep, and what a round leaves of it,
     scale as h^2 (forces times h^2), while what is left at the end of a substep becomes a velocity, its size
@@ -69,7 +67,7 @@ def friction_rounds(rounds: int, min_gap: float, h: float) -> tuple:
     solve converges more slowly at short substeps, and a substep that runs out of rounds ends on a solve,
     whose slide is slip no friction answers (6 rounds at 16 substeps ran out in 15.9 substeps of 16 and the
     knot slid 25 mm in 7 s; 12 held it; docs/PHYSICS.md Sec. 7)."""
-    tol = FRICTION_TOL * min_gap
+    tol = settle * min_gap
     if h >= FRICTION_H * (1.0 - 1e-9):   # a 1 ms tick in 4 substeps exactly as before
         return rounds, tol
     r = FRICTION_H / h
@@ -254,7 +252,7 @@ def substep(h: float, t: float,
         # the no-crossing floor, then the constraints again: a few rounds meet both (contact_response.py)
         # friction again after each solve (the solve's slide along the edges is slip), until both settle
         raised = 0
-        rounds, settled = friction_rounds(int(cpar[CP_ROUNDS]), cpar[CP_MIN_GAP], h)
+        rounds, settled = friction_rounds(int(cpar[CP_ROUNDS]), cpar[CP_MIN_GAP], cpar[CP_SETTLE], h)
         for _ in range(rounds):
             raised = enforce_min_gap(xbar, w_eff, h, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n,
                                      cand_fp)

@@ -80,6 +80,7 @@ class ContactSettings:
     max_pairs: int = 0            # neighbour-list capacity (0: 32 per segment)
     rounds: int = 32              # rounds of (no-crossing floor, friction, constraint solve) per substep at most
     polygon_friction: bool = True   # friction's normal force scaled so a polyline's capstan is a rope's
+    settle: float = 1e-3          # friction has settled when a round moves no contact point more than this x min_gap
 
     def near_pairs_clear(self, rest_length: np.ndarray) -> bool:
         """Whether the pair one segment past the excluded ones lies clear of touching on a straight thread (the
@@ -101,7 +102,8 @@ class ContactSettings:
         scaling)."""
         return np.array([self.stiffness, self.distance, self.smooth, self.min_gap, self.friction_static,
                          self.friction_kinetic, self.skin, self.recover_speed, float(self.rounds),
-                         float(self.polygon_friction), float(self.exclude + 1) if near_reach else 0.0])
+                         float(self.polygon_friction), float(self.exclude + 1) if near_reach else 0.0,
+                         self.settle])
 
 
 @dataclass

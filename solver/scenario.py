@@ -404,7 +404,8 @@ def _contact(sec: Section | None, params, rest: np.ndarray) -> ContactSettings:
                         maxval=max(1, rest.shape[0] - 2)),
         max_pairs=sec.get("max_pairs", int, 32 * rest.shape[0], minval=1, maxval=10_000_000),
         rounds=sec.get("rounds", int, 32, minval=1, maxval=256),
-        polygon_friction=sec.get("polygon_friction", bool, True))
+        polygon_friction=sec.get("polygon_friction", bool, True),
+        settle=sec.get("settle", float, ContactSettings.settle, above=0.0, maxval=1.0))
     sec.finish()
     return settings
 

@@ -11,10 +11,10 @@ import pytest
 from suturesim.tools.bench_contact import held_knot, held_run, knot, same_tick
 from suturesim.tools.crossings import crossings, segment_distance
 from suturesim.solver.config import ConfigError
-from suturesim.solver.contact_response import (CP_NEAR, CP_SIZE, CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS,
-                                               CS_REBUILDS, CS_REVERTED, apply_friction, enforce_min_gap,
+from suturesim.solver.contact_response import (CP_NEAR, CP_SETTLE, CP_SIZE, CS_CONTACTS, CS_COUNT, CS_PENETRATION,
+                                               CS_PROJECTIONS, CS_REBUILDS, CS_REVERTED, apply_friction, enforce_min_gap,
                                                penalty_forces)
-from suturesim.solver.integrator import FRICTION_TOL, Stepper, friction_rounds
+from suturesim.solver.integrator import Stepper, friction_rounds
 from suturesim.solver.model import ContactSettings
 from suturesim.solver.scenario import build_scenario, load_scenario
 
@@ -353,13 +353,26 @@ def test_the_served_scenes_have_contact_on():
 def test_friction_rounds_and_tolerance_follow_a_short_substep():
     # at 4 substeps of a 1 ms tick or fewer, as configured; at 64 the tolerance is 256 times finer (it scales
     # as the slip it answers, h^2) and the rounds 4 times more (integrator.friction_rounds)
-    gap = 5e-4
-    assert friction_rounds(6, gap, 1e-3 / 4) == (6, FRICTION_TOL * gap)
-    assert friction_rounds(6, gap, 1e-3) == (6, FRICTION_TOL * gap)
-    rounds, tol = friction_rounds(6, gap, 1e-3 / 64)
-    assert rounds == 24 and tol == pytest.approx(FRICTION_TOL * gap / 256)
-    rounds, tol = friction_rounds(6, gap, 1e-3 / 16)
-    assert rounds == 12 and tol == pytest.approx(FRICTION_TOL * gap / 16)
+    gap, settle = 5e-4, ContactSettings.settle
+    assert friction_rounds(6, gap, settle, 1e-3 / 4) == (6, settle * gap)
+    assert friction_rounds(6, gap, settle, 1e-3) == (6, settle * gap)
+    assert friction_rounds(6, gap, settle / 10, 1e-3 / 4) == (6, pytest.approx(settle * gap / 10))
+    rounds, tol = friction_rounds(6, gap, settle, 1e-3 / 64)
+    assert rounds == 24 and tol == pytest.approx(settle * gap / 256)
+    rounds, tol = friction_rounds(6, gap, settle, 1e-3 / 16)
+    assert rounds == 12 and tol == pytest.approx(settle * gap / 16)
+
+
+def test_contact_settle_reaches_the_kernels_and_is_checked():
+    """`contact.settle` (friction's settling tolerance, a fraction of min_gap) is read from a scenario, lands in
+    the kernels' parameter vector, and a value out of bounds names its key."""
+    base = {"contact": {"distance": 0.001}}
+    assert load_scenario("default", base).model.contact_par[CP_SETTLE] == ContactSettings.settle
+    m = load_scenario("default", {"contact": {"distance": 0.001, "settle": 1e-4}}).model
+    assert m.contact.settle == 1e-4 and m.contact_par[CP_SETTLE] == 1e-4
+    for bad in (0.0, -1e-3, 2.0):
+        with pytest.raises(ConfigError, match="settle"):
+            load_scenario("default", {"contact": {"settle": bad}})
 
 
 def test_a_knot_held_at_the_styluses_keeps_its_tension():

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..solver.config import load_yaml
-from ..solver.contact_response import (CP_MIN_GAP, CP_ROUNDS, CS_CONTACTS, CS_COUNT, CS_REVERTED, apply_friction,
-                                       enforce_min_gap, penalty_forces, rebuild_neighbours)
+from ..solver.contact_response import (CP_MIN_GAP, CP_ROUNDS, CP_SETTLE, CS_CONTACTS, CS_COUNT, CS_REVERTED,
+                                       apply_friction, enforce_min_gap, penalty_forces, rebuild_neighbours)
 from ..solver.integrator import STAT_MASS_FACTOR, SolverDivergence, Stepper, friction_rounds
 from ..solver.model import TickCopy
 from ..solver.scenario import Scenario, build_scenario, load_scenario, scenario_path
@@ -197,7 +197,7 @@ def held_run(label: str, sc: Scenario) -> HeldRun:
                        tension[0], undone[0], 0, len(e2e) * sc.model.solver.tick)
     n = float(np.median(subs[split:]))
     rounds, _ = friction_rounds(int(sc.model.contact_par[CP_ROUNDS]), sc.model.contact_par[CP_MIN_GAP],
-                                sc.model.solver.tick / n)
+                                sc.model.contact_par[CP_SETTLE], sc.model.solver.tick / n)
     return HeldRun(label, times[:split], times[split:], n, rounds, float(force[split:].mean()),
                    float(np.sqrt(np.mean(np.diff(force[split:]) ** 2))), e2e[-1] - e2e[split], tension[0],
                    undone[0], stepper.retries)

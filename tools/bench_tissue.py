@@ -4,7 +4,7 @@ docs/BENCHMARKS.md).
 1. Tick time (1 ms of simulation, all its substeps, as the server's loop calls it) of the whole scripted simple
    interrupted suture (configs/scenarios/simple-interrupted-suture.yaml), p50 / p99 / max, over the whole scene
    and over each of its phases: the needle's bite, drawing the thread through, the double throw, cinching it,
-   the knot holding alone. A tick is what the server's loop runs: `Stepper.tick` and `SutureWatch.check` (the
+   the second throw, cinching the surgeon's knot, the knot holding alone. A tick is what the server's loop runs: `Stepper.tick` and `SutureWatch.check` (the
    events and the knot read from the thread's topology), whose own share is reported too.
 2. The same scene with the tissue and the needle left out of the step (the thread, its grasps and self-contact
    alone on the same states), which says what the tissue adds.
@@ -25,7 +25,10 @@ SCENE = "simple-interrupted-suture"
 # the scene's phases, by its timeline (s)
 PHASES = (("needle bite (tip in and out of both edges)", 0.0, 4.0), ("drawing the thread through", 4.0, 6.5),
           ("the double throw (the tail twice through the strands' loop)", 6.5, 13.6),
-          ("cinching (3 N in each hand)", 13.6, 16.0), ("the knot holding the wound, both hands let go", 16.0, 20.0))
+          ("cinching it (3 N in each hand)", 13.6, 17.0),
+          ("the second throw (the tail through the crossed strands' loop the other way)", 17.0, 22.9),
+          ("cinching the surgeon's knot (3 N in each hand)", 22.9, 24.9),
+          ("the knot holding the wound, both hands let go", 24.9, 32.0))
 TARGET_P99_US = 500.0
 
 
