@@ -56,7 +56,7 @@ CP_ROUNDS = 8       # rounds of (no-crossing floor, friction, constraint solve) 
 CP_POLYGON = 9      # 1: friction's normal force scaled by polygon_gain (a polyline's capstan made a rope's)
 CP_NEAR = 10        # segments apart (exclude + 1) at or below which a pair counts for the stability bound only as
                     # its approach brings it near (REACH_*); 0: every pair half a skin ahead
-CP_SETTLE = 11     # friction has settled when a round moves no contact point by more than this x min_gap, at
+CP_SETTLE = 11      # friction has settled when a round moves no contact point by more than this x min_gap, at
                     # substeps of 0.25 ms or longer (integrator.friction_rounds)
 CP_SIZE = 12
 

@@ -23,8 +23,8 @@ from numba import njit
 from .constraints import inertial_tension, solve_multipliers
 from .contact_response import (CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS, CS_REBUILDS,
                                CS_REVERTED, CS_SKIN, CS_STICKING, CP_MIN_GAP, CP_ROUNDS, CP_SETTLE, CP_SKIN,
-                               apply_friction, enforce_min_gap, guard_crossings, largest_step, neighbours_stale, penalty_forces,
-                               rebuild_neighbours)
+                               apply_friction, enforce_min_gap, guard_crossings, largest_step, neighbours_stale,
+                               penalty_forces, rebuild_neighbours)
 from .forces import accumulate_forces, edge_vectors
 from .model import BUF_CARRIED_B, BUF_CARRIED_F, BUF_CARRIED_I, STATE_FIELDS, ThreadModel, ThreadState, TickCopy
 from .motion import apply_motions
