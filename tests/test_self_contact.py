@@ -12,8 +12,8 @@ from suturesim.tools.bench_contact import held_knot, held_run, knot, same_tick
 from suturesim.tools.crossings import crossings, segment_distance
 from suturesim.solver.config import ConfigError
 from suturesim.solver.contact_response import (CP_NEAR, CP_SETTLE, CP_SIZE, CS_CONTACTS, CS_COUNT, CS_PENETRATION,
-                                               CS_PROJECTIONS, CS_REBUILDS, CS_REVERTED, apply_friction, enforce_min_gap,
-                                               penalty_forces)
+                                               CS_PROJECTIONS, CS_REBUILDS, CS_REVERTED, apply_friction,
+                                               enforce_min_gap, penalty_forces)
 from suturesim.solver.integrator import Stepper, friction_rounds
 from suturesim.solver.model import ContactSettings
 from suturesim.solver.scenario import build_scenario, load_scenario

@@ -1,9 +1,9 @@
 """The scripted simple interrupted suture (configs/scenarios/simple-interrupted-suture.yaml, issue 7): the needle
 bites through both edges of the wound, the thread is drawn through, a surgeon's knot is tied by hand (a double
 throw, cinched, and a half knot of the other hand on it, cinched), the wound closes and stays closed when both
-hands let go; in `serve` with two simulated styluses, recorded, and resimulated exactly. And the second throw tied with the needle
-(configs/scenarios/needle-tie-surgeons-knot.yaml): a surgeon's knot that holds the wound closed when both hands
-let go."""
+hands let go; in `serve` with two simulated styluses, recorded, and resimulated exactly. And the second throw
+tied with the needle (configs/scenarios/needle-tie-surgeons-knot.yaml): a surgeon's knot that holds the wound
+closed when both hands let go."""
 from __future__ import annotations
 
 import subprocess

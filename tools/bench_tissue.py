@@ -4,8 +4,9 @@ docs/BENCHMARKS.md).
 1. Tick time (1 ms of simulation, all its substeps, as the server's loop calls it) of the whole scripted simple
    interrupted suture (configs/scenarios/simple-interrupted-suture.yaml), p50 / p99 / max, over the whole scene
    and over each of its phases: the needle's bite, drawing the thread through, the double throw, cinching it,
-   the second throw, cinching the surgeon's knot, the knot holding alone. A tick is what the server's loop runs: `Stepper.tick` and `SutureWatch.check` (the
-   events and the knot read from the thread's topology), whose own share is reported too.
+   the second throw, cinching the surgeon's knot, the knot holding alone. A tick is what the server's loop
+   runs: `Stepper.tick` and `SutureWatch.check` (the events and the knot read from the thread's topology),
+   whose own share is reported too.
 2. The same scene with the tissue and the needle left out of the step (the thread, its grasps and self-contact
    alone on the same states), which says what the tissue adds.
 """
