@@ -329,13 +329,15 @@ def penalty_forces(x: np.ndarray, x_prev: np.ndarray, cpar: np.ndarray, n_cand: 
 
 
 @njit(cache=True, error_model="numpy")
-def apply_friction(x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h: float, cpar: np.ndarray, n_cand: int,
-                   cand_i, cand_j, cand_s, cand_t, cand_n, cand_f, cand_fa) -> tuple:
+def apply_friction(x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h: float, cpar: np.ndarray,
+                   pairs: np.ndarray, n_pairs: int, cand_i, cand_j, cand_s, cand_t, cand_n, cand_f, cand_fa) -> tuple:
     """Coulomb friction on the positions ``xbar`` (m) the substep is heading to, pair by pair (Gauss-Seidel):
-    stick within the static cone mu_s f_n, else slide against mu_k f_n. Called before the constraint solve and
-    again after each solve (whose displacement along the edges is sliding along the strands), so ``cand_fa``
-    (P, 3) accumulates the change of the pair's relative point that friction has made this substep, and each
-    call sets the total, not adds another share. Returns (sticking pairs, largest change made, m)."""
+    stick within the static cone mu_s f_n, else slide against mu_k f_n, on the pairs ``pairs[:n_pairs]``
+    (pressed_pairs lists those with a normal force: the others have no cone). Called before the constraint solve
+    and again after each solve (whose displacement along the edges is sliding along the strands), so
+    ``cand_fa`` (P, 3) accumulates the change of the pair's relative point that friction has made this
+    substep, and each call sets the total, not adds another share. Returns (sticking pairs, largest change
+    made, m)."""
     mu_s = cpar[CP_MU_S]
     mu_k = cpar[CP_MU_K]
     if mu_s <= 0.0 and mu_k <= 0.0:
@@ -343,7 +345,8 @@ def apply_friction(x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h: float,
     h2 = h * h
     sticking = 0
     moved = 0.0
-    for c in range(n_cand):
+    for k in range(n_pairs):
+        c = pairs[k]
         fn = cand_f[c]
         if fn <= 0.0:
             continue
@@ -389,6 +392,38 @@ def apply_friction(x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h: float,
     return sticking, moved
 
 
+@njit(cache=True, error_model="numpy")
+def pressed_pairs(n_cand: int, cand_f: np.ndarray, out: np.ndarray) -> int:
+    """The pairs with a normal force this substep (``cand_f`` > 0, the only ones friction acts on) into
+    ``out`` in list order (so friction's Gauss-Seidel sweep visits them as a sweep over all would); returns
+    how many. In a held knot about 60 of the 280 listed pairs press (docs/PHYSICS.md Sec. 9)."""
+    k = 0
+    for c in range(n_cand):
+        if cand_f[c] > 0.0:
+            out[k] = c
+            k += 1
+    return k
+
+
+@njit(cache=True, error_model="numpy")
+def floor_pairs(cpar: np.ndarray, n_cand: int, cand_d: np.ndarray, cand_fp: np.ndarray, reach: float,
+                out: np.ndarray) -> int:
+    """The pairs the no-crossing floor may act on while no vertex is more than ``reach`` / 2 (m) from where the
+    substep started, into ``out`` in list order; returns how many. The floor raises a gap only below min_gap
+    and pulls only where it holds a force (``cand_fp``). A pair's frozen-normal gap moves by at most the sum of
+    its four vertices' moves times their weights, which sum to 1 on each strand: at most twice the largest move.
+    So a pair without a floor force whose gap at the start (``cand_d``) is min_gap + ``reach`` or more stays
+    out of the floor's reach, and a sweep over the rest does what a sweep over all does, bit for bit. In a
+    held knot about 10 of the 280 listed pairs are within reach."""
+    lim = cpar[CP_MIN_GAP] + reach
+    k = 0
+    for c in range(n_cand):
+        if cand_d[c] < lim or cand_fp[c] > 0.0:
+            out[k] = c
+            k += 1
+    return k
+
+
 @njit(cache=True, error_model="numpy", inline="always")
 def _frozen_gap(x: np.ndarray, c: int, cand_i, cand_j, cand_s, cand_t, cand_n) -> float:
     """Pair c's gap (m) at positions x, along its frozen normal, between its frozen closest points."""
@@ -403,11 +438,12 @@ def _frozen_gap(x: np.ndarray, c: int, cand_i, cand_j, cand_s, cand_t, cand_n) -
 
 
 @njit(cache=True, error_model="numpy")
-def enforce_min_gap(xn: np.ndarray, w_eff: np.ndarray, h: float, cpar: np.ndarray, n_cand: int,
-                    cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_fp) -> int:
-    """The no-crossing floor on the end-of-substep positions ``xn`` (m): every candidate's gap, measured along
-    the normal and at the (s, t) frozen at the substep's start, is raised to at least min_gap by moving the four
-    vertices along the normal in proportion to inverse mass and weight. A pair that started the substep below
+def enforce_min_gap(xn: np.ndarray, w_eff: np.ndarray, h: float, cpar: np.ndarray, pairs: np.ndarray,
+                    n_pairs: int, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_fp) -> int:
+    """The no-crossing floor on the end-of-substep positions ``xn`` (m): the gap of every pair in
+    ``pairs[:n_pairs]`` (floor_pairs lists those that can reach the floor), measured along the normal and at the
+    (s, t) frozen at the substep's start, is raised to at least min_gap by moving the four vertices along the
+    normal in proportion to inverse mass and weight. A pair that started the substep below
     min_gap (``cand_d``: an initial shape, or a squeeze the rounds could not undo) is raised only to its start
     gap plus recover_speed * h: pushing it out in one substep would fire it apart. ``cand_fp`` accumulates the
     force (N) each projection stands for (its impulse over the substep). Returns how many gaps were raised."""
@@ -415,7 +451,8 @@ def enforce_min_gap(xn: np.ndarray, w_eff: np.ndarray, h: float, cpar: np.ndarra
     recover = cpar[CP_RECOVER] * h
     inv_h2 = 1.0 / (h * h)
     raised = 0
-    for c in range(n_cand):
+    for k in range(n_pairs):
+        c = pairs[k]
         a = cand_i[c]
         b = cand_j[c]
         s = cand_s[c]

@@ -442,6 +442,25 @@ def _hold_out(h, x, xbar, w_eff, npar, nst, tpar, pads, pst, pun_i, pun_f, p, th
     return best > POINT_TOL
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _circle_clear(xbar, nst, r, pads, pst, p, grow) -> bool:
+    """Whether the needle's whole circle (radius r, m) is clear of pad p inflated by ``grow`` (m): every point of
+    the arc and of its chords lies within r of the circle's centre, so none of them is inside the pad if the
+    centre is further than r from it (with 1e-6 of r to spare for a quaternion's round-off). Lets
+    needle_constraints skip the ~75 arc points it would otherwise place against a pad the needle is nowhere
+    near (about 12 us of a 300 us tick in the suture's held knot)."""
+    # the centre: the body frame's (0, r, 0) from the swage (arc_point)
+    ox, oy, oz = quat_rotate(nst, NS_Q, 0.0, r, 0.0)
+    cx = xbar[0, 0] + ox
+    cy = xbar[0, 1] + oy
+    cz = xbar[0, 2] + oz
+    dx = max(abs(cx - pst[p, PS_X]) - (pads[p, PD_HALF] + grow), 0.0)
+    dy = max(abs(cy - pst[p, PS_X + 1]) - (pads[p, PD_HALF + 1] + grow), 0.0)
+    dz = max(abs(cz - pst[p, PS_X + 2]) - (pads[p, PD_HALF + 2] + grow), 0.0)
+    reach = r * (1.0 + 1e-6)
+    return dx * dx + dy * dy + dz * dz > reach * reach
+
+
 @njit(cache=True, error_model="numpy")
 def needle_constraints(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, rest: np.ndarray,
                        npar: np.ndarray, nst: np.ndarray, tpar: np.ndarray, pads: np.ndarray, pst: np.ndarray,
@@ -488,6 +507,8 @@ def needle_constraints(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndar
         if _push(h, x, xbar, w_eff, npar, nst, th, px - ax, py - ay, pz - az, pst, p, 1.0 / tpar[TP_K_LAT]):
             moved += 1
     for p in range(pads.shape[0]):
+        if _circle_clear(xbar, nst, r, pads, pst, p, grow):
+            continue
         # the tip of a held needle is not held out: it pierces what it meets (needle_pierce)
         top = arc - ext if held else arc
         for k in range(N_SAMPLES - 1 if held else N_SAMPLES):

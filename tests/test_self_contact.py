@@ -147,7 +147,8 @@ def _friction_case(slip: float, fn: float, mu_s: float, mu_k: float, h: float = 
     cs[0], ct[0] = 0.5, 0.5
     cn[0] = [0.0, 0.0, 1.0]
     cf[0] = fn
-    sticking, _ = apply_friction(x, xbar, w, h, _par(mu_s, mu_k), 1, ci, cj, cs, ct, cn, cf, np.zeros((1, 3)))
+    sticking, _ = apply_friction(x, xbar, w, h, _par(mu_s, mu_k), np.zeros(1, np.int64), 1, ci, cj, cs, ct, cn, cf,
+                                 np.zeros((1, 3)))
     rel = 0.5 * (xbar[0] + xbar[1]) - 0.5 * (xbar[2] + xbar[3]) - (0.5 * (x[0] + x[1]) - 0.5 * (x[2] + x[3]))
     return sticking, rel, xbar
 
@@ -202,7 +203,8 @@ def test_floor_restores_min_gap_and_keeps_momentum():
     cn[0] = [0.0, 0.0, 1.0]
     p0 = (m[:, None] * x).sum(axis=0)
     cd = np.array([0.001])   # started the substep 1 mm apart: raised by at most recover_speed * h = 0.1 m
-    raised = enforce_min_gap(x, w, 1e-3, _par(min_gap=0.005), 1, ci, cj, cs, ct, cd, cn, cfp)
+    raised = enforce_min_gap(x, w, 1e-3, _par(min_gap=0.005), np.zeros(1, np.int64), 1, ci, cj, cs, ct, cd, cn,
+                             cfp)
     assert raised == 1
     assert 0.5 * (x[0, 2] + x[1, 2]) - 0.5 * (x[2, 2] + x[3, 2]) == pytest.approx(0.005)
     np.testing.assert_allclose((m[:, None] * x).sum(axis=0), p0, atol=1e-18)
