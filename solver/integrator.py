@@ -458,8 +458,8 @@ _NO_TRACE = np.zeros((0, 0, 3))
         "x", "x_prev", "tension", "tension_in", "tension_floor", "twist", "kin_target", "ext_force", "grasp_vertex",
         "grasp_k", "grasp_c", "grasp_fmax", "grasp_target", "grasp_target_prev", "grasp_vel", "grasp_force",
         "grasp_sat", "stats", "inv_mass_tick", "cand_i", "cand_j", "cand_s", "cand_t", "cand_d", "cand_n", "cand_f",
-        "cand_fp", "cand_fa", "cand_act", "x_ref", "contact_k", "contact_k_act", "turn", "fold", "contact_stats", "grid_head",
-        "grid_next", "grid_cells", "grid_scratch", "alpha_extra", "old_j", "old_n", "old_fp", "old_next",
+        "cand_fp", "cand_fa", "cand_act", "x_ref", "contact_k", "contact_k_act", "turn", "fold", "contact_stats",
+        "grid_head", "grid_next", "grid_cells", "grid_scratch", "alpha_extra", "old_j", "old_n", "old_fp", "old_next",
         "seg_head", "pst", "pun_i", "pun_f", "nst", "force", "twist_grad", "xbar", "w_eff", "edges", "elen",
         "new_edges", "alpha", "tri_lo", "tri_di", "tri_up", "tri_rhs", "tri_cp"))
 

@@ -238,6 +238,30 @@ def test_serve_sigkill_leaves_a_readable_recording_and_no_process(tmp_path):
     assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) > 2500
 
 
+def test_the_scenes_own_events_are_compared_not_followed():
+    """A puncture, a knot or the wound closing is what the scene reports of itself: the resimulation makes them
+    again and compares them, kind, tick, time and details; one missing, extra or different is a difference."""
+    from suturesim.tools.replay import ResimReport, _compare_events
+
+    def ev(seq, kind, **details):
+        return protocol.decode_event(protocol.encode_event(seq, seq * 1e-3, kind, **details))
+
+    rec = [ev(600, "puncture", pad="left", side="entry"), ev(13600, "gap_closed", gap=0.00034),
+           ev(20880, "knot", name="surgeon's knot")]
+    for made, diff in ((list(rec), None),
+                       (rec[:2], "event 3 is `knot` at seq 20880 (t = 20.880 s), the resimulation's none"),
+                       (rec + [ev(30000, "gap_opened", gap=0.003)], "event 4 is none, the resimulation's `gap_opened`"),
+                       ([rec[0], ev(13600, "gap_closed", gap=0.00035), rec[2]], "event 2 is `gap_closed`"),
+                       ([rec[0], ev(13601, "gap_closed", gap=0.00034), rec[2]], "the resimulation's `gap_closed` "
+                                                                               "at seq 13601")):
+        report = ResimReport(ticks=30000)
+        _compare_events(rec, made, report)
+        assert report.events == 3
+        assert report.exact == (diff is None), report.event_diff
+        assert diff is None or diff in report.event_diff, report.event_diff
+        assert diff is None or "DIFFERENT" in report.lines()[-1]
+
+
 def test_resimulation_follows_grasps_and_stops_at_a_scene_change(tmp_path):
     """Control grasps and releases are replayed from their events; a `load` ends the comparison, said so."""
     out = tmp_path / "changed.mcap"

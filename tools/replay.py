@@ -6,7 +6,8 @@
 * ``--to resimulate``: the recorded scenario and server settings rebuilt from the file's metadata, stepped
   tick by tick through the daemon's own tick code (server/physics.py ``PhysicsLoop.tick_scene``) with the
   recorded stylus positions of every live device and the recorded grasps, releases, resets and pauses; every
-  recomputed `force` and `state` compared with the recorded one. On the same machine and version the difference
+  recomputed `force` and `state` compared with the recorded one, and the events the scene reports of itself
+  (punctures, knots, the wound's gap) made again at the same ticks. On the same machine and version the difference
   is exactly zero; ``--set key=value`` changes the scenario first, for a regression report.
 * ``--to device``: the recorded force of one device played on a haptic device (``--device openhaptics``, or the
   simulated one, which publishes what it would render) through the full safety pipeline, in time.
@@ -105,7 +106,12 @@ def replay_publish(path: str, endpoint: str, speed: float = 1.0, t_from: float =
 
 # -- resimulate ------------------------------------------------------------------------------------------
 _IGNORED_EVENTS = {"start", "overrun", "shutdown", "device", "device_lost", "device_error", "record_start",
-                   "record_stop", "grasp_missed", "fault"}   # a fault reset happens inside the tick itself
+                   "record_stop", "grasp_missed", "fault", "coupling_limited"}   # a fault reset happens inside
+#                                                                                   the tick itself
+# what the scene itself reports of its state (solver/suture.py SutureWatch): not inputs to follow but outputs the
+# resimulation makes again, compared with the recorded ones (kind, seq, time and every detail)
+_DERIVED_EVENTS = {"puncture", "thread_through", "needle_out", "puncture_closed", "gap_closed", "gap_opened",
+                   "knot", "throw"}
 
 
 @dataclass
@@ -122,15 +128,19 @@ class ResimReport:
     first_diff: tuple | None = None      # (seq, t, what)
     stopped: str | None = None  # why the comparison ended before the recording did
     missing: int = 0            # recorded force messages with no recomputed counterpart, or the reverse
+    events: int = 0             # recorded events of the scene's own (_DERIVED_EVENTS) compared
+    event_diff: str | None = None   # the first of them the resimulation did not make the same, or made extra
     first_seq: int = 1          # the first recorded tick (a recorder that joined late): compared from there
 
     @property
     def exact(self) -> bool:
         return (self.max_force == 0.0 and self.max_axial == 0.0 and self.max_pose == 0.0 and self.max_x == 0.0
-                and self.max_needle == 0.0 and self.missing == 0)
+                and self.max_needle == 0.0 and self.missing == 0 and self.event_diff is None)
 
     def lines(self) -> list[str]:
         out = [f"resimulated {self.ticks} ticks: compared {self.forces} force and {self.states} state messages"
+               + (f" and {self.events} events of the scene's (punctures, knots, the wound's gap)" if self.events
+                  else "")
                + (f" (the recording starts at seq {self.first_seq}: the scene was stepped from its start and "
                   "compared from there)" if self.first_seq != 1 else ""),
                f"largest difference: force {self.max_force:.3g} N, axial {self.max_axial:.3g} N, pose "
@@ -140,6 +150,8 @@ class ResimReport:
         if self.first_diff:
             seq, t, what = self.first_diff
             out.append(f"first difference at seq {seq} (t = {t:.3f} s): {what}")
+        if self.event_diff:
+            out.append(f"events differ: {self.event_diff}")
         if self.stopped:
             out.append(f"stopped early: {self.stopped}")
         out.append("EXACT: the recomputed session equals the recording" if self.exact else
@@ -210,6 +222,7 @@ def resimulate(path: str, assignments: list[str] | None = None, progress: bool =
 
     report = ResimReport(first_seq=first_seq)
     events.sort(key=lambda e: (e["seq"], e["t"]))
+    made: list[dict] = []       # the scene's own events, as the resimulation makes them
     ev_i = 0
     last = [0.0]
 
@@ -237,7 +250,7 @@ def resimulate(path: str, assignments: list[str] | None = None, progress: bool =
                     loop.paused = True
                 elif kind == "resume":
                     loop.paused = False
-                elif kind not in _IGNORED_EVENTS:
+                elif kind not in _IGNORED_EVENTS and kind not in _DERIVED_EVENTS:
                     report.stopped = (f"the recording's `{kind}` event at seq {e['seq']} (t = {e['t']:.3f} s) "
                                       "changes the scene in a way a resimulation does not follow")
                     break
@@ -252,6 +265,10 @@ def resimulate(path: str, assignments: list[str] | None = None, progress: bool =
                 if topic == protocol.TOPIC_FORCE:
                     m = protocol.decode_force(payload)
                     mine[m["device"]] = m
+                elif topic == protocol.TOPIC_EVENT and seq >= first_seq:
+                    m = protocol.decode_event(payload)
+                    if m["kind"] in _DERIVED_EVENTS:
+                        made.append(m)
                 elif topic == protocol.TOPIC_STATE and seq in states:
                     m = protocol.decode_state(payload)
                     r = states[seq]
@@ -284,7 +301,23 @@ def resimulate(path: str, assignments: list[str] | None = None, progress: bool =
                 _progress(seq, last_seq, "resimulating", last)
     finally:
         loop.close()
+    _compare_events([e for e in events if e["kind"] in _DERIVED_EVENTS and first_seq <= e["seq"] <= report.ticks],
+                    made, report)
     return report
+
+
+def _compare_events(recorded: list[dict], made: list[dict], report: ResimReport) -> None:
+    """The scene's own events of the recording against those the resimulation made, in order: the same kinds at
+    the same ticks with the same details, none missing and none extra."""
+    report.events = len(recorded)
+    for k in range(max(len(recorded), len(made))):
+        r = recorded[k] if k < len(recorded) else None
+        m = made[k] if k < len(made) else None
+        if r != m:
+            def say(e):
+                return "none" if e is None else f"`{e['kind']}` at seq {e['seq']} (t = {e['t']:.3f} s)"
+            report.event_diff = f"the recording's event {k + 1} is {say(r)}, the resimulation's {say(m)}"
+            return
 
 
 # -- device ----------------------------------------------------------------------------------------------
