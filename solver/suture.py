@@ -16,13 +16,17 @@ import math
 import numpy as np
 from numba import njit
 
-from .knot_type import knot_type, warm_up as warm_up_knots
+from .knot_type import KnotReading, KnotType, warm_up as warm_up_knots
 from .tissue import (MAX_PUNCTURES, PD_HALF, PF_LOCAL, PF_SIGMA, PI_MATE, PI_PAD, PI_STATE, PS_X,
                      PUN_ACTIVE, PUN_FREE, PUN_NEEDLE, PUN_PASSED, TP_RADIUS)
 
 STATE_NAMES = {PUN_ACTIVE: "thread", PUN_NEEDLE: "needle", PUN_PASSED: "passed"}
 LINK_EVERY = 100          # ticks between two readings of the strands' linking (10 Hz at 1 kHz)
 KNOT_EVERY = 250          # ticks between two readings of the knot (4 Hz; about 0.2 ms each, solver/knot_type.py)
+# a knot read's state sum, in crossings x states a tick (about 70 us on the 2-core VM of docs/BENCHMARKS.md): a
+# 12-crossing diagram's 4096 states cost 0.9-1.7 ms in one tick (the surgeon's knot held, 2026-11-28) and now take
+# 13 ticks after the one that draws the diagram
+KNOT_BUDGET = 4000
 # the ticks within those periods that read: apart from each other and from the server's `state` message (every
 # 10th tick), so that no tick pays for two of them
 LINK_PHASE = 3
@@ -117,7 +121,8 @@ class SutureWatch:
     """Turns a tissue scene's state into events (puncture, thread_through, puncture_closed, needle_out,
     gap_closed, gap_opened, knot, throw), and keeps the knot, throws and linking that the `state` topic's
     `tissue` map reports (server/messages.py). ``check`` runs every tick; it allocates when something happened,
-    and when it reads the knot (KNOT_EVERY ticks)."""
+    and when it reads the knot (KNOT_EVERY ticks: the diagram on that tick, its state sum KNOT_BUDGET at a time
+    on the ticks after, so that no tick pays for a whole 12-crossing sum)."""
 
     def __init__(self, model):
         self.model = model
@@ -130,6 +135,7 @@ class SutureWatch:
         self.knot = "unknot"
         self.seen = "unknot"      # the knot read last time: a new one counts once read twice running
         self.ticks = 0
+        self.reading: KnotReading | None = None   # a knot read whose state sum is still being added up
 
     def warm_up(self, state) -> None:
         """Call every kernel ``check`` can reach once (numba loads them at a first call)."""
@@ -146,6 +152,7 @@ class SutureWatch:
         self.link = 0.0
         self.knot = self.seen = "unknot"
         self.ticks = 0
+        self.reading = None
 
     def check(self, state, emit) -> None:
         """Emit (kind, **details) for what changed since the last call."""
@@ -184,14 +191,25 @@ class SutureWatch:
                 lo, hi = ends
                 n = state.x.shape[0] - 1
                 self.link = float(linking(state.x, 0, lo, hi, n)) if lo >= 1 and hi <= n - 1 else 0.0
+        # the knot: the diagram drawn on one tick, its state sum added up KNOT_BUDGET at a time on the ticks after
+        if self.reading is not None:
+            kt = self.reading.advance(KNOT_BUDGET)
+            if kt is not None:
+                self.reading = None
+                self._read(kt, emit)
         if self.ticks % KNOT_EVERY == KNOT_PHASE:
-            kt = knot_type(state.x)
-            # a knot counts once it has been read twice running: a strand sliding over another mid-reading, or a
-            # diagram too crossed to resolve, does not make an event
-            if kt.name not in ("unresolved", self.knot) and kt.name == self.seen:
-                self.knot = kt.name
-                emit("knot", name=kt.name, hand=kt.hand, throws=kt.throws, jones=[list(pc) for pc in kt.jones])
-                if kt.throws is not None and kt.throws != self.throws:
-                    self.throws = kt.throws
-                    emit("throw", throws=kt.throws, linking=self.link)
-            self.seen = kt.name
+            self.reading = KnotReading(state.x)
+            if self.reading.result is not None:   # no crossing, or too many to resolve
+                self._read(self.reading.result, emit)
+                self.reading = None
+
+    def _read(self, kt: KnotType, emit) -> None:
+        # a knot counts once it has been read twice running: a strand sliding over another mid-reading, or a
+        # diagram too crossed to resolve, does not make an event
+        if kt.name not in ("unresolved", self.knot) and kt.name == self.seen:
+            self.knot = kt.name
+            emit("knot", name=kt.name, hand=kt.hand, throws=kt.throws, jones=[list(pc) for pc in kt.jones])
+            if kt.throws is not None and kt.throws != self.throws:
+                self.throws = kt.throws
+                emit("throw", throws=kt.throws, linking=self.link)
+        self.seen = kt.name

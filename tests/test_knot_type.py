@@ -90,3 +90,23 @@ def test_a_twist_is_not_a_knot():
     strands = np.vstack([a[::-1], b])                   # joined at the bottom, as the tissue joins them
     assert knot_type(strands).name == "unknot"
     assert knot_type(np.column_stack([s, 0 * s, 0 * s])).name == "unknot"
+
+
+@pytest.mark.parametrize("budget", [1, 100, 4000])
+def test_a_knot_read_in_slices_is_the_knot_read_whole(budget):
+    """KnotReading adds the state sum up budget // c states per call (solver/suture.py spreads a read over
+    ticks): the surgeon's knot, its granny and the square knot come out as knot_type reads them whole, after
+    the number of calls the slices take, and not before."""
+    from suturesim.solver.knot_type import KnotReading
+
+    for thread in (two_knots(torus_knot(5, HERE, 0.0), mirror(torus_knot(3, THERE, np.pi))),
+                   two_knots(torus_knot(5, HERE, 0.0), torus_knot(3, THERE, np.pi)),
+                   two_knots(torus_knot(3, HERE, 0.0), mirror(torus_knot(3, THERE, np.pi)))):
+        whole = knot_type(thread)
+        reading = KnotReading(thread)
+        c = reading.crossings
+        assert c == whole.crossings and c >= 6 and reading.result is None
+        calls = -(-(1 << c) // max(1, budget // c))
+        for _ in range(calls - 1):
+            assert reading.advance(budget) is None
+        assert reading.advance(budget) == whole

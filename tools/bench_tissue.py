@@ -20,7 +20,7 @@ import numpy as np
 
 from ..solver.integrator import Stepper, step, tension_floors, warm_up
 from ..solver.scenario import load_scenario
-from ..solver.suture import KNOT_EVERY, KNOT_PHASE, SutureWatch
+from ..solver.suture import KNOT_BUDGET, KNOT_EVERY, KNOT_PHASE, SutureWatch
 
 SCENE = "simple-interrupted-suture"
 # the scene's phases, by its timeline (s)
@@ -122,7 +122,8 @@ def render_tissue(res: TissueBench) -> list[str]:
         reads = w[KNOT_PHASE - 1::KNOT_EVERY]
         lines += ["", f"`SutureWatch.check` alone: p50 {np.percentile(w, 50):.1f} µs, "
                       f"p99 {np.percentile(w, 99):.1f} µs, max {w.max():.0f} µs "
-                      f"(the knot read every {KNOT_EVERY} ticks: {np.median(reads):.0f} µs median)."]
+                      f"(the knot's diagram drawn every {KNOT_EVERY} ticks: {np.median(reads):.0f} µs median; its "
+                      f"state sum added up {KNOT_BUDGET} crossings x states a tick on the ticks after)."]
     if res.bare:
         lines += ["", "What the tissue and needle add: 200 ticks from the middle of each phase, the same states "
                       "stepped with them and with `tissue_on` and `needle_on` off (µs per tick):", "",
