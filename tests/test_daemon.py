@@ -1038,3 +1038,27 @@ def test_port_in_use_fails_fast_with_one_clear_line():
         assert "Traceback" not in r.stderr and r.stderr.count("could not start") == 1
     finally:
         holder.close()
+
+
+def test_the_loops_stats_read_their_percentiles_as_numpy_does():
+    """LoopStats.summary sorts the second's four series once and reads their percentiles itself (ten
+    np.percentile calls cost 0.4 ms on the tick that publishes them): every figure equals np.percentile's, for
+    full and partial seconds, on values with ties and without."""
+    from suturesim.server.physics import LoopStats
+
+    stats = LoopStats(1000)
+    rng = np.random.default_rng(3)
+    for case in range(300):
+        n = 1000 if case % 3 else int(rng.integers(1, 1000))
+        vals = rng.random((n, 4)) * 1000.0 * rng.random()
+        if case % 5 == 0:
+            vals = np.round(vals, int(rng.integers(0, 3)))
+        for v in vals:
+            stats.add(v[0], v[1], v[2], 4, v[3])
+        got = stats.summary()
+        for key, col, names in (("lateness_us", 0, ("p50", "p99", "p999")), ("period_us", 1, ("p50", "p99", "p999")),
+                                ("step_us", 2, ("p50", "p99")), ("tick_us", 3, ("p50", "p99"))):
+            for name, q in zip(names, (50.0, 99.0, 99.9)):
+                assert got[key][name] == float(np.percentile(vals[:, col], q)), (case, key, name)
+            assert got[key]["max"] == float(vals[:, col].max())
+        assert got["ticks"] == stats.ticks and stats.count == 0
