@@ -67,6 +67,12 @@ def realtime_servo(priority: int = SERVO_PRIORITY) -> None:
         pass
 
 
+def _log_line(line: str) -> None:
+    """A line on stderr in one write, so that another process's line cannot land inside it (server/console.py)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def driver_main(devices: list[DriverDevice], link_name: str, conn, stop) -> None:
     """Entry point of the driver process (multiprocessing, spawn). ``conn``: a Pipe end to the supervisor;
     ``stop``: a multiprocessing Event."""
@@ -83,7 +89,7 @@ def driver_main(devices: list[DriverDevice], link_name: str, conn, stop) -> None
         return lambda max_force: Servo(link, dev.slot, dev.transform, dev.safety, max_force)
 
     driver = OpenHapticsDriver([HDDeviceSpec(d.name, d.hd_name, factory(d)) for d in devices],
-                               log=lambda line: print(line, file=sys.stderr, flush=True))
+                               log=_log_line)
     try:
         infos = driver.start()
     except (OpenHapticsUnavailable, DeviceError) as exc:

@@ -29,6 +29,7 @@ from ..solver.scenario import (MAX_GRASP_DAMPING, MAX_GRASP_FORCE, MAX_GRASP_STI
                                load_scenario)
 from . import protocol
 from .config import ServerConfig
+from .console import say
 from .messages import MessageBuilder
 from .security import SocketSecurity
 
@@ -546,7 +547,7 @@ class PhysicsLoop:
         if self.realtime:
             notes += raise_helper_threads(max(1, self.cfg.loop.priority - 1))
         for note in notes:
-            print(f"suturesim physics: {note}", flush=True)
+            say(f"suturesim physics: {note}")
         gc.collect()
         gc.freeze()
         gc.disable()
@@ -555,8 +556,8 @@ class PhysicsLoop:
         self.event("start", scenario=self.scenario.name, realtime=self.realtime, cpu=self.cpu)
         for device, asked, applied in self.coupling_limited:
             self.event("coupling_limited", device=device, stiffness=asked, applied=applied)
-            print(f"suturesim physics: {device}: coupling stiffness {asked:g} N/m is above what the device renders "
-                  f"({applied:g} N/m): limited to it", flush=True)
+            say(f"suturesim physics: {device}: coupling stiffness {asked:g} N/m is above what the device renders "
+                f"({applied:g} N/m): limited to it")
         tick_ns = self.tick_ns
         spin_ns = int(self.cfg.loop.spin_us * 1000)
         stats_every = self.stats.capacity

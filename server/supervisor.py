@@ -12,7 +12,6 @@ import json
 import multiprocessing as mp
 import os
 import signal
-import sys
 import time
 from dataclasses import replace
 
@@ -23,6 +22,7 @@ from ..haptics.link import DeviceLink
 from ..solver.scenario import load_scenario
 from . import protocol
 from .config import ServerConfig, server_metadata
+from .console import say
 from .headless import recording_metadata
 from .physics import physics_main
 from .recorder import recorder_main
@@ -56,8 +56,8 @@ class DeviceDriver:
         if msg[0] != "stopped":
             return True
         _, reason, self.summary = msg
-        print(f"suturesim: device driver stopped: {reason}; its devices get no force, and their grasps hold "
-              "still", file=sys.stderr, flush=True)
+        say(f"suturesim: device driver stopped: {reason}; its devices get no force, and their grasps hold still",
+            err=True)
         self.proc.join(2.0)
         return False
 
@@ -196,7 +196,7 @@ class Supervisor:
     def run(self) -> int:
         cfg = self.cfg
         for line in check_bind_policy(cfg.endpoints.all(), cfg.security):
-            print(line, file=sys.stderr, flush=True)
+            say(line, err=True)
         scenario = load_scenario(cfg.scenario)
         devices = list(dict.fromkeys([*(g.device for g in scenario.grasps), *(d.name for d in cfg.devices)]))
         self.link = DeviceLink.create(max(1, len(devices)))
@@ -206,12 +206,11 @@ class Supervisor:
             self.driver, limits = start_driver(self.mp, cfg, self.link, devices, self.out, stiffness)
         except DeviceStartError as exc:
             if cfg.device_fallback != "simulated":
-                print(f"suturesim: {exc}", file=sys.stderr, flush=True)
+                say(f"suturesim: {exc}", err=True)
                 self.link.close()
                 self.link.unlink()
                 return 2
-            print(f"suturesim: {exc}; falling back to the simulated stylus (device_fallback: simulated)",
-                  file=sys.stderr, flush=True)
+            say(f"suturesim: {exc}; falling back to the simulated stylus (device_fallback: simulated)", err=True)
             cfg = replace(cfg, device="simulated" if cfg.device == "openhaptics" else cfg.device,
                           devices=tuple(replace(d, backend=None if d.backend == "openhaptics" else d.backend)
                                         for d in cfg.devices))
@@ -243,7 +242,7 @@ class Supervisor:
                         what, arg = conn.recv()
                         if what == "startup_error":
                             why = arg
-                    print(f"suturesim: the physics process could not start: {why}", file=sys.stderr, flush=True)
+                    say(f"suturesim: the physics process could not start: {why}", err=True)
                     code = 1
                     break
                 if ready.is_set():
@@ -271,7 +270,7 @@ class Supervisor:
                 # the physics process died on its own
                 self.link.zero_forces(protocol.FLAG_FAULT, time.monotonic_ns())
                 reason = f"the physics process died (exit code {proc.exitcode})"
-                print(f"suturesim: {reason}; forces zeroed", file=sys.stderr, flush=True)
+                say(f"suturesim: {reason}; forces zeroed", err=True)
                 if cfg.fault.policy == "restart" and restarts < cfg.fault.max_restarts:
                     restarts += 1
                     fault_note = f"{reason}; restarted ({restarts} of {cfg.fault.max_restarts})"
@@ -291,4 +290,4 @@ class Supervisor:
 
 
 def serve(cfg: ServerConfig) -> int:
-    return Supervisor(cfg, out=lambda line: print(line, flush=True)).run()
+    return Supervisor(cfg, out=say).run()

@@ -1062,3 +1062,26 @@ def test_the_loops_stats_read_their_percentiles_as_numpy_does():
                 assert got[key][name] == float(np.percentile(vals[:, col], q)), (case, key, name)
             assert got[key]["max"] == float(vals[:, col].max())
         assert got["ticks"] == stats.ticks and stats.count == 0
+
+
+def test_a_daemon_line_is_written_whole(monkeypatch):
+    """server/console.say writes a line and its newline in one call: with PYTHONUNBUFFERED, print made two, and the
+    physics process's line once split the supervisor's "serving" line from its start (a CI run)."""
+    from suturesim.server import console
+
+    class Pipe:
+        def __init__(self):
+            self.writes = []
+
+        def write(self, text):
+            self.writes.append(text)
+
+        def flush(self):
+            pass
+
+    out, err = Pipe(), Pipe()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    console.say("suturesim: serving 'default'")
+    console.say("suturesim: a fault", err=True)
+    assert out.writes == ["suturesim: serving 'default'\n"] and err.writes == ["suturesim: a fault\n"]
