@@ -105,9 +105,9 @@ def replay_publish(path: str, endpoint: str, speed: float = 1.0, t_from: float =
 
 
 # -- resimulate ------------------------------------------------------------------------------------------
+# what changes nothing a resimulation must follow (a fault's reset happens inside the tick itself)
 _IGNORED_EVENTS = {"start", "overrun", "shutdown", "device", "device_lost", "device_error", "record_start",
-                   "record_stop", "grasp_missed", "fault", "coupling_limited"}   # a fault reset happens inside
-#                                                                                   the tick itself
+                   "record_stop", "grasp_missed", "fault", "coupling_limited"}
 # what the scene itself reports of its state (solver/suture.py SutureWatch): not inputs to follow but outputs the
 # resimulation makes again, compared with the recorded ones (kind, seq, time and every detail)
 _DERIVED_EVENTS = {"puncture", "thread_through", "needle_out", "puncture_closed", "gap_closed", "gap_opened",
