@@ -80,6 +80,10 @@ CS_SIZE = 9
 
 GUARD = 0.25        # fraction of min_gap below which a gap left after the floor's rounds is unsafe
 GAP_TOL = 0.01      # fraction of min_gap a gap may fall short of the floor before it is projected (rounds end)
+# fraction of min_gap kept between the floor's reach and twice the substep's largest move before the pairs it
+# visits are listed again (floor_reach): covers the round-off of a frozen gap (1e-19 m) with room, and lists them
+# again once the largest move has grown by half of this (a held knot moves micrometres a substep: once a substep)
+FLOOR_MARGIN = 0.1
 
 
 TURN_MAX = 2.0 * math.pi / 3.0   # rad: the sharpest turn polygon_gain corrects for
@@ -329,15 +333,13 @@ def penalty_forces(x: np.ndarray, x_prev: np.ndarray, cpar: np.ndarray, n_cand: 
 
 
 @njit(cache=True, error_model="numpy")
-def apply_friction(x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h: float, cpar: np.ndarray,
-                   pairs: np.ndarray, n_pairs: int, cand_i, cand_j, cand_s, cand_t, cand_n, cand_f, cand_fa) -> tuple:
+def apply_friction(x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h: float, cpar: np.ndarray, n_cand: int,
+                   cand_i, cand_j, cand_s, cand_t, cand_n, cand_f, cand_fa) -> tuple:
     """Coulomb friction on the positions ``xbar`` (m) the substep is heading to, pair by pair (Gauss-Seidel):
-    stick within the static cone mu_s f_n, else slide against mu_k f_n, on the pairs ``pairs[:n_pairs]``
-    (pressed_pairs lists those with a normal force: the others have no cone). Called before the constraint solve
-    and again after each solve (whose displacement along the edges is sliding along the strands), so
-    ``cand_fa`` (P, 3) accumulates the change of the pair's relative point that friction has made this
-    substep, and each call sets the total, not adds another share. Returns (sticking pairs, largest change
-    made, m)."""
+    stick within the static cone mu_s f_n, else slide against mu_k f_n. Called before the constraint solve and
+    again after each solve (whose displacement along the edges is sliding along the strands), so ``cand_fa``
+    (P, 3) accumulates the change of the pair's relative point that friction has made this substep, and each
+    call sets the total, not adds another share. Returns (sticking pairs, largest change made, m)."""
     mu_s = cpar[CP_MU_S]
     mu_k = cpar[CP_MU_K]
     if mu_s <= 0.0 and mu_k <= 0.0:
@@ -345,8 +347,7 @@ def apply_friction(x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h: float,
     h2 = h * h
     sticking = 0
     moved = 0.0
-    for k in range(n_pairs):
-        c = pairs[k]
+    for c in range(n_cand):
         fn = cand_f[c]
         if fn <= 0.0:
             continue
@@ -392,17 +393,12 @@ def apply_friction(x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h: float,
     return sticking, moved
 
 
-@njit(cache=True, error_model="numpy")
-def pressed_pairs(n_cand: int, cand_f: np.ndarray, out: np.ndarray) -> int:
-    """The pairs with a normal force this substep (``cand_f`` > 0, the only ones friction acts on) into
-    ``out`` in list order (so friction's Gauss-Seidel sweep visits them as a sweep over all would); returns
-    how many. In a held knot about 60 of the 280 listed pairs press (docs/PHYSICS.md Sec. 9)."""
-    k = 0
-    for c in range(n_cand):
-        if cand_f[c] > 0.0:
-            out[k] = c
-            k += 1
-    return k
+@njit(cache=True, error_model="numpy", inline="always")
+def floor_reach(step: float, min_gap: float) -> float:
+    """The reach (m) floor_pairs lists pairs for while no vertex has moved more than ``step`` (m) in the substep:
+    twice the move, plus FLOOR_MARGIN of ``min_gap`` twice over (one for the round-off of a frozen gap, with
+    room; one that the move may grow by before the pairs are listed again, integrator.substep)."""
+    return 2.0 * step + 2.0 * FLOOR_MARGIN * min_gap
 
 
 @njit(cache=True, error_model="numpy")

@@ -23,8 +23,8 @@ from numba import njit
 from .constraints import inertial_tension, solve_multipliers
 from .contact_response import (CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS, CS_REBUILDS,
                                CS_REVERTED, CS_SKIN, CS_STICKING, CP_MIN_GAP, CP_ROUNDS, CP_SETTLE, CP_SKIN,
-                               apply_friction, enforce_min_gap, floor_pairs, guard_crossings, largest_step,
-                               neighbours_stale, penalty_forces, pressed_pairs, rebuild_neighbours)
+                               FLOOR_MARGIN, apply_friction, enforce_min_gap, floor_pairs, floor_reach,
+                               guard_crossings, largest_step, neighbours_stale, penalty_forces, rebuild_neighbours)
 from .forces import accumulate_forces, edge_vectors
 from .model import BUF_CARRIED_B, BUF_CARRIED_F, BUF_CARRIED_I, STATE_FIELDS, ThreadModel, ThreadState, TickCopy
 from .motion import apply_motions
@@ -49,10 +49,6 @@ STAT_OMEGA_END = 9      # stability bound (rad/s) at the masses, tensions and ac
 
 
 PAD_CRACK = 3.0      # thread radii left between two pads that meet: the thread that crosses between them
-# fraction of min_gap kept between the floor's reach and the substep's largest move (times two) before the pairs
-# it visits are listed again: covers the round-off of a frozen gap (1e-19 m) with room, and lists them again once
-# the largest move has grown by a quarter of this (a held knot moves micrometres a substep: once a substep)
-FLOOR_MARGIN = 0.1
 FRICTION_H = 2.5e-4  # s: the substep the tolerance and the contact rounds are set for (4 substeps of a 1 ms tick)
 
 
@@ -128,14 +124,14 @@ def substep(h: float, t: float,
             grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
             lo, di, up, rhs, cp,
             contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa,
-            cand_act, contact_k, contact_k_act, turn, alpha_extra, cstats, cscratch,
+            cand_near, contact_k, contact_k_act, turn, alpha_extra, cstats, cscratch,
             tissue_on, tpar, pads, pst, pun_i, pun_f, needle_on, npar, nst):
     """Advance the state by one substep h (s) starting at time t (s). Returns (iterations, residual).
     With ``split``, ``tension_in`` gets the part of the tensions the velocities make (for the local mass
     scaling, constraints.inertial_tension); otherwise zeros.
     With ``contact_on``, the first ``n_cand`` pairs of the neighbour list get the contact response
-    (solver/contact_response.py) and ``cstats`` its per-tick statistics; ``cand_act`` (2, P) is scratch for
-    the pairs friction and the floor visit. With ``tissue_on``, the pads move,
+    (solver/contact_response.py) and ``cstats`` its per-tick statistics; ``cand_near`` (P,) is scratch for
+    the pairs the floor visits. With ``tissue_on``, the pads move,
     the punctures act on the thread and the thread is kept out of the pads (solver/tissue.py). With
     ``needle_on``, vertex 0 is a needle's swage and the needle turns, pierces and is held by the tissue
     (solver/needle.py)."""
@@ -236,13 +232,9 @@ def substep(h: float, t: float,
     for j in range(m):
         alpha[j] = h2 * tension[j] / elen[j] if w_eff[j] + w_eff[j + 1] > 0.0 else 0.0
 
-    pressed = cand_act[0]
-    near = cand_act[1]
-    n_pressed = 0
     if contact_on:
-        n_pressed = pressed_pairs(n_cand, cand_f, pressed)
-        stick, _ = apply_friction(x, xbar, w_eff, h, cpar, pressed, n_pressed, cand_i, cand_j, cand_s, cand_t,
-                                  cand_n, cand_f, cand_fa)
+        stick, _ = apply_friction(x, xbar, w_eff, h, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_n, cand_f,
+                                  cand_fa)
         cstats[CS_STICKING] = stick
 
     iters, residual = solve_multipliers(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_iters,
@@ -265,18 +257,17 @@ def substep(h: float, t: float,
         # the floor visits only the pairs it can reach (contact_response.floor_pairs), listed again whenever the
         # substep's largest move may have brought another within reach; a round then costs the ~10 pairs near
         # the floor in a held knot, not the ~280 listed (docs/PHYSICS.md Sec. 9)
-        margin = FLOOR_MARGIN * cpar[CP_MIN_GAP]
         reach = -1.0
         n_near = 0
         for _ in range(rounds):
-            reach_now = 2.0 * largest_step(xbar, x)
-            if reach_now + margin > reach:
-                reach = reach_now + 2.0 * margin
-                n_near = floor_pairs(cpar, n_cand, cand_d, cand_fp, reach, near)
-            raised = enforce_min_gap(xbar, w_eff, h, cpar, near, n_near, cand_i, cand_j, cand_s, cand_t, cand_d,
+            step = largest_step(xbar, x)
+            if 2.0 * step + FLOOR_MARGIN * cpar[CP_MIN_GAP] > reach:
+                reach = floor_reach(step, cpar[CP_MIN_GAP])
+                n_near = floor_pairs(cpar, n_cand, cand_d, cand_fp, reach, cand_near)
+            raised = enforce_min_gap(xbar, w_eff, h, cpar, cand_near, n_near, cand_i, cand_j, cand_s, cand_t, cand_d,
                                      cand_n, cand_fp)
-            stick, slid = apply_friction(x, xbar, w_eff, h, cpar, pressed, n_pressed, cand_i, cand_j, cand_s,
-                                         cand_t, cand_n, cand_f, cand_fa)
+            stick, slid = apply_friction(x, xbar, w_eff, h, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_n,
+                                         cand_f, cand_fa)
             if raised == 0 and slid <= settled:
                 break
             cstats[CS_PROJECTIONS] += raised
@@ -350,7 +341,7 @@ def advance(n_sub: int, h: float, t: float,
             lo, di, up, rhs, cp, stats,
             scale, base_inv_mass, bend_gersh, tension_floor, tension_margin, target, keep_energy, local,
             contact_on, cpar, cexclude, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa,
-            cand_act, x_ref,
+            cand_near, x_ref,
             contact_k, contact_k_act, turn, alpha_extra, cstats, grid_head, grid_next, grid_cells, grid_scratch, old_j, old_n, old_fp,
             old_next, seg_head, fold, trace, tissue_on, tpar, pads, pst, pun_i, pun_f, needle_on, npar, nst):
     """Run n_sub substeps of h (s) from time t (s); write iteration statistics into ``stats``.
@@ -412,7 +403,7 @@ def advance(n_sub: int, h: float, t: float,
                           grasp_vel, grasp_force, grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
                           lo, di, up, rhs, cp,
                           contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f,
-                          cand_fp, cand_fa, cand_act, contact_k, contact_k_act, turn, alpha_extra, cstats,
+                          cand_fp, cand_fa, cand_near, contact_k, contact_k_act, turn, alpha_extra, cstats,
                           grid_scratch,
                           tissue_on, tpar, pads, pst, pun_i, pun_f, needle_on, npar, nst)
         if trace.shape[0] > s:
@@ -449,7 +440,7 @@ _NO_TRACE = np.zeros((0, 0, 3))
 # rows of ThreadState.packed's layout that the step reads
 (_X, _X_PREV, _TENSION, _TENSION_IN, _TENSION_FLOOR, _TWIST, _KIN_TARGET, _EXT_FORCE, _GRASP_VERTEX, _GRASP_K,
  _GRASP_C, _GRASP_FMAX, _GRASP_TARGET, _GRASP_TARGET_PREV, _GRASP_VEL, _GRASP_FORCE, _GRASP_SAT, _STATS,
- _INV_MASS_TICK, _CAND_I, _CAND_J, _CAND_S, _CAND_T, _CAND_D, _CAND_N, _CAND_F, _CAND_FP, _CAND_FA, _CAND_ACT,
+ _INV_MASS_TICK, _CAND_I, _CAND_J, _CAND_S, _CAND_T, _CAND_D, _CAND_N, _CAND_F, _CAND_FP, _CAND_FA, _CAND_NEAR,
  _X_REF,
  _CONTACT_K, _CONTACT_K_ACT, _TURN, _FOLD, _CONTACT_STATS, _GRID_HEAD, _GRID_NEXT, _GRID_CELLS, _GRID_SCRATCH,
  _ALPHA_EXTRA, _OLD_J, _OLD_N, _OLD_FP, _OLD_NEXT, _SEG_HEAD, _PST, _PUN_I, _PUN_F, _NST, _FORCE, _TWIST_GRAD,
@@ -458,7 +449,7 @@ _NO_TRACE = np.zeros((0, 0, 3))
         "x", "x_prev", "tension", "tension_in", "tension_floor", "twist", "kin_target", "ext_force", "grasp_vertex",
         "grasp_k", "grasp_c", "grasp_fmax", "grasp_target", "grasp_target_prev", "grasp_vel", "grasp_force",
         "grasp_sat", "stats", "inv_mass_tick", "cand_i", "cand_j", "cand_s", "cand_t", "cand_d", "cand_n", "cand_f",
-        "cand_fp", "cand_fa", "cand_act", "x_ref", "contact_k", "contact_k_act", "turn", "fold", "contact_stats",
+        "cand_fp", "cand_fa", "cand_near", "x_ref", "contact_k", "contact_k_act", "turn", "fold", "contact_stats",
         "grid_head", "grid_next", "grid_cells", "grid_scratch", "alpha_extra", "old_j", "old_n", "old_fp", "old_next",
         "seg_head", "pst", "pun_i", "pun_f", "nst", "force", "twist_grad", "xbar", "w_eff", "edges", "elen",
         "new_edges", "alpha", "tri_lo", "tri_di", "tri_up", "tri_rhs", "tri_cp"))
@@ -516,7 +507,7 @@ def advance_state(n_sub: int, h: float, t: float, scale: bool, tension_margin: f
             _vector(ci, si, lay, _CAND_I), _vector(ci, si, lay, _CAND_J), _vector(cf, sf, lay, _CAND_S),
             _vector(cf, sf, lay, _CAND_T), _vector(cf, sf, lay, _CAND_D), _matrix(cf, sf, lay, _CAND_N),
             _vector(cf, sf, lay, _CAND_F), _vector(cf, sf, lay, _CAND_FP), _matrix(cf, sf, lay, _CAND_FA),
-            _matrix(ci, si, lay, _CAND_ACT), _matrix(cf, sf, lay, _X_REF),
+            _vector(ci, si, lay, _CAND_NEAR), _matrix(cf, sf, lay, _X_REF),
             _vector(cf, sf, lay, _CONTACT_K), _vector(cf, sf, lay, _CONTACT_K_ACT), _vector(cf, sf, lay, _TURN),
             _vector(cf, sf, lay, _ALPHA_EXTRA), _vector(cf, sf, lay, _CONTACT_STATS),
             _vector(ci, si, lay, _GRID_HEAD), _vector(ci, si, lay, _GRID_NEXT), _matrix(ci, si, lay, _GRID_CELLS),

@@ -187,8 +187,8 @@ class ThreadState:
     cand_f: np.ndarray            # (P,) N, normal force of the pair this substep (for friction)
     cand_fp: np.ndarray           # (P,) N, the no-crossing floor's force this substep
     cand_fa: np.ndarray           # (P,3) m, the change friction made to the pair's relative point this substep
-    cand_act: np.ndarray          # (2,P) int64: the pairs friction acts on (row 0) and the floor may (row 1) in a
-                                  # substep (contact_response.pressed_pairs, floor_pairs)
+    cand_near: np.ndarray         # (P,) int64, the pairs the no-crossing floor may act on in a substep
+                                  # (contact_response.floor_pairs)
     x_ref: np.ndarray             # (n,3) m, positions the list was built at (inf: build before the next substep)
     contact_k: np.ndarray         # (n,) N/m, Gershgorin row sums of the contact springs that may act within the
                                   # coming tick (stability bound and mass scaling before it)
@@ -262,7 +262,7 @@ class ThreadState:
 # to run a tick again leaves them out, and takes of the neighbour list only the pairs its count covers (with
 # both, the copy is about 0.1 MB rather than 0.4 MB for 80 segments, and a quarter of the time).
 TICK_SCRATCH = frozenset(("grid_head", "grid_next", "grid_cells", "grid_scratch", "old_j", "old_n", "old_fp",
-                          "old_next", "seg_head", "turn", "fold", "cand_act"))
+                          "old_next", "seg_head", "turn", "fold", "cand_near"))
 NEIGHBOUR_LIST = ("cand_i", "cand_j", "cand_s", "cand_t", "cand_d", "cand_n", "cand_f", "cand_fp", "cand_fa")
 
 
@@ -437,7 +437,7 @@ def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
         tri_cp=z(ns),
         cand_i=np.zeros(cap, np.int64), cand_j=np.zeros(cap, np.int64), cand_s=z(cap), cand_t=z(cap),
         cand_d=z(cap), cand_n=z(cap, 3), cand_f=z(cap), cand_fp=z(cap), cand_fa=z(cap, 3),
-        cand_act=np.zeros((2, cap), np.int64), x_ref=np.full((n, 3), np.inf),
+        cand_near=np.zeros(cap, np.int64), x_ref=np.full((n, 3), np.inf),
         contact_k=z(n), contact_k_act=z(n), turn=z(n), fold=z(n), contact_stats=z(9), grid_head=np.zeros(2 * ns + 1, np.int64),
         grid_next=np.zeros(ns, np.int64), grid_cells=np.zeros((ns, 3), np.int64), grid_scratch=z(3),
         alpha_extra=z(ns), old_j=np.zeros(cap, np.int64), old_n=z(cap, 3), old_fp=z(cap),

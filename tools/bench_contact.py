@@ -24,9 +24,9 @@ import numpy as np
 
 from ..solver.config import load_yaml
 from ..solver.contact_response import (CP_MIN_GAP, CP_ROUNDS, CP_SETTLE, CS_CONTACTS, CS_COUNT, CS_REVERTED,
-                                       apply_friction, enforce_min_gap, floor_pairs, largest_step, penalty_forces,
-                                       pressed_pairs, rebuild_neighbours)
-from ..solver.integrator import FLOOR_MARGIN, STAT_MASS_FACTOR, SolverDivergence, Stepper, friction_rounds
+                                       apply_friction, enforce_min_gap, floor_pairs, floor_reach, largest_step,
+                                       penalty_forces, rebuild_neighbours)
+from ..solver.integrator import STAT_MASS_FACTOR, SolverDivergence, Stepper, friction_rounds
 from ..solver.model import TickCopy
 from ..solver.scenario import Scenario, build_scenario, load_scenario, scenario_path
 
@@ -237,13 +237,12 @@ def response_cost(sc: Scenario, st) -> tuple[int, float, float]:
         penalty_forces(st.x, st.x_prev, par, n, st.cand_i, st.cand_j, st.cand_s, st.cand_t, st.cand_d, st.cand_n,
                        st.cand_f, st.cand_fp, st.cand_fa, st.grid_scratch, force, st.contact_k,
                        st.contact_k_act, st.turn)
-        # the pairs each pass visits, listed as the substep lists them (integrator.substep)
-        pressed = pressed_pairs(n, st.cand_f, st.cand_act[0])
-        apply_friction(st.x, xbar, m.inv_mass, h, par, st.cand_act[0], pressed, st.cand_i, st.cand_j, st.cand_s,
-                       st.cand_t, st.cand_n, st.cand_f, st.cand_fa)
-        reach = 2.0 * (largest_step(xbar, st.x) + FLOOR_MARGIN * par[CP_MIN_GAP])
-        near = floor_pairs(par, n, st.cand_d, st.cand_fp, reach, st.cand_act[1])
-        enforce_min_gap(xbar, m.inv_mass, h, par, st.cand_act[1], near, st.cand_i, st.cand_j, st.cand_s, st.cand_t,
+        apply_friction(st.x, xbar, m.inv_mass, h, par, n, st.cand_i, st.cand_j, st.cand_s, st.cand_t, st.cand_n,
+                       st.cand_f, st.cand_fa)
+        # the pairs the floor visits, listed as the substep lists them (integrator.substep)
+        near = floor_pairs(par, n, st.cand_d, st.cand_fp, floor_reach(largest_step(xbar, st.x), par[CP_MIN_GAP]),
+                           st.cand_near)
+        enforce_min_gap(xbar, m.inv_mass, h, par, st.cand_near, near, st.cand_i, st.cand_j, st.cand_s, st.cand_t,
                         st.cand_d, st.cand_n, st.cand_fp)
 
     return n, _per_call_us(rebuild, 200), _per_call_us(respond, 500)
