@@ -8,8 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from suturesim.tools.bench_contact import held_knot, held_run, knot, same_tick
+from suturesim.tools.bench_contact import (DIAMETER_CONTACT, HELD_UNTIL_DIAMETER, held_knot, held_run, knot,
+                                           same_tick)
 from suturesim.tools.crossings import crossings, segment_distance
+from suturesim.tools.validate_contact import TracedRun
 from suturesim.solver.config import ConfigError
 from suturesim.solver.contact_response import (CP_NEAR, CP_SETTLE, CP_SIZE, CS_CONTACTS, CS_COUNT, CS_PENETRATION,
                                                CS_PROJECTIONS, CS_REBUILDS, CS_REVERTED, CP_MIN_GAP,
@@ -421,17 +423,42 @@ def test_contact_settle_reaches_the_kernels_and_is_checked():
             load_scenario("default", {"contact": {"settle": bad}})
 
 
-def test_a_knot_held_at_the_styluses_keeps_its_tension():
+def test_a_knot_held_at_the_styluses_keeps_its_tension_and_stays_live():
     """An overhand knot in two-hand-knot's thread, pulled tight by both hands and held still (the bench's held
     knot, docs/BENCHMARKS.md Sec. 6): under the scene's budget no segment's tension runs past what the hands
-    pull with. With 2 contact rounds and at most 8 substeps the floor was left unmet, the guard undid every
-    substep, and the undone solves' tensions grew with the masses they scaled: 22 kN within 0.3 s of the hands
-    stopping, a divergence at 11 s, before integrator.substep kept such a substep's tensions (docs/PHYSICS.md
-    Sec. 7)."""
+    pull with, the knot holds, and the thread is never frozen by the last-resort guard. With strands touching at
+    the thread's diameter (0.225 mm, as the scene had it before 2026-11-28) the same budget froze the thread in
+    every held tick: a knot smaller than a segment, its floor and lengths at a toggle (docs/PHYSICS.md Sec. 7)."""
     run = held_run("as shipped", held_knot(seconds=2.5))
     assert run.diverged is None
     assert 1.0 < run.force < 3.0              # N: tight, below the grasps' 3 N limit
     assert run.tension < 1.2 * run.force      # N
+    assert run.undone == 0
+    assert abs(run.slip) < 1e-3               # m over the hold
+
+
+def test_a_knot_pulled_as_hard_as_the_device_allows_does_not_pass_through_itself():
+    """A trainee pulls a tighter loose knot (torus radii 10 and 4 mm) in two-hand-knot until both couplings
+    saturate at 3 N, holds it, and lets the hands come back together. Under the scene's budget no two segments
+    cross between any two substeps (tools/crossings.py, which shares no code with the solver), the guard never
+    freezes the thread, no tension runs away, and the hands' force falls to nothing once they come back. With
+    the thread's diameter as contact distance such a knot read 189 N and diverged at 2.17 s under 2 rounds, and
+    took 4 ms a tick under the old budget (docs/PHYSICS.md Sec. 7)."""
+    sc0 = held_knot(seconds=2.6, until=1.45)
+    data = dict(sc0.source)
+    data["shape"] = {**data["shape"], "radius": 0.010, "tube": 0.004}
+    data["timeline"] = data["timeline"] + [{"grasp": e["grasp"], "velocity": [-e["velocity"][0], 0.0, 0.0],
+                                             "from": 2.1, "to": 2.6} for e in data["timeline"]]
+    sc = build_scenario(data, sc0.file)
+    run = TracedRun(sc)
+    rows = run.run(sc.duration, lambda st: (np.linalg.norm(st.grasp_force[:2], axis=1).min(),
+                                            np.abs(st.tension).max(), st.contact_stats[CS_REVERTED]), every=1)
+    force, tension, reverted = np.array(rows).T
+    assert run.crossings == []
+    assert reverted.max() == 0
+    assert force[1500:2100].min() > 2.9       # N: both couplings saturated while held
+    assert tension.max() < 10.0               # N: the mass-scaled knot's tension peaks at 4-5 N
+    assert force[-50:].max() < 0.5            # N: the hands back, the thread slack
 
 
 def test_a_substep_the_guard_undid_keeps_the_tensions_before_it():
@@ -439,7 +466,8 @@ def test_a_substep_the_guard_undid_keeps_the_tensions_before_it():
     out, and the last-resort guard puts the whole thread back in every substep. A tick so undone must leave the
     tensions as they were: read from its thrown-away solve, they fed the mass scaling, the masses grew, and the
     next undone solve read more (22 kN at 2 N of pull 0.3 s after the hands stopped; diverged at 11 s)."""
-    sc = held_knot(contact={"rounds": 2}, solver={"max_substeps": 8}, seconds=3.0)
+    sc = held_knot(contact={**DIAMETER_CONTACT, "rounds": 2}, solver={"max_substeps": 8}, seconds=3.0,
+                   until=HELD_UNTIL_DIAMETER)
     state = sc.new_state()
     stepper = Stepper(sc.model, state)
     free = int(np.count_nonzero(sc.model.kinematic == 0))

@@ -10,9 +10,10 @@ docs/BENCHMARKS.md).
    the force minus its 20 ms moving average), for Wang's plain penalty (linear onset, no floor) and for the
    response as built (rounded onset, floor, friction as configured).
 5. A knot held at the styluses: an overhand knot laid loose in the haptic scene two-hand-knot's thread (3-0
-   silk, 45 cm, 100 segments, up to 16 substeps), pulled tight by both hands and held still: tick times while
-   it tightens and while it is held, the hand's force and how much it changes from tick to tick, how far the
-   knot slips while held and the largest tension in the thread; as shipped and under cheaper budgets.
+   silk, 45 cm, 100 segments), pulled tight by both hands and held still: tick times while it tightens and
+   while it is held, the hand's force and how much it changes from tick to tick, how far the knot slips while
+   held and the largest tension in the thread; as shipped, under the old budget, and with strands touching at
+   the thread's diameter as the scene had them before.
 """
 from __future__ import annotations
 
@@ -136,20 +137,25 @@ class ContactBench:
 
 
 HELD_PULL = 0.05   # m/s, each hand's speed apart while the knot tightens
-HELD_UNTIL = 1.7   # s: the hands stop 3-4 mm past where the thread goes taut (the knot tight, about 2 N)
+HELD_UNTIL = 1.55  # s: the hands stop where the knot is tight at about 2 N (the scene's 3 mm contact distance)
+# the haptic scenes' contact until 2026-11-28 (session 31): strands touching at the thread's diameter (the
+# preset's 0.225 mm), the default skin and rounds. Its knot is smaller and comes taut later: the hands stop at
+# HELD_UNTIL_DIAMETER for the same pull of about 2 N
+DIAMETER_CONTACT = {"distance": 2.25e-4, "skin": 1.125e-3, "rounds": 32}
+HELD_UNTIL_DIAMETER = 1.7
 
 
 def held_knot(scene: str = "two-hand-knot", contact: dict | None = None, solver: dict | None = None,
-              seconds: float = 6.0) -> Scenario:
+              seconds: float = 6.0, until: float = HELD_UNTIL) -> Scenario:
     """``scene`` (a two-hand haptic scene) with its thread laid as a loose overhand knot (torus radii 12 and 6
-    mm) and its two grasps, at the thread's ends, moving apart at HELD_PULL until HELD_UNTIL, then still.
+    mm) and its two grasps, at the thread's ends, moving apart at HELD_PULL until ``until`` (s), then still.
     ``contact`` and ``solver`` override entries of the scene's sections of those names."""
     path = scenario_path(scene)
     data = load_yaml(path)
     grasps = data["boundary"]["grasps"]
     ends = sorted(grasps, key=lambda g: g["vertex"])    # vertex -1 (the far end) first, then 0
     data["shape"] = {"kind": "knot", "knot": "overhand", "n": 1, "radius": 0.012, "tube": 0.006}
-    data["timeline"] = [{"grasp": g["id"], "velocity": [sign * HELD_PULL, 0.0, 0.0], "from": 0.0, "to": HELD_UNTIL}
+    data["timeline"] = [{"grasp": g["id"], "velocity": [sign * HELD_PULL, 0.0, 0.0], "from": 0.0, "to": until}
                         for g, sign in zip(ends, (1.0, -1.0))]
     data["duration"] = seconds
     if contact:
@@ -181,7 +187,8 @@ def held_run(label: str, sc: Scenario) -> HeldRun:
     """Run ``sc`` (held_knot) to its end, timing every tick, and read what HeldRun holds."""
     e2e: list[float] = []
     tension = [0.0]
-    split = int(round((HELD_UNTIL + 0.3) / sc.model.solver.tick))
+    until = sc.source["timeline"][0]["to"]    # s, when the hands stop
+    split = int(round((until + 0.3) / sc.model.solver.tick))
     undone = [0]
 
     def after(k: int, st) -> None:
@@ -299,12 +306,15 @@ def measure_contact(quick: bool, log) -> ContactBench:
         _, force, _, _ = tick_times(s40, sim)
         out.smooth.append((label, high_frequency_rms(force, s40.model.solver.tick), float(force.mean()),
                            float(force.max())))
-    for label, contact, solver in (("as shipped (up to 16 substeps, 32 rounds)", None, None),
-                                   ("up to 16 substeps, 2 rounds", {"rounds": 2}, None),
-                                   ("up to 8 substeps, 6 rounds", {"rounds": 6}, {"max_substeps": 8}),
-                                   ("up to 8 substeps, 2 rounds", {"rounds": 2}, {"max_substeps": 8})):
+    wide = {"max_substeps": 16}
+    for label, contact, solver, until in (
+            ("as shipped (3 mm, up to 4 substeps, 6 rounds)", None, None, HELD_UNTIL),
+            ("3 mm, up to 16 substeps, 32 rounds", {"rounds": 32}, wide, HELD_UNTIL),
+            ("0.225 mm, up to 16 substeps, 32 rounds (shipped before)", DIAMETER_CONTACT, wide, HELD_UNTIL_DIAMETER),
+            ("0.225 mm, up to 4 substeps, 6 rounds", {**DIAMETER_CONTACT, "rounds": 6}, None, HELD_UNTIL_DIAMETER)):
         log(f"contact: a knot held at the styluses, {label} ...")
-        out.held.append(held_run(label, held_knot(contact=contact, solver=solver, seconds=3.0 if quick else 6.0)))
+        out.held.append(held_run(label, held_knot(contact=contact, solver=solver, seconds=3.0 if quick else 6.0,
+                                                  until=until)))
     return out
 
 
@@ -362,9 +372,11 @@ def render_contact(res: ContactBench) -> list[str]:
         lines.append(f"| {label} | {rms:.4f} | {mean:.3f} | {mx:.3f} |")
     if res.held:
         lines += ["", "A knot held at the styluses (`tools/bench_contact.held_knot`): the haptic scene two-hand-knot "
-                  "(3-0 silk, 45 cm, 100 segments, up to 16 substeps, gravity) with its thread laid as a loose "
-                  f"overhand knot, both hands moving apart at {1e3 * HELD_PULL:.0f} mm/s until {HELD_UNTIL} s (the "
-                  "knot pulled tight) and then held still. Tick times while it tightens (to 0.3 s after the hands "
+                  "(3-0 silk, 45 cm in 100 segments of 4.5 mm, gravity; strands touch at 3 mm, up to 4 substeps "
+                  "and 6 contact rounds) with its thread laid as a loose overhand knot, both hands moving apart at "
+                  f"{1e3 * HELD_PULL:.0f} mm/s until the knot is tight at about 2 N ({HELD_UNTIL} s; "
+                  f"{HELD_UNTIL_DIAMETER} s where strands touch at the thread's 0.225 mm diameter, as the scene "
+                  "had it before) and then held still. Tick times while it tightens (to 0.3 s after the hands "
                   "stop) and while it is held; the hand's force while held, the rms of its change from one tick to "
                   "the next (what the stylus would buzz with), how far the knot slipped (change of the "
                   "end-to-end distance over the hold), the largest segment tension at the end, and in how many "
@@ -383,10 +395,12 @@ def render_contact(res: ContactBench) -> list[str]:
                          f"| {np.percentile(b, 50):.0f} / {np.percentile(b, 99):.0f} / {b.max():.0f} "
                          f"| {r.substeps:.0f} | {r.rounds} | {r.force:.3f} | {1e3 * r.jitter:.2f} "
                          f"| {1e3 * r.slip:+.3f} | {r.tension:.3g} | {r.undone} of {len(b)} | {r.retries} |")
-        lines += ["", "A held knot's rounds of floor, friction and solve do not settle, so each substep takes all "
-                  "it may: as shipped the held knot costs several ticks' worth of time. With fewer rounds the "
-                  "floor is not met when they run out, the guard puts the thread back every substep, and the "
-                  "thread stands frozen while the hands hold it (docs/PHYSICS.md Sec. 7, \"A knot held at the "
-                  "styluses\")."]
+        lines += ["", "Where strands touch at the thread's diameter, a knot pulled tight is smaller than a segment: "
+                  "its loop closes on segments 3-5 apart pressed together at a toggle, the rounds of floor, "
+                  "friction and solve do not settle, and each substep takes all it may (several ticks' worth of "
+                  "time); with fewer rounds the floor is not met when they run out, the guard puts the thread back "
+                  "every substep, and the thread stands frozen while the hands hold it. At 3 mm the knot is a "
+                  "clump a few segments across, its rounds settle, and it is held within the tick "
+                  "(docs/PHYSICS.md Sec. 7, \"A knot held at the styluses\")."]
     lines.append("")
     return lines
