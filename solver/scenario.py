@@ -108,18 +108,24 @@ def _shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
     if kind == "bend":
         return _bend_shape(sec, n_seg, length)
     if kind == "points":
-        pts = sec.raw("points")
-        try:
-            arr = np.asarray(pts, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise sec.error("points", "must be a list of [x, y, z] points") from None
+        key = "file" if sec.has("file") else "points"
+        if key == "file":
+            if sec.has("points"):
+                raise sec.error("file", "give the points or a file of them, not both")
+            arr = _points_file(sec)
+        else:
+            try:
+                arr = np.asarray(sec.raw("points"), dtype=np.float64)
+            except (TypeError, ValueError):
+                raise sec.error("points", "must be a list of [x, y, z] points") from None
         if arr.ndim != 2 or arr.shape[1] != 3 or arr.shape[0] != n_seg + 1 or not np.all(np.isfinite(arr)):
-            raise sec.error("points", f"must be {n_seg + 1} finite [x, y, z] points (segments + 1)")
+            raise sec.error(key, f"must be {n_seg + 1} finite [x, y, z] points (segments + 1), got "
+                                 f"{arr.shape[0] if arr.ndim == 2 else 'no'} rows of {arr.shape[-1]}")
         seg = np.linalg.norm(np.diff(arr, axis=0), axis=1)
         if np.any(seg <= 0):
-            raise sec.error("points", "consecutive points must differ")
+            raise sec.error(key, "consecutive points must differ")
         if abs(seg.sum() - length) > 1e-9 * length:
-            raise sec.error("points", f"the points span {seg.sum():.9g} m but thread.length is {length:.9g} m")
+            raise sec.error(key, f"the points span {seg.sum():.10g} m but thread.length is {length:.10g} m")
         sec.finish()
         return arr
     start = np.array(sec.vector("start", 3, [0.0, 0.0, 0.0]))
@@ -153,6 +159,17 @@ def _shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
         lo, hi = (mid, hi) if chord(mid) < target else (lo, mid)
     phi = np.arange(n_seg + 1) * 0.5 * (lo + hi)
     return start + radius * (np.outer(np.cos(phi), u) + np.outer(np.sin(phi), w) - u) + np.outer(c * phi, axis)
+
+
+def _points_file(sec: Section) -> np.ndarray:
+    """The points of a `points` shape's ``file``: a text file beside the scenario's (or a path relative to its
+    folder), one vertex a row, x y z in m, '#' starting a comment."""
+    name = sec.get("file", str)
+    path = Path(sec.file).parent / name
+    try:
+        return np.loadtxt(path, dtype=np.float64, comments="#", ndmin=2)
+    except (OSError, ValueError) as e:
+        raise sec.error("file", f"cannot read the points from {path}: {e}") from None
 
 
 def _knot_shape(sec: Section, n_seg: int, length: float) -> np.ndarray:

@@ -86,8 +86,12 @@ def test_shipped_scenario_initial_state_satisfies_rest_lengths(name):
     assert x.shape == (s.model.params.segments + 1, 3)
     seg = np.linalg.norm(np.diff(x, axis=0), axis=1)
     np.testing.assert_allclose(seg, rest, rtol=1e-12, atol=0)
-    # the shipped shapes are straight or helical, i.e. equal segments that add up to the thread's length
-    np.testing.assert_allclose(rest, s.model.params.length / s.model.params.segments, rtol=1e-12)
+    if s.source.get("shape", {}).get("kind") == "points":
+        # published points (Choi's knots): their own edges, which add up to the thread's length
+        assert rest.sum() == pytest.approx(s.model.params.length, rel=1e-9)
+    else:
+        # the other shipped shapes have equal segments that add up to the thread's length
+        np.testing.assert_allclose(rest, s.model.params.length / s.model.params.segments, rtol=1e-12)
     assert np.all(np.isfinite(s.initial.x_prev))
     assert s.duration > 0 and s.state_rate > 0
 
@@ -342,6 +346,26 @@ def test_helix_and_points_shapes(tmp_path):
     pts = [[i * 0.1, 0.0, 0.0] for i in range(11)]
     s = _load(tmp_path, THREAD + f"shape:\n  kind: points\n  points: {pts}\n")
     np.testing.assert_array_equal(s.initial.x, np.array(pts))
+
+
+
+def test_points_shape_from_a_file_beside_the_scenario(tmp_path):
+    """`shape.file`: the points in a text file next to the scenario (how Choi's published knots are shipped);
+    the same checks as inline points, each naming the file key; a file that cannot be read is named with why."""
+    pts = np.array([[i * 0.1, 0.01 * i * i, 0.0] for i in range(11)])
+    pts *= 1.0 / np.linalg.norm(np.diff(pts, axis=0), axis=1).sum()      # a 1 m span
+    np.savetxt(tmp_path / "knot.txt", pts, header="a comment line")
+    s = _load(tmp_path, THREAD + "shape:\n  kind: points\n  file: knot.txt\n")
+    np.testing.assert_array_equal(s.initial.x, pts)
+    np.savetxt(tmp_path / "short.txt", pts[:-1])
+    _error(tmp_path, THREAD + "shape:\n  kind: points\n  file: short.txt\n", "shape.file", "must be 11 finite")
+    np.savetxt(tmp_path / "long.txt", 2.0 * pts)
+    _error(tmp_path, THREAD + "shape:\n  kind: points\n  file: long.txt\n", "shape.file", "the points span 2")
+    (tmp_path / "words.txt").write_text("0 0 zero\n")
+    _error(tmp_path, THREAD + "shape:\n  kind: points\n  file: words.txt\n", "shape.file", "cannot read the points")
+    _error(tmp_path, THREAD + "shape:\n  kind: points\n  file: missing.txt\n", "shape.file", "missing.txt")
+    _error(tmp_path, THREAD + f"shape:\n  kind: points\n  file: knot.txt\n  points: {pts.tolist()}\n", "shape.file",
+           "not both")
 
 
 # -- errors: file, key path, reason --------------------------------------------------------------------------

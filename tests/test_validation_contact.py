@@ -111,6 +111,24 @@ def test_choi_trefoil_audoly_law_and_speed_independence():
 
 
 @pytest.mark.long
+def test_choi_overhand_knots_of_n_3_and_4_snap_through_and_n_2_does_not():
+    for c in vc.choi_inversion_case():
+        assert c.passed, c.row()
+
+
+def test_a_snap_through_is_a_drop_of_the_smoothed_force_not_its_stick_slip():
+    """force_falls on made-up pulls: a rising force with a 25 % sawtooth every 0.2 s has no drop; the same with
+    its level cut by 40 % at one instant has one, there."""
+    t = np.arange(0.0, 60.0, 0.01)
+    e = 0.6 - 0.006 * t
+    F = 0.005 * (1.0 + t / 20.0) * (1.0 - 0.25 * ((t / 0.2) % 1.0))
+    assert vc.force_falls(np.column_stack([t, F, e])) == []
+    F2 = np.where(t < 30.0, F, 0.6 * F)
+    (tf, ef, before, after), = vc.force_falls(np.column_stack([t, F2, e]))
+    assert 29.4 <= tf <= 30.0 and after < 0.7 * before
+
+
+@pytest.mark.long
 def test_capstan_friction_all_coefficients():
     for c in vc.capstan_case():
         assert c.passed, c.row()

@@ -4,7 +4,7 @@ each printed as measured against expected. tests/test_validation.py runs the sam
 Cases: energy conservation (Fig. 4), momentum conservation (Fig. 6), axial force against the static solution
 (Fig. 8), hanging thread, inextensibility at every step of all of these, contraction mapping vs Newton, a
 stability sweep of every thread preset dragged by a random smooth grasp motion, and the self-contact cases of
-tools/validate_contact.py (square knot, plectoneme, Fig. 17 load, crumple).
+tools/validate_contact.py (square knot, plectoneme, Fig. 17 load, crumple, capstan, Choi's overhand knots, bends).
 """
 from __future__ import annotations
 
@@ -275,9 +275,10 @@ def main(argv: list[str] | None = None) -> int:
                                                  "against expected.")
     parser.add_argument("--quick", action="store_true",
                         help="shorter runs (50 s instead of 1000 s for energy and momentum, 2 s sweeps, a 5 s "
-                             "crumple instead of 30 s)")
+                             "crumple instead of 30 s, Choi's trefoil at one speed and not his n = 2-4 knots)")
     parser.add_argument("--plots", metavar="DIR", type=Path, default=None,
-                        help="write the plots of the self-contact cases here (plectoneme-torque.png)")
+                        help="write the plots of the self-contact cases here (plectoneme-torque.png; without --quick also "
+                             "choi-overhand-pulls.png)")
     parser.add_argument("--no-contact", action="store_true", help="skip the self-contact cases")
     args = parser.parse_args(argv)
     cases = run_all(quick=args.quick, contact=not args.no_contact, plots=args.plots)

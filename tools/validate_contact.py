@@ -1,7 +1,7 @@
 """The self-contact validation cases of `suturesim validate` (issue 3): Wang 2017's plectoneme (Fig. 11-13),
 its stiffness series (Fig. 17) and square knot (Fig. 15-16), a thread crumpled by fast random grasp motions,
 Coulomb friction by the capstan equation, Choi et al. 2021's trefoil pulled tight (Audoly's law, speed
-independence), and the thesis's knot test: reef, granny, grief and thief knots under 1 N as friction is
+independence) and their overhand knots of n = 2 ... 4 (the snap-through of n = 3 and 4), and the thesis's knot test: reef, granny, grief and thief knots under 1 N as friction is
 lowered.
 The Wang cases and the crumple check tunnelling with tools/crossings.py, which shares no code with the solver's
 contact, between every two consecutive substeps the integrator went through (Choi's 300-segment rods are not
@@ -231,6 +231,9 @@ def run_contact(quick: bool = False, plots: Path | None = None, add=print) -> No
         add(c)
     for c in choi_n1_case((6e-3,) if quick else (3e-3, 6e-3, 9e-3)):
         add(c)
+    if not quick:
+        for c in choi_inversion_case(plots=plots):
+            add(c)
     for c in (bend_case(("reef", "granny"), start=0.5) if quick else bend_case()):
         add(c)
     for c in (suture_bend_case(("reef", "granny"), start=0.4) if quick else suture_bend_case()):
@@ -327,24 +330,101 @@ def _ladder_cases(kinds, start: float, step: float, pull, label: str) -> list[Ca
 AUDOLY_SIGMA = 0.492   # Audoly et al. 2007's constant for the trefoil (Choi 2021 Eq. 25)
 
 
-def choi_pull(n: int, speed: float = 6e-3, check: bool = False) -> tuple[Scenario, np.ndarray, "TracedRun"]:
+CHOI_SPEED = 6e-3   # m/s: the scenes' pull speed u, the rate the end-to-end distance grows at
+
+
+def choi_pull(n: int, speed: float = CHOI_SPEED, check: bool = False) -> tuple[Scenario, np.ndarray, "TracedRun"]:
     """Pull Choi's overhand knot of unknotting number n from both ends, the end-to-end distance growing at
-    ``speed`` (m/s). Returns the scenario and rows (t, pull force F (N) = mean axial force of the two end
-    segments, end-to-end shortening e = L - x (m)) every 10 ms, and the run."""
+    ``speed`` (m/s), as far as the scene does. Returns the scenario and rows (t, pull force F (N) = mean axial
+    force of the first segments past the driven ends, end-to-end shortening e = L - x (m)) every 10 ms, and the
+    run."""
     sc = load_scenario(f"choi2021-overhand-n{n}")
-    if speed != 6e-3:
-        # the same pull distance at another speed: each end moves at speed / 2 from t = 1 s
-        tl = sc.source["timeline"]
-        reach = (tl[1]["to"] - tl[1]["from"]) * 2.0 * tl[1]["velocity"][0]
-        end = 1.0 + reach / speed
-        timeline = [{"vertex": e["vertex"], "velocity": [math.copysign(speed / 2.0, e["velocity"][0]), 0.0, 0.0],
-                     "from": 1.0, "to": end} for e in tl]
-        sc = load_scenario(f"choi2021-overhand-n{n}", {"timeline": timeline, "duration": end})
+    if speed != CHOI_SPEED:
+        # the same pull distance at another speed: every driven end's velocity scaled, from the same start
+        k = speed / CHOI_SPEED
+        timeline = [{**e, "velocity": [v * k for v in e["velocity"]], "to": e["from"] + (e["to"] - e["from"]) / k}
+                    for e in sc.source["timeline"]]
+        sc = load_scenario(f"choi2021-overhand-n{n}", {"timeline": timeline,
+                                                          "duration": max(e["to"] for e in timeline)})
     run = TracedRun(sc, check=check)
     L = sc.model.params.length
-    rows = np.array(run.run(sc.duration, lambda st: (st.time[0], 0.5 * (st.tension[0] + st.tension[-1]),
+    free = np.flatnonzero(sc.model.kinematic == 0)
+    first, last = int(free[0]) - 1, int(free[-1])    # the segments from the last driven vertex at each end
+    rows = np.array(run.run(sc.duration, lambda st: (st.time[0], 0.5 * (st.tension[first] + st.tension[last]),
                                                      L - float(np.linalg.norm(st.x[-1] - st.x[0]))), every=10))
     return sc, rows, run
+
+
+CHOI_FALL = 0.8        # a snap-through: the smoothed pull force falls below this fraction of itself ...
+CHOI_FALL_WINDOW = 50  # ... within this many rows (0.5 s) ...
+CHOI_FALL_FLOOR = 3e-3  # ... from above this force (N)
+
+
+def force_falls(rows: np.ndarray) -> list[tuple[float, float, float, float]]:
+    """The sudden drops of the pull force in choi_pull's rows (t, F, e): the force smoothed by a running
+    median over 0.51 s (51 rows, which takes out the stick-slip sawtooth of 10-30 %), falling below CHOI_FALL of
+    itself within 0.5 s from above CHOI_FALL_FLOOR, after the first 3 s (the relaxed knot's tails coming taut).
+    Returns (t (s), e (m), smoothed force before, after (N)) for each, 2 s apart at least."""
+    from numpy.lib.stride_tricks import sliding_window_view
+    t, F, e = rows[rows[:, 0] > 3.0].T
+    w = CHOI_FALL_WINDOW
+    if len(F) < 2 * w:
+        return []
+    S = np.median(sliding_window_view(np.pad(F, 25, mode="edge"), 51), axis=1)
+    ratio = S[w:] / np.maximum(S[:-w], 1e-300)
+    out: list[tuple[float, float, float, float]] = []
+    k = 0
+    while k < len(ratio):
+        if S[k] > CHOI_FALL_FLOOR and ratio[k] < CHOI_FALL:
+            j = k + int(np.argmin(ratio[k:k + w]))      # the steepest 0.5 s of this drop
+            out.append((float(t[j]), float(e[j]), float(S[j]), float(S[j + w])))
+            k = j + 200
+        else:
+            k += 1
+    return out
+
+
+def choi_inversion_case(ns=(2, 3, 4), plots: Path | None = None) -> list[Case]:
+    """Choi 2021 Fig. 6: pulled tight from their own initial knots, the knots of n = 3 and n = 4 snap through
+    (the loop turns from near-circular to distorted: a sudden drop of the pull force), n = 2 does not, as far as
+    Choi's pulls went (the scenes end there). One row per n: the number of drops (force_falls)."""
+    expect = {1: 0, 2: 0, 3: 1, 4: 1}
+    cases, curves = [], {}
+    for n in ns:
+        sc, rows, _ = choi_pull(n)
+        falls = force_falls(rows)
+        curves[n] = rows
+        ok = (len(falls) >= 1) if expect[n] else not falls
+        what = "; ".join(f"e = {e * 1e3:.0f} mm, {a * 1e3:.1f} -> {b * 1e3:.1f} mN" for _, e, a, b in falls)
+        cases.append(Case(f"Choi n={n}: inversion", float(len(falls)), ">= 1 drop" if expect[n] else "no drop", ok,
+                          f"{what or 'no drop'}; largest force {rows[:, 1].max() * 1e3:.0f} mN, pulled to "
+                          f"e = {rows[-1, 2] * 1e3:.0f} mm"))
+    if plots is not None:
+        _plot_choi(Path(plots), curves)
+    return cases
+
+
+def _plot_choi(plots: Path, curves: dict) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    plots.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for n, rows in curves.items():
+        t, F, e = rows[rows[:, 0] > 1.5].T
+        ax.semilogy(e * 1e3, np.maximum(F, 1e-5) * 1e3, lw=0.7, label=f"n = {n}")
+        for _, ef, a, _ in force_falls(rows):
+            ax.annotate("", (ef * 1e3, a * 1e3), xytext=(ef * 1e3, a * 2e3),
+                        arrowprops={"arrowstyle": "->", "color": "k"})
+    ax.invert_xaxis()
+    ax.set_xlabel("end-to-end shortening e (mm)")
+    ax.set_ylabel("pull force (mN)")
+    ax.set_title("Choi 2021's overhand knots pulled tight (their initial knots); arrows: snap-through")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(plots / "choi-overhand-pulls.png", dpi=100)
+    plt.close(fig)
 
 
 def audoly_force(sc: Scenario, e: np.ndarray, mu: float) -> np.ndarray:
