@@ -1,8 +1,8 @@
 """The self-contact validation cases of `suturesim validate` (issue 3): Wang 2017's plectoneme (Fig. 11-13),
 its stiffness series (Fig. 17) and square knot (Fig. 15-16), a thread crumpled by fast random grasp motions,
 Coulomb friction by the capstan equation, Choi et al. 2021's trefoil pulled tight (Audoly's law, speed
-independence) and their overhand knots of n = 2 ... 4 (the snap-through of n = 3 and 4), and the thesis's knot test: reef, granny, grief and thief knots under 1 N as friction is
-lowered.
+independence) and their overhand knots of n = 2 ... 4 (the snap-through of n = 3 and 4), and the thesis's knot
+test: reef, granny, grief and thief knots under 1 N as friction is lowered.
 The Wang cases and the crumple check tunnelling with tools/crossings.py, which shares no code with the solver's
 contact, between every two consecutive substeps the integrator went through (Choi's 300-segment rods are not
 checked: 45 000 pairs per substep would take hours).
@@ -355,6 +355,7 @@ def choi_pull(n: int, speed: float = CHOI_SPEED, check: bool = False) -> tuple[S
     return sc, rows, run
 
 
+CHOI_SMOOTH = 51       # rows (0.51 s) of the running median the pull force is smoothed by
 CHOI_FALL = 0.8        # a snap-through: the smoothed pull force falls below this fraction of itself ...
 CHOI_FALL_WINDOW = 50  # ... within this many rows (0.5 s) ...
 CHOI_FALL_FLOOR = 3e-3  # ... from above this force (N)
@@ -362,7 +363,7 @@ CHOI_FALL_FLOOR = 3e-3  # ... from above this force (N)
 
 def force_falls(rows: np.ndarray) -> list[tuple[float, float, float, float]]:
     """The sudden drops of the pull force in choi_pull's rows (t, F, e): the force smoothed by a running
-    median over 0.51 s (51 rows, which takes out the stick-slip sawtooth of 10-30 %), falling below CHOI_FALL of
+    median over CHOI_SMOOTH rows (which takes out the stick-slip sawtooth of 10-30 %), falling below CHOI_FALL of
     itself within 0.5 s from above CHOI_FALL_FLOOR, after the first 3 s (the relaxed knot's tails coming taut).
     Returns (t (s), e (m), smoothed force before, after (N)) for each, 2 s apart at least."""
     from numpy.lib.stride_tricks import sliding_window_view
@@ -370,7 +371,7 @@ def force_falls(rows: np.ndarray) -> list[tuple[float, float, float, float]]:
     w = CHOI_FALL_WINDOW
     if len(F) < 2 * w:
         return []
-    S = np.median(sliding_window_view(np.pad(F, 25, mode="edge"), 51), axis=1)
+    S = np.median(sliding_window_view(np.pad(F, CHOI_SMOOTH // 2, mode="edge"), CHOI_SMOOTH), axis=1)
     ratio = S[w:] / np.maximum(S[:-w], 1e-300)
     out: list[tuple[float, float, float, float]] = []
     k = 0
@@ -386,14 +387,15 @@ def force_falls(rows: np.ndarray) -> list[tuple[float, float, float, float]]:
 
 def choi_inversion_case(ns=(2, 3, 4), plots: Path | None = None) -> list[Case]:
     """Choi 2021 Fig. 6: pulled tight from their own initial knots, the knots of n = 3 and n = 4 snap through
-    (the loop turns from near-circular to distorted: a sudden drop of the pull force), n = 2 does not, as far as
-    Choi's pulls went (the scenes end there). One row per n: the number of drops (force_falls)."""
+    (in Choi's words the loop turns from near-circular to distorted; here a sudden drop of the pull force), n = 2
+    does not, as far as Choi's pulls went (the scenes end there). One row per n: the number of drops
+    (force_falls)."""
     expect = {1: 0, 2: 0, 3: 1, 4: 1}
     cases, curves = [], {}
     for n in ns:
         sc, rows, _ = choi_pull(n)
         falls = force_falls(rows)
-        curves[n] = rows
+        curves[n] = (rows, falls)
         ok = (len(falls) >= 1) if expect[n] else not falls
         what = "; ".join(f"e = {e * 1e3:.0f} mm, {a * 1e3:.1f} -> {b * 1e3:.1f} mN" for _, e, a, b in falls)
         cases.append(Case(f"Choi n={n}: inversion", float(len(falls)), ">= 1 drop" if expect[n] else "no drop", ok,
@@ -405,15 +407,16 @@ def choi_inversion_case(ns=(2, 3, 4), plots: Path | None = None) -> list[Case]:
 
 
 def _plot_choi(plots: Path, curves: dict) -> None:
+    """The pull force against e for each n, ``curves`` {n: (choi_pull's rows, their force_falls)}."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     plots.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(8, 5))
-    for n, rows in curves.items():
+    for n, (rows, falls) in curves.items():
         t, F, e = rows[rows[:, 0] > 1.5].T
         ax.semilogy(e * 1e3, np.maximum(F, 1e-5) * 1e3, lw=0.7, label=f"n = {n}")
-        for _, ef, a, _ in force_falls(rows):
+        for _, ef, a, _ in falls:
             ax.annotate("", (ef * 1e3, a * 1e3), xytext=(ef * 1e3, a * 2e3),
                         arrowprops={"arrowstyle": "->", "color": "k"})
     ax.invert_xaxis()
