@@ -13,7 +13,6 @@ killed server never leaves a motor pushing.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
@@ -22,13 +21,13 @@ from dataclasses import dataclass
 
 from .link import DeviceLink
 from .openhaptics import DeviceError, HDDeviceSpec, OpenHapticsDriver, OpenHapticsUnavailable
+from .process import StopRequest, die_with_parent, dump_stacks_on_signal
 from .safety import SafetyConfig
 from .servo import Servo
 from .transform import DeviceTransform
 
 POLL_S = 0.005
 SERVO_PRIORITY = 60     # above the physics loop's default 50: the servo tick is short and must never wait
-PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -40,15 +39,6 @@ class DriverDevice:
     hd_name: str
     transform: DeviceTransform
     safety: SafetyConfig
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGTERM us when the supervisor dies (a no-op where prctl does not exist)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 def realtime_servo(priority: int = SERVO_PRIORITY) -> None:
@@ -75,14 +65,12 @@ def _log_line(line: str) -> None:
 
 def driver_main(devices: list[DriverDevice], link_name: str, conn, stop) -> None:
     """Entry point of the driver process (multiprocessing, spawn). ``conn``: a Pipe end to the supervisor;
-    ``stop``: a multiprocessing Event."""
+    ``stop``: a shared stop flag (haptics/process.py)."""
     die_with_parent()
     realtime_servo()
+    dump_stacks_on_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # the supervisor decides when to stop
-    # a plain flag: a multiprocessing Event set from a signal handler can deadlock on its own lock, which the
-    # interrupted main thread may hold inside stop.wait()
-    terminated = []
-    signal.signal(signal.SIGTERM, lambda *_: terminated.append(True))
+    stop = StopRequest(stop)                          # or SIGTERM (a dying supervisor's, among others)
     link = DeviceLink.attach(link_name)
 
     def factory(dev: DriverDevice):
@@ -102,7 +90,7 @@ def driver_main(devices: list[DriverDevice], link_name: str, conn, stop) -> None
         sys.exit(2)
     conn.send(("ready", infos))
     reason = None
-    while not terminated and not stop.wait(POLL_S):
+    while not stop.wait(POLL_S):
         reason = driver.poll()
         if reason is not None:
             break

@@ -536,7 +536,8 @@ class PhysicsLoop:
 
     # -- the loop ---------------------------------------------------------------------------------------
     def run(self, stop=None, on_ready=None) -> None:
-        """Run until a shutdown request or ``stop`` (a multiprocessing.Event) is set."""
+        """Run until a shutdown request or ``stop`` (anything with ``is_set()``; the daemon's is a
+        haptics.process.StopRequest) is set."""
         from .control import ControlHandler
 
         control = ControlHandler(self)
@@ -675,11 +676,12 @@ def physics_main(cfg: ServerConfig, link_name: str | None, ready, stop, conn=Non
 
     import sys
 
-    from ..haptics.driver import die_with_parent
+    from ..haptics.process import StopRequest, die_with_parent, dump_stacks_on_signal
 
-    die_with_parent()  # a killed supervisor stops the loop too (SIGTERM: the handler below)
+    die_with_parent()  # a killed supervisor stops the loop too (SIGTERM: the request below)
+    dump_stacks_on_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when to stop
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = StopRequest(stop)
     # a control worker pool thread (control.py) that is running may hold the GIL at most this long before the
     # loop gets it back; one that is not running cannot drop it at all, hence raise_helper_threads
     sys.setswitchinterval(5e-5)

@@ -30,8 +30,9 @@ def receive_until(sub: zmq.Socket, stop, poll_ms: int = 100) -> Iterator[tuple[b
 
 def record(endpoint: str, path: str, stop, ready=None, metadata: dict | None = None,
            topics: list[bytes] | None = None, counts=None) -> dict:
-    """Record ``endpoint`` (a PUB address) to ``path`` until ``stop`` (an Event) is set: every topic, or only
-    ``topics``. ``counts``: an optional shared array updated with [messages written, force seq gaps].
+    """Record ``endpoint`` (a PUB address) to ``path`` until ``stop`` (anything with ``is_set()``) is set:
+    every topic, or only ``topics``. ``counts``: an optional shared array updated with [messages written, force
+    seq gaps] (lock-free: a killed recorder cannot leave a reader waiting).
     Returns {"messages", "gaps"}: the messages written and the force `seq` numbers found missing."""
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
@@ -76,22 +77,17 @@ def record(endpoint: str, path: str, stop, ready=None, metadata: dict | None = N
 
 def recorder_main(endpoint: str, path: str, stop, ready, metadata: dict | None = None,
                   topics: list[bytes] | None = None, counts=None) -> None:
-    """Entry point of the recorder process (multiprocessing, spawn)."""
+    """Entry point of the recorder process (multiprocessing, spawn). ``stop``: a shared stop flag
+    (haptics/process.py); ``counts``: see record()."""
     import signal
 
-    from ..haptics.driver import die_with_parent
+    from ..haptics.process import StopRequest, die_with_parent, dump_stacks_on_signal
 
     die_with_parent()   # a killed server (or `suturesim record`) stops its recorder too, file closed
+    dump_stacks_on_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # a plain flag: a multiprocessing Event set inside a signal handler can deadlock on its own lock
-    terminated = []
-    signal.signal(signal.SIGTERM, lambda *_: terminated.append(True))
+    stop = StopRequest(stop)
 
-    class _Stop:
-        @staticmethod
-        def is_set() -> bool:
-            return bool(terminated) or stop.is_set()
-
-    result = record(endpoint, path, _Stop, ready, metadata, topics, counts)
+    result = record(endpoint, path, stop, ready, metadata, topics, counts)
     note = f"{result['gaps']} force messages missing" if result["gaps"] else "no force message missing"
     print(f"suturesim record: {result['messages']} messages to {path}; {note}", flush=True)

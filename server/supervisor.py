@@ -19,6 +19,7 @@ import zmq
 
 from ..haptics.driver import DriverDevice, driver_main
 from ..haptics.link import DeviceLink
+from ..haptics.process import StopRequest, dump_stacks_on_signal, shared_flag
 from ..solver.scenario import load_scenario
 from . import protocol
 from .config import ServerConfig, server_metadata
@@ -29,6 +30,8 @@ from .recorder import recorder_main
 from .security import check_bind_policy
 
 STOP_TIMEOUT_S = 1.5     # the physics process gets this long to stop by itself before it is killed
+RECORDER_IDLE_S = 5.0    # a stopping recorder that writes nothing for this long is killed ...
+RECORDER_STOP_S = 60.0   # ... and one still writing its queue after this long too
 READY_TIMEOUT_S = 120.0  # first start on a cold numba cache compiles every kernel
 DRIVER_READY_TIMEOUT_S = 20.0   # the device driver's start: load libHD, initialise and calibrate the devices
 DEVICE_STATS_ENV = "SUTURESIM_DEVICE_STATS"   # if set: the driver's timing summary is written there as JSON
@@ -42,7 +45,7 @@ class DeviceDriver:
     """The running device-driver process (haptics/driver.py) of the openhaptics devices."""
 
     def __init__(self, proc, conn, stop, out):
-        self.proc, self.conn, self.stop_event, self.out = proc, conn, stop, out
+        self.proc, self.conn, self.stop_flag, self.out = proc, conn, stop, out
         self.summary: dict = {}
 
     def poll(self) -> bool:
@@ -63,7 +66,7 @@ class DeviceDriver:
 
     def stop(self) -> None:
         """Stop the driver (every output ramps to zero, the devices are disabled) and report its timings."""
-        self.stop_event.set()
+        self.stop_flag.value = 1
         deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline and (self.proc.is_alive() or self.conn.poll(0)):
             if self.conn.poll(0.05):
@@ -103,7 +106,7 @@ def start_driver(ctx, cfg: ServerConfig, link: DeviceLink, devices: list[str], o
                                       safety=cfg.safety))
     if not specs:
         return None, {}
-    stop = ctx.Event()
+    stop = shared_flag(ctx)
     conn, child = ctx.Pipe()
     proc = ctx.Process(target=driver_main, name="suturesim-device", args=(specs, link.name, child, stop))
     proc.start()
@@ -135,10 +138,12 @@ class Supervisor:
         self.cfg = cfg
         self.out = out
         self.mp = mp.get_context("spawn")
-        self.stop = self.mp.Event()
+        self.stop = shared_flag(self.mp)   # read by the physics process
         self.link: DeviceLink | None = None
         self.recorder = None
         self.recorder_stop = None
+        self.recorder_path = ""
+        self.recorder_counts = None
         self.driver: DeviceDriver | None = None
 
     # -- device driver ----------------------------------------------------------------------------------
@@ -158,22 +163,44 @@ class Supervisor:
         self.stop_recording()
         meta = recording_metadata(name, file, source)
         meta["server"] = server_metadata(self.cfg)
-        self.recorder_stop = self.mp.Event()
+        self.recorder_stop = shared_flag(self.mp)
+        self.recorder_path = path
+        # messages written, force seq gaps; read without a lock, which a killed recorder could leave held
+        self.recorder_counts = self.mp.Array("q", 2, lock=False)
         ready = self.mp.Event()
         self.recorder = self.mp.Process(target=recorder_main, name="suturesim-recorder",
-                                        args=(self.cfg.endpoints.pub, path, self.recorder_stop, ready, meta))
+                                        args=(self.cfg.endpoints.pub, path, self.recorder_stop, ready, meta, None,
+                                              self.recorder_counts))
         self.recorder.start()
         ready.wait(10.0)
         time.sleep(0.2)  # ZeroMQ's slow joiner: let the subscription reach the publisher
         self.out(f"suturesim: recording to {path}")
 
     def stop_recording(self) -> None:
-        if self.recorder is not None:
-            self.recorder_stop.set()
-            self.recorder.join(5.0)
-            if self.recorder.is_alive():
-                self.recorder.kill()
-            self.recorder = None
+        """Stop the recorder once it has written what it has queued (it loses nothing), for as long as it keeps
+        writing (RECORDER_IDLE_S, at most RECORDER_STOP_S); a recorder killed past that is reported."""
+        if self.recorder is None:
+            return
+        self.recorder_stop.value = 1
+        t0 = last_change = time.monotonic()
+        written = self.recorder_counts[0]
+        while self.recorder.is_alive():
+            self.recorder.join(0.1)
+            now = time.monotonic()
+            if self.recorder_counts[0] != written:
+                written, last_change = self.recorder_counts[0], now
+            if now - last_change > RECORDER_IDLE_S or now - t0 > RECORDER_STOP_S:
+                break
+        waited = time.monotonic() - t0
+        if self.recorder.is_alive():
+            self.recorder.kill()
+            self.recorder.join(1.0)
+            say(f"suturesim: the recorder did not finish within {waited:.1f} s of the stop and was killed: "
+                f"{self.recorder_path} has {written} messages and no summary (readers that need one fail)",
+                err=True)
+        elif waited > 1.0:
+            say(f"suturesim: the recorder took {waited:.1f} s after the stop to write what it had queued", err=True)
+        self.recorder = None
 
     # -- faults -----------------------------------------------------------------------------------------
     def publish_fault(self, reason: str) -> None:
@@ -218,7 +245,8 @@ class Supervisor:
         cfg = replace(cfg, link_devices=tuple(devices), device_limits=tuple(limits.items()),
                       device_stiffness=tuple(stiffness.items()))
         self.cfg = cfg
-        previous = {s: signal.signal(s, lambda *_: self.stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+        dump_stacks_on_signal()
+        stopping = StopRequest(self.stop, (signal.SIGINT, signal.SIGTERM))  # sets self.stop for the children
         restarts = 0
         fault_note = None
         code = 0
@@ -233,9 +261,9 @@ class Supervisor:
                 proc.start()
                 t_start = time.monotonic()
                 while not ready.wait(0.05):
-                    if not proc.is_alive() or self.stop.is_set() or time.monotonic() - t_start > READY_TIMEOUT_S:
+                    if not proc.is_alive() or stopping.is_set() or time.monotonic() - t_start > READY_TIMEOUT_S:
                         break
-                if not ready.is_set() and not proc.is_alive() and not self.stop.is_set():
+                if not ready.is_set() and not proc.is_alive() and not stopping.is_set():
                     # it never served: a start-up error (a port in use, say) is not worth restarting for
                     why = f"exit code {proc.exitcode}"
                     if conn.poll(0.5):
@@ -249,7 +277,7 @@ class Supervisor:
                     self.out(f"suturesim: serving {scenario.name!r}: state/force/stats/event on {cfg.endpoints.pub}, "
                              f"control on {cfg.endpoints.control}, stylus on {cfg.endpoints.stylus} "
                              f"(first tick {time.monotonic() - t_start:.2f} s after start)")
-                while proc.is_alive() and not self.stop.is_set():
+                while proc.is_alive() and not stopping.is_set():
                     self.poll_driver()
                     if conn.poll(0.05):
                         try:
@@ -260,12 +288,14 @@ class Supervisor:
                             self.start_recording(*arg)
                         elif what == "record_stop":
                             self.stop_recording()
-                if self.stop.is_set() or proc.exitcode == 0:
-                    self.stop.set()
+                if stopping.is_set() or proc.exitcode == 0:
+                    stopping.set()
                     proc.join(STOP_TIMEOUT_S)
                     if proc.is_alive():
                         proc.kill()
                         proc.join(1.0)
+                        say(f"suturesim: the physics process did not stop within {STOP_TIMEOUT_S:g} s and was "
+                            "killed", err=True)
                     break
                 # the physics process died on its own
                 self.link.zero_forces(protocol.FLAG_FAULT, time.monotonic_ns())
@@ -284,8 +314,7 @@ class Supervisor:
             self.stop_recording()
             self.link.close()
             self.link.unlink()
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+            stopping.restore()
         return code
 
 

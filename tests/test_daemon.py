@@ -32,6 +32,9 @@ from suturesim.solver.scenario import load_scenario
 
 START_TIMEOUT_S = 60.0      # a cold numba cache compiles every kernel on the first start
 REPLY_TIMEOUT_S = 3.0
+# longer than the supervisor's own bounds on a stop (server/supervisor.py: the physics process 1.5 s before it is
+# killed, then an idle recorder 5 s), so a daemon that takes it all is not taken for a hung one
+STOP_TIMEOUT_S = 15.0
 DEVICE = "stylus0"          # the default scenario's grasp device (configs/scenarios/default.yaml)
 
 _CTX = zmq.Context()
@@ -146,24 +149,43 @@ class Daemon:
         except subprocess.TimeoutExpired:
             return None
 
-    def children(self) -> list[int]:
+    @staticmethod
+    def children_of(pid: int) -> list[int]:
         try:
-            with open(f"/proc/{self.pid}/task/{self.pid}/children") as f:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
                 return [int(c) for c in f.read().split()]
         except FileNotFoundError:
             return []
 
+    def children(self) -> list[int]:
+        return self.children_of(self.pid)
+
+    def spawn_children(self) -> list[int]:
+        """The supervisor's multiprocessing children (physics, recorder, driver), not its resource tracker."""
+        out = []
+        for pid in self.children():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"spawn_main" in f.read():
+                        out.append(pid)
+            except FileNotFoundError:
+                pass
+        return out
+
+    def dump_stacks(self) -> None:
+        """Have the supervisor and its children print their Python stacks to stderr (haptics/process.py), for
+        the failure's output: where a daemon that does not stop is stuck."""
+        for pid in [self.pid, *self.spawn_children()]:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except (ProcessLookupError, PermissionError):
+                pass
+            time.sleep(0.5)   # one at a time (dumps on one pipe interleave); the pump threads collect them
+
     def physics_pid(self) -> int:
         """The physics process: the supervisor's multiprocessing (spawn) child. Only valid while nothing is
         being recorded (the recorder is a spawn child too); the resource tracker is the other child."""
-        kids = []
-        for c in self.children():
-            try:
-                with open(f"/proc/{c}/cmdline", "rb") as f:
-                    if b"spawn_main" in f.read():
-                        kids.append(c)
-            except FileNotFoundError:
-                pass
+        kids = self.spawn_children()
         assert len(kids) == 1, f"expected one spawn child of {self.pid}, found {kids}"
         return kids[0]
 
@@ -173,7 +195,8 @@ class Daemon:
             self._req = None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            if self.wait_exit(5.0) is None:
+            if self.wait_exit(STOP_TIMEOUT_S) is None:
+                self.dump_stacks()
                 self.proc.kill()
                 self.proc.wait(5.0)
         try:  # anything left in the daemon's own process group (a child orphaned by a SIGKILLed supervisor)
@@ -964,6 +987,62 @@ def test_killed_physics_process_faults_and_restarts(daemon, subscribe):
     finally:
         if link is not None:
             link.close()
+
+
+def _stop_timed(d: Daemon, within: float) -> float:
+    """SIGTERM the supervisor; assert it exits 0 within ``within`` s, its children gone; the seconds taken."""
+    t0 = time.monotonic()
+    d.proc.send_signal(signal.SIGTERM)
+    code = d.wait_exit(within)
+    elapsed = time.monotonic() - t0
+    assert code == 0, f"exit code {code} after {elapsed:.2f} s (want 0 within {within} s)\n{d.output()}"
+    assert not d.spawn_children()
+    return elapsed
+
+
+def test_a_physics_process_that_does_not_stop_is_killed_and_the_server_exits_zero(daemon):
+    """A physics process stuck anywhere (here stopped with SIGSTOP, holding whatever it held) delays the stop by
+    server/supervisor.py's STOP_TIMEOUT_S (1.5 s), no more, and the supervisor says what it killed. The stop
+    request is a lock-free shared byte (haptics/process.py): with the multiprocessing Event it was, a process
+    stopped or killed inside the Event's is_set() left its lock held, and the supervisor's next is_set() waited
+    for ever."""
+    os.kill(daemon.physics_pid(), signal.SIGSTOP)
+    elapsed = _stop_timed(daemon, 5.0)
+    assert 1.4 < elapsed, elapsed
+    assert any("the physics process did not stop within 1.5 s and was killed" in ln for ln in daemon.stderr), \
+        daemon.output()
+
+
+def test_a_recorder_that_does_not_finish_is_killed_and_said_so(tmp_path):
+    """A recorder that writes nothing after the stop is killed after RECORDER_IDLE_S (5 s) and the supervisor
+    names the file it left without a summary; the server still exits 0. (One that is still writing its queue
+    gets up to RECORDER_STOP_S.)"""
+    out = tmp_path / "stuck.mcap"
+    d = Daemon("--record", str(out))
+    try:
+        d.wait_serving()
+        # physics_pid() is ambiguous while recording; the physics process has a child (control's pool), the
+        # recorder none
+        recorder = [pid for pid in d.spawn_children() if not Daemon.children_of(pid)]
+        assert len(recorder) == 1, (d.spawn_children(), recorder)
+        os.kill(recorder[0], signal.SIGSTOP)
+        elapsed = _stop_timed(d, 12.0)
+        assert 4.5 < elapsed, elapsed
+        said = [ln for ln in d.stderr if "the recorder did not finish" in ln]
+        assert said and str(out) in said[0] and "no summary" in said[0], d.output()
+    finally:
+        d.close()
+
+
+def test_sigusr1_prints_each_process_stack_and_the_server_runs_on(daemon):
+    """`kill -USR1` on the supervisor or a child prints its threads' Python stacks on stderr (how to see where
+    a server that does not stop is stuck; the tests' Daemon.close does it before a SIGKILL)."""
+    # one at a time: two processes' dumps on one pipe interleave (faulthandler writes a line in pieces)
+    os.kill(daemon.pid, signal.SIGUSR1)
+    daemon.wait_line(r'File ".*server/supervisor\.py", line \d+ in run', 5.0, stream="stderr")
+    os.kill(daemon.physics_pid(), signal.SIGUSR1)
+    daemon.wait_line(r'File ".*server/physics\.py", line \d+ in run', 5.0, stream="stderr")
+    assert daemon.status()["ok"] and daemon.proc.poll() is None
 
 
 def _status_or_none(d: Daemon):

@@ -659,3 +659,28 @@ def test_bad_paths_raise_config_error_naming_the_key(entry, key):
         build_scenario(_default_with([entry]), "bad.yaml")
     assert exc.value.key == key
     assert str(exc.value).startswith(f"bad.yaml: {key}: ")
+
+
+# ------------------------------------------------------------------------------------------ process stop
+def test_a_stop_signal_only_marks_the_request_and_is_set_passes_it_to_the_shared_flag():
+    """haptics/process.py: the handler touches nothing shared (it may interrupt a thread inside anything);
+    the next is_set() sets the flag the child processes read."""
+    import multiprocessing
+    import os
+    import signal
+
+    from suturesim.haptics.process import StopRequest, shared_flag
+
+    flag = shared_flag(multiprocessing.get_context("spawn"))
+    req = StopRequest(flag, (signal.SIGUSR2,))
+    try:
+        assert not req.is_set() and flag.value == 0
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.01)          # the handler has run by now (any bytecode boundary)
+        assert req.signalled and flag.value == 0
+        assert req.is_set() and flag.value == 1
+        child = StopRequest(flag, ())   # what a child process holds: set through the flag alone
+        assert child.is_set() and child.wait(10.0)
+    finally:
+        req.restore()
+    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL

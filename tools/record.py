@@ -20,6 +20,7 @@ import time
 import msgpack
 import zmq
 
+from ..haptics.process import StopRequest, shared_flag
 from ..server.protocol import TOPIC_EVENT, TOPIC_FORCE, TOPIC_STATE, TOPIC_STATS
 
 TOPICS = {t.decode(): t for t in (TOPIC_STATE, TOPIC_FORCE, TOPIC_STATS, TOPIC_EVENT)}
@@ -74,20 +75,20 @@ def main(argv: list[str] | None = None) -> int:
     meta["recording"]["connect"] = args.connect
 
     ctx = mp.get_context("spawn")
-    stop, ready = ctx.Event(), ctx.Event()
-    counts = ctx.Array("q", 2)       # messages written, force seq gaps: for the progress line
+    stop, ready = shared_flag(ctx), ctx.Event()
+    counts = ctx.Array("q", 2, lock=False)   # messages written, force seq gaps: for the progress line
     proc = ctx.Process(target=recorder_main, name="suturesim-recorder",
                        args=(args.connect, args.out, stop, ready, meta, [TOPICS[t] for t in topics], counts))
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    stopping = StopRequest(stop, (signal.SIGINT, signal.SIGTERM))   # sets ``stop``, which the recorder reads
     proc.start()
     t0 = time.monotonic()
     try:
         if not ready.wait(30.0):
             print("suturesim record: the recorder did not start", file=sys.stderr)
-            stop.set()
+            stopping.set()
             return 1
         last = -1.0
-        while proc.is_alive() and not stop.is_set():
+        while proc.is_alive() and not stopping.is_set():
             if args.duration is not None and time.monotonic() - t0 >= args.duration:
                 break
             time.sleep(0.1)
@@ -97,10 +98,9 @@ def main(argv: list[str] | None = None) -> int:
                       "force messages missing", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
     finally:
-        stop.set()
+        stopping.set()
         proc.join(10.0)
         if proc.is_alive():
             proc.kill()
-        for s, h in previous.items():
-            signal.signal(s, h)
+        stopping.restore()
     return 0 if proc.exitcode == 0 else 1
