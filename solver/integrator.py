@@ -124,14 +124,14 @@ def substep(h: float, t: float,
             grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
             lo, di, up, rhs, cp,
             contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa,
-            cand_near, contact_k, contact_k_act, turn, alpha_extra, cstats, cscratch,
+            cand_near, fp_kept, contact_k, contact_k_act, turn, alpha_extra, cstats, cscratch,
             tissue_on, tpar, pads, pst, pun_i, pun_f, needle_on, npar, nst):
     """Advance the state by one substep h (s) starting at time t (s). Returns (iterations, residual).
     With ``split``, ``tension_in`` gets the part of the tensions the velocities make (for the local mass
     scaling, constraints.inertial_tension); otherwise zeros.
     With ``contact_on``, the first ``n_cand`` pairs of the neighbour list get the contact response
     (solver/contact_response.py) and ``cstats`` its per-tick statistics; ``cand_near`` (P,) is scratch for
-    the pairs the floor visits. With ``tissue_on``, the pads move,
+    the pairs the floor visits, ``fp_kept`` (P,) for the floor forces a substep the guard undoes gives back. With ``tissue_on``, the pads move,
     the punctures act on the thread and the thread is kept out of the pads (solver/tissue.py). With
     ``needle_on``, vertex 0 is a needle's swage and the needle turns, pierces and is held by the tissue
     (solver/needle.py)."""
@@ -253,6 +253,8 @@ def substep(h: float, t: float,
         # the no-crossing floor, then the constraints again: a few rounds meet both (contact_response.py)
         # friction again after each solve (the solve's slide along the edges is slip), until both settle
         raised = 0
+        for c in range(n_cand):
+            fp_kept[c] = cand_fp[c]
         rounds, settled = friction_rounds(int(cpar[CP_ROUNDS]), cpar[CP_MIN_GAP], cpar[CP_SETTLE], h)
         # the floor visits only the pairs it can reach (contact_response.floor_pairs), listed again whenever the
         # substep's largest move may have brought another within reach; a round then costs the ~10 pairs near
@@ -277,6 +279,12 @@ def substep(h: float, t: float,
         if raised > 0:
             reverted = guard_crossings(x, xbar, kinematic, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_n)
             cstats[CS_REVERTED] += reverted
+            if reverted > 0:
+                # the floor forces go back with the thread: its rounds pushed a motion that was thrown away, and
+                # kept, a thread undone every substep summed them without bound (4 kN by 1.8 s in a held knot
+                # at 2 N of pull, session 31)
+                for c in range(n_cand):
+                    cand_fp[c] = fp_kept[c]
     if tissue_on:
         # the needle's tip pierces; vertices that entered a pad go back out of it, the needle is held by the
         # tissue; then the constraints again (tissue.collide_pads, needle.needle_constraints)
@@ -403,7 +411,7 @@ def advance(n_sub: int, h: float, t: float,
                           grasp_vel, grasp_force, grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
                           lo, di, up, rhs, cp,
                           contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f,
-                          cand_fp, cand_fa, cand_near, contact_k, contact_k_act, turn, alpha_extra, cstats,
+                          cand_fp, cand_fa, cand_near, old_fp, contact_k, contact_k_act, turn, alpha_extra, cstats,
                           grid_scratch,
                           tissue_on, tpar, pads, pst, pun_i, pun_f, needle_on, npar, nst)
         if trace.shape[0] > s:

@@ -203,7 +203,7 @@ class ThreadState:
     alpha_extra: np.ndarray       # (n-1,) multipliers of the re-solve after the no-crossing floor
     old_j: np.ndarray             # (P,) int64, scratch of a neighbour-list rebuild (contact_response.py)
     old_n: np.ndarray
-    old_fp: np.ndarray
+    old_fp: np.ndarray            # (P,) also the floor forces a substep the guard undoes gives back
     old_next: np.ndarray
     seg_head: np.ndarray          # (n-1,) int64
     # tissue (solver/tissue.py)
