@@ -131,10 +131,10 @@ def substep(h: float, t: float,
     scaling, constraints.inertial_tension); otherwise zeros.
     With ``contact_on``, the first ``n_cand`` pairs of the neighbour list get the contact response
     (solver/contact_response.py) and ``cstats`` its per-tick statistics; ``cand_near`` (P,) is scratch for
-    the pairs the floor visits, ``fp_kept`` (P,) for the floor forces a substep the guard undoes gives back. With ``tissue_on``, the pads move,
-    the punctures act on the thread and the thread is kept out of the pads (solver/tissue.py). With
-    ``needle_on``, vertex 0 is a needle's swage and the needle turns, pierces and is held by the tissue
-    (solver/needle.py)."""
+    the pairs the floor visits, ``fp_kept`` (P,) for the floor forces a substep the guard undoes gives back.
+    With ``tissue_on``, the pads move, the punctures act on the thread and the thread is kept out of the pads
+    (solver/tissue.py). With ``needle_on``, vertex 0 is a needle's swage and the needle turns, pierces and is
+    held by the tissue (solver/needle.py)."""
     n = x.shape[0]
     m = n - 1
     g_count = grasp_vertex.shape[0]
