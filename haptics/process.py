@@ -1,5 +1,5 @@
 """How each of the server's processes (supervisor, physics, recorder, device driver) stops: on a signal, on its
-parent's death, or on a multiprocessing Event set by the parent; and how it tells where it is stuck.
+parent's death, or on a shared stop flag set by the parent; and how it tells where it is stuck.
 
 It lives in haptics, the lowest package the server and the driver process both import (tests/test_layout.py).
 """
