@@ -30,12 +30,14 @@ free-form maps -- event details and stats -- are emitted with their keys sorted)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 import msgpack
 import numpy as np
 
 from ..haptics.safety import FLAG_CLAMPED, FLAG_FAULT, FLAG_SLEWED, FLAG_WATCHDOG  # noqa: F401 (re-exported)
+from ..solver.config import MAX_NAME_CHARS
 
 __all__ = [
     "SCHEMA_VERSION", "MAX_MESSAGE_BYTES",
@@ -44,6 +46,9 @@ __all__ = [
     "ProtocolError", "SortedMap",
     "encode_state", "encode_force", "encode_event", "encode_stats",
     "decode", "decode_state", "decode_force", "decode_event", "decode_stats", "decode_multipart",
+    "REQUEST_MAX_DEPTH", "REQUEST_MAX_STR_BYTES", "REQUEST_MAX_ITEMS", "STYLUS_MAX_BYTES", "STYLUS_MAX_DEVICE_CHARS",
+    "REQUEST_MAX_OBJECTS", "REQUEST_CONTAINER_ITEMS", "REQUEST_PATH_BYTES", "STYLUS_MAX_POS_M", "StylusSample",
+    "decode_request", "decode_stylus",
 ]
 
 SCHEMA_VERSION = 1
@@ -458,3 +463,225 @@ def decode_multipart(frames: Sequence[bytes]) -> tuple[bytes, dict]:
         raise ProtocolError(f"expected a two-frame multipart message, got {len(frames)} frames")
     topic = bytes(frames[0])
     return topic, decode(frames[1], topic)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# inbound: what clients send the server (control requests on REP, stylus samples on PULL)
+#
+# The one validation layer for every message that arrives at the server. Each runs in the physics process's
+# tick, so each is bounded before it is decoded: the size first (a byte count, no work), then msgpack's own
+# per-container limits while it decodes, then one walk over what it built. Nothing here allocates in
+# proportion to anything but the (capped) message.
+
+#: Deepest nesting of maps and lists in a control request (an inline scenario needs 5: timeline[i].waypoints[j]).
+REQUEST_MAX_DEPTH = 16
+#: Longest string in a control request, in UTF-8 bytes (a file path: Linux's PATH_MAX).
+REQUEST_MAX_STR_BYTES = 4096
+#: Most items in all the lists and maps of a control request together, each list or map counting as
+#: REQUEST_CONTAINER_ITEMS more (checking one costs a Python call, about as much as checking 4 items). The
+#: decoding stops at the container that passes it, so this, not the byte cap (a 64 KiB request holds 65536
+#: one-byte items), bounds what a request costs the tick: about 0.1 us an item, 0.25 ms at worst, measured
+#: (`suturesim bench inbound`). The largest shipped scenario sent inline counts 720.
+REQUEST_MAX_OBJECTS = 2048
+REQUEST_CONTAINER_ITEMS = 4
+#: Most items in any one list or map of a control request: msgpack refuses a longer one from its header,
+#: before it allocates anything.
+REQUEST_MAX_ITEMS = REQUEST_MAX_OBJECTS
+#: Largest stylus sample, bytes, checked before decoding (a sample with a quaternion is about 100 bytes).
+STYLUS_MAX_BYTES = 1024
+#: Longest device name in a stylus sample, characters (printable): the grasp id/device limit of a scenario.
+STYLUS_MAX_DEVICE_CHARS = MAX_NAME_CHARS
+#: Farthest a stylus sample's position may be from the scene's origin, m: the size of any workspace.
+STYLUS_MAX_POS_M = 10.0
+_STYLUS_MAX_BUTTONS = 0xFFFFFFFF   # a 32-bit button mask (OpenHaptics' HD_CURRENT_BUTTONS)
+
+#: A refused request up to this size, bytes, is walked once more for the key path of its first bad value
+#: (a Python loop over its items: about 0.25 us each); a larger one is refused with the reason alone.
+REQUEST_PATH_BYTES = 1024
+
+class _ContentError(ProtocolError):
+    """A request that decoded within the limits but holds a value the protocol does not allow."""
+
+
+class _Checker:
+    """msgpack hooks that check each list and map as msgpack finishes it, innermost first: the types of its
+    items, their finiteness, its depth (1 + its deepest child's, kept by id while the children live) and the
+    running item count, which stops the decoding as soon as it passes REQUEST_MAX_OBJECTS."""
+
+    __slots__ = ("objects", "depth")
+
+    def __init__(self) -> None:
+        self.objects = 0
+        self.depth: dict[int, int] = {}
+
+    def _items(self, items: Any, n: int, what: str) -> int:
+        self.objects += n + REQUEST_CONTAINER_ITEMS
+        if self.objects > REQUEST_MAX_OBJECTS:
+            raise ProtocolError(f"more than {REQUEST_MAX_OBJECTS} items in all (a list or map counts as "
+                                f"{REQUEST_CONTAINER_ITEMS})")
+        d = 1
+        for v in items:
+            t = type(v)
+            if t is float:
+                if v - v != 0.0:   # inf - inf and nan - nan are nan
+                    raise _ContentError(f"a {what} holds a number that is not finite")
+            elif t is list or t is dict:
+                dv = self.depth.pop(id(v), 1)
+                if dv >= d:
+                    d = dv + 1
+            elif t is not str and t is not int and t is not bool and v is not None:
+                raise _ContentError(f"{t.__name__} is not allowed in a {what} (only maps, lists, strings, "
+                                    "numbers, booleans and nil)")
+        if d > REQUEST_MAX_DEPTH:
+            raise _ContentError(f"nested deeper than {REQUEST_MAX_DEPTH} levels")
+        return d
+
+    def list_hook(self, value: list) -> list:
+        d = self._items(value, len(value), "list")
+        if d > 1:
+            self.depth[id(value)] = d
+        return value
+
+    def object_hook(self, value: dict) -> dict:
+        for k in value:
+            if type(k) is not str:
+                raise _ContentError(f"map keys must be strings, got {type(k).__name__}")
+        d = self._items(value.values(), len(value), "map")
+        if d > 1:
+            self.depth[id(value)] = d
+        return value
+
+
+def _decode_limited(raw: Any, max_bytes: int, what: str, max_str: int, max_items: int,
+                    checker: _Checker | None = None) -> Any:
+    """msgpack ``raw`` (bytes-like, at most ``max_bytes``) with msgpack's limits; ProtocolError if not."""
+    try:
+        size = len(raw)
+    except TypeError:
+        raise ProtocolError(f"{what}: must be bytes, got {type(raw).__name__}") from None
+    if size > max_bytes:
+        raise ProtocolError(f"{what}: {size} bytes, over the {max_bytes}-byte cap")
+    hooks = {} if checker is None else {"list_hook": checker.list_hook, "object_hook": checker.object_hook}
+    try:
+        # bin and ext never appear in an inbound message (no field documents bytes): a zero cap refuses both
+        return msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True, max_str_len=max_str,
+                               max_bin_len=0, max_ext_len=0, max_array_len=max_items, max_map_len=max_items,
+                               **hooks)
+    except _ContentError as exc:
+        raise _ContentError(f"{what}: {exc}") from None
+    except ProtocolError as exc:
+        raise ProtocolError(f"{what}: {exc}") from None
+    except Exception as exc:  # msgpack raises ValueError/TypeError/StackError/UnicodeDecodeError/ExtraData...
+        raise ProtocolError(f"{what}: not a valid msgpack message within the limits "
+                            f"({type(exc).__name__}: {exc})") from None
+
+
+def _key_path(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _walk_plain(value: Any, path: str, depth: int) -> None:
+    """Check that ``value`` holds only str-keyed maps, lists, str, int, float (finite), bool and None, nested
+    at most REQUEST_MAX_DEPTH deep; ProtocolError naming the key path otherwise. A Python loop over every
+    item: for the error message of a request the hooks refused, never on a request's way in."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return
+    if kind is float:
+        if not math.isfinite(value):
+            raise ProtocolError(f"{path or '<request>'}: must be a finite number, got {value!r}")
+        return
+    if kind is dict or kind is list:
+        if depth >= REQUEST_MAX_DEPTH:
+            raise ProtocolError(f"{path or '<request>'}: nested deeper than {REQUEST_MAX_DEPTH} levels")
+        if kind is dict:
+            for k, v in value.items():
+                if type(k) is not str:
+                    raise ProtocolError(f"{path or '<request>'}: map keys must be strings, got {type(k).__name__}")
+                _walk_plain(v, _key_path(path, k), depth + 1)
+        else:
+            for i, v in enumerate(value):
+                _walk_plain(v, f"{path}[{i}]", depth + 1)
+        return
+    raise ProtocolError(f"{path or '<request>'}: {kind.__name__} is not allowed (only maps, lists, strings, "
+                        "numbers, booleans and nil)")
+
+
+def decode_request(raw: bytes, max_bytes: int) -> dict:
+    """A control request (docs/PROTOCOL.md Sec. 4) decoded and checked: at most ``max_bytes`` (counted before
+    decoding), msgpack with every string at most REQUEST_MAX_STR_BYTES, every list or map at most
+    REQUEST_MAX_ITEMS and REQUEST_MAX_OBJECTS items in all, no bin or ext; a map whose values are only maps
+    (string keys), lists, strings, ints, finite floats, booleans and nil, at most REQUEST_MAX_DEPTH deep, with
+    a string ``cmd``. Raises ProtocolError naming the key path and the reason. The fields of each command are
+    checked by the command (server/control.py)."""
+    try:
+        req = _decode_limited(raw, max_bytes, "request", REQUEST_MAX_STR_BYTES, REQUEST_MAX_ITEMS, _Checker())
+    except _ContentError:
+        # the hooks see containers, not where they are: a small request is decoded again (it is at most
+        # REQUEST_PATH_BYTES, so at most that many items) and walked for the key path of its first bad value
+        if len(raw) <= REQUEST_PATH_BYTES:
+            _walk_plain(msgpack.unpackb(raw, raw=False, strict_map_key=True), "", 0)
+        raise
+    if type(req) is not dict:
+        raise ProtocolError(f"request: must be a map with a 'cmd' field, got {type(req).__name__}")
+    if type(req.get("cmd")) is not str:
+        raise ProtocolError("cmd: missing or not a string")
+    return req
+
+
+@dataclass(frozen=True, slots=True)
+class StylusSample:
+    """One remote stylus sample (docs/PROTOCOL.md Sec. 5), checked."""
+    device: str                                             # device name, printable, <= STYLUS_MAX_DEVICE_CHARS
+    pos: tuple[float, float, float]                         # m, scene frame, within STYLUS_MAX_POS_M of the origin
+    quat: tuple[float, float, float, float] | None          # (w, x, y, z) as sent (not normalised), or None
+    buttons: int                                            # bitmask, 0..2^32-1
+    seq: int                                                # the sender's counter (0 if not sent)
+    t: float                                                # s, the sender's clock (0.0 if not sent)
+
+
+def _finite_numbers(m: dict, key: str, count: int) -> tuple[float, ...]:
+    v = m[key]
+    if type(v) is not list or len(v) != count:
+        raise ProtocolError(f"stylus: {key}: must be a list of {count} numbers, got {type(v).__name__}"
+                            f"{' of ' + str(len(v)) if type(v) is list else ''}")
+    out = []
+    for c in v:
+        if type(c) is not float and type(c) is not int:
+            raise ProtocolError(f"stylus: {key}: must be numbers, got {type(c).__name__}")
+        f = float(c)
+        if f - f != 0.0:
+            raise ProtocolError(f"stylus: {key}: must be finite, got {c!r}")
+        out.append(f)
+    return tuple(out)
+
+
+def decode_stylus(raw: bytes) -> StylusSample:
+    """A stylus sample decoded and checked: at most STYLUS_MAX_BYTES (counted before decoding); a map with
+    ``device`` (a printable string of 1..STYLUS_MAX_DEVICE_CHARS characters), ``pos`` (3 finite numbers, m,
+    at most STYLUS_MAX_POS_M from the origin), optional ``quat`` (4 finite numbers or nil), ``buttons`` (int
+    in 0..2^32-1, default 0), ``seq`` (int, default 0) and ``t`` (finite number, s, default 0). Other keys are
+    ignored (Sec. 1, compatibility). Raises ProtocolError naming the key and the reason."""
+    m = _decode_limited(raw, STYLUS_MAX_BYTES, "stylus", 4 * STYLUS_MAX_DEVICE_CHARS, 16)
+    if type(m) is not dict:
+        raise ProtocolError(f"stylus: must be a map, got {type(m).__name__}")
+    device = m.get("device")
+    if type(device) is not str or not 0 < len(device) <= STYLUS_MAX_DEVICE_CHARS or not device.isprintable():
+        raise ProtocolError(f"stylus: device: must be a printable string of 1 to {STYLUS_MAX_DEVICE_CHARS} "
+                            "characters")
+    if "pos" not in m:
+        raise ProtocolError("stylus: pos: is required")
+    pos = _finite_numbers(m, "pos", 3)
+    if pos[0] * pos[0] + pos[1] * pos[1] + pos[2] * pos[2] > STYLUS_MAX_POS_M * STYLUS_MAX_POS_M:
+        raise ProtocolError(f"stylus: pos: farther than {STYLUS_MAX_POS_M:g} m from the origin")
+    quat = _finite_numbers(m, "quat", 4) if m.get("quat") is not None else None
+    buttons = m.get("buttons", 0)
+    if type(buttons) is not int or not 0 <= buttons <= _STYLUS_MAX_BUTTONS:
+        raise ProtocolError(f"stylus: buttons: must be an integer in 0..{_STYLUS_MAX_BUTTONS}")
+    seq = m.get("seq", 0)
+    if type(seq) is not int:
+        raise ProtocolError("stylus: seq: must be an integer")
+    t = m.get("t", 0.0)
+    if (type(t) is not float and type(t) is not int) or float(t) - float(t) != 0.0:
+        raise ProtocolError("stylus: t: must be a finite number (s)")
+    return StylusSample(device=device, pos=pos, quat=quat, buttons=buttons, seq=seq, t=float(t))

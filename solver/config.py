@@ -14,6 +14,10 @@ import yaml
 
 _REQUIRED = object()
 
+#: Longest name a scene gives a grasp or a device, characters (printable): names are copied into every `force`
+#: message (1 kHz per device) and every `state`, so their length is part of each tick's cost.
+MAX_NAME_CHARS = 64
+
 
 class ConfigError(ValueError):
     """A configuration problem, with the file, key path and reason in its message."""

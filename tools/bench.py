@@ -621,13 +621,15 @@ def main(argv: list[str] | None = None) -> int:
                     "1 kHz loop of `suturesim serve`, the haptic device path, self-contact and the scripted "
                     "suture with its needle and tissue.")
     parser.add_argument("what", nargs="?",
-                        choices=("solver", "suture", "loop", "haptics", "contact", "tissue", "all"),
+                        choices=("solver", "suture", "loop", "haptics", "contact", "tissue", "inbound", "all"),
                         default="all",
                         help="solver: step time against N; suture: scenarios and PyElastica; loop: the 1 kHz "
                              "loop of `suturesim serve` (lateness, subscribers, start-up); haptics: pose-to-force "
                              "latency and servo callback time through the OpenHaptics emulator; contact: "
                              "self-contact cost and force smoothness; tissue: tick time of the scripted simple "
-                             "interrupted suture (needle, pads, punctures), whole and by phase; all: every one")
+                             "interrupted suture (needle, pads, punctures), whole and by phase; inbound: what "
+                             "validating a control request or stylus sample costs the tick, ordinary and hostile; "
+                             "all: every one")
     parser.add_argument("--quick", action="store_true", help="short measurements (a smoke test)")
     parser.add_argument("--out", metavar="FILE", help="(re)write this markdown file, e.g. docs/BENCHMARKS.md")
     parser.add_argument("--no-elastica", action="store_true", help="skip the PyElastica comparison")
@@ -698,6 +700,11 @@ def main(argv: list[str] | None = None) -> int:
 
         log("tissue and the scripted suture ...")
         section(render_tissue(measure_tissue(args.quick, log)))
+    if args.what in ("inbound", "all"):
+        from .bench_inbound import measure_inbound, render_inbound
+
+        log("inbound validation ...")
+        section(render_inbound(measure_inbound(args.quick, log)))
     emit(NOTES)
     log(f"done in {time.perf_counter() - t_start:.0f} s")
 
