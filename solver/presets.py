@@ -16,10 +16,11 @@ from pathlib import Path
 
 from .config import ConfigError, Section, load_yaml
 from .model import ThreadParams
+from .sources import CONFIG_DIR, PRESET_REFUSED, FilePolicy, ScenarioFiles
 
-# configs/ sits beside solver/ both in the source tree and installed (as suturesim.configs)
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 THREADS_DIR = CONFIG_DIR / "threads"
+# m: a thread longer than this is no suture (the scene's other limits, solver/scenario.py, assume it)
+MAX_THREAD_LENGTH = 100.0
 
 # Alternative ways of giving one quantity; an override of one member replaces the others.
 GROUPS = {
@@ -38,26 +39,32 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in THREADS_DIR.glob("*.yaml"))
 
 
-def preset_path(name_or_path: str, relative_to: Path | None = None) -> Path:
-    """A preset by name (configs/threads/NAME.yaml) or by path (relative to the referring file)."""
+def preset_path(name_or_path: str, base_dir: Path | None = None) -> Path:
+    """A preset by name (configs/threads/NAME.yaml) or by path ending .yaml/.yml (a relative one against
+    ``base_dir``, the referring scenario's directory; None: the working directory). Not checked: a caller
+    reading network input confines it (solver/sources.py)."""
     if name_or_path.endswith((".yaml", ".yml")):
         p = Path(name_or_path)
-        if not p.is_absolute() and relative_to is not None:
-            p = relative_to.parent / p
+        if not p.is_absolute() and base_dir is not None:
+            p = base_dir / p
         return p
     return THREADS_DIR / f"{name_or_path}.yaml"
 
 
-def merged_thread_section(overrides: Section) -> Section:
-    """The scenario's `thread:` section merged over its `preset:` (if any), remembering each key's file."""
+def merged_thread_section(overrides: Section, *, base_dir: Path | None = None, policy: FilePolicy | None = None,
+                          files: ScenarioFiles | None = None) -> Section:
+    """The scenario's `thread:` section merged over its `preset:` (if any), remembering each key's file. The
+    preset file is found and read through ``files`` (which records it), or else through a ScenarioFiles of
+    ``base_dir`` (None: the directory of ``overrides.file``) and ``policy`` (None: trusted)."""
+    if files is None:
+        files = ScenarioFiles(Path(overrides.file).parent if base_dir is None else base_dir, policy)
     data: dict = {}
     sources: dict[str, str] = {}
     preset = overrides.get("preset", str, None)
     if preset is not None:
-        path = preset_path(preset, Path(overrides.file))
-        if not path.is_file():
-            raise overrides.error("preset", f"no thread preset {preset!r} (known: {', '.join(preset_names())})")
-        base = load_yaml(path)
+        path = files.locate(overrides, "preset", str(preset_path(preset)), PRESET_REFUSED)
+        base = files.preset(overrides, "preset", path,
+                            f"no thread preset {preset!r} (known: {', '.join(preset_names())})")
         for k, v in base.items():
             data[k] = v
             sources[k] = str(path)
@@ -86,7 +93,7 @@ def resolve_thread(sec: Section) -> ThreadParams:
     """Turn a thread section (preset keys, SI units) into ThreadParams, validating every key."""
     name = sec.get("name", str, "thread")
     sec.get("description", str, "")
-    length = sec.get("length", float, above=0.0)
+    length = sec.get("length", float, above=0.0, maxval=MAX_THREAD_LENGTH)
     segments = sec.get("segments", int, minval=1, maxval=100_000)
     seg_len = length / segments
     diameter = sec.get("diameter", float, 0.0, minval=0.0)

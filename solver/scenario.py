@@ -7,18 +7,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .config import ConfigError, Section, load_yaml
+from .config import MAX_NAME_CHARS, ConfigError, Section, load_yaml
 from .model import MAX_GRASPS, ContactSettings, SolverSettings, ThreadModel, ThreadState, build_model, make_state
 from .motion import MOTION_GRASP, MOTION_RELEASE, MOTION_SPIN, MOTION_TWIST, MOTION_VERTEX
 from .needle import NP_ARC, NP_MASS, NP_RADIUS, NS_Q, NS_QT, arc_point
 from .needle_config import NeedleSpec, read_needle
 from .knots import BEND_KINDS, KNOT_KINDS, bend_thread, knot_curve, lay_chords
 from .presets import CONFIG_DIR, merged_thread_section, resolve_thread
+from .sources import (FILE_REFUSED, SCENARIO_REFUSED, FilePolicy, ScenarioFiles, confined_mapping,
+                      confined_scenario_path)
 from .tissue_config import read_tissue
 
 SCENARIOS_DIR = CONFIG_DIR / "scenarios"
@@ -28,6 +31,30 @@ SCENARIOS_DIR = CONFIG_DIR / "scenarios"
 MAX_GRASP_STIFFNESS = 1e6   # N/m
 MAX_GRASP_DAMPING = 1e3     # N*s/m
 MAX_GRASP_FORCE = 100.0     # N
+
+# Limits that keep a scene within what the server's 1 kHz loop can run and its memory can hold; a value past
+# one would pass as a number and then wedge the loop, fill memory, or diverge on every tick (a fault, a reset to
+# the same scene, a fault again). docs/PROTOCOL.md Sec. 6 lists them.
+# The cheapest substep measured costs 0.56 us (docs/BENCHMARKS.md Sec. 1: the fit's 61 ns/segment + 0.56
+# us/substep, at no segments at all), so 1024 substeps of even the smallest thread take 0.57 ms: more per tick
+# than this never fits a 1 ms tick, whatever the thread.
+MAX_SUBSTEPS = 1024
+# A tick that failed its checks may run again past the budget (integrator.Stepper, up to MAX_RETRIES = 6 times),
+# a deliberate one-tick overrun instead of a divergence; a cinch needed 911-1024 (docs/PHYSICS.md Sec. 6). At
+# 4096 the worst retried tick of the 100-segment suture (~7 us a substep) is 6 x 4096 x 7 us = 0.17 s: a
+# stall the devices' watchdogs (5 ms, haptics/safety.py) meet by ramping their forces to zero, not a wedge.
+MAX_RETRY_SUBSTEPS = 4096
+# The neighbour list's per-pair arrays (model.ThreadState cand_* and old_*: 11 scalars and 3 vectors of 8-byte
+# values) are 160 bytes a pair, held twice (the state and the stepper's copy of it): 1e6 pairs are 320 MB.
+MAX_CONTACT_PAIRS = 1_000_000
+CONTACT_PAIR_BYTES = 160
+MAX_GRAVITY = 1000.0        # m/s^2, |gravity|: 100 g
+MAX_SPEED = 100.0           # m/s: a scripted velocity (timeline, waypoints, paths) or an initial velocity
+MAX_SPIN = 1000.0           # rad/s: the needle's scripted angular velocity, an input twist's rate (1 rad a tick)
+MAX_TWIST = 1e4             # rad: an initial twist
+MAX_LOAD = 1000.0           # N: a scripted force on a vertex
+MAX_POSITION = 1000.0       # m: any coordinate of the initial shape or of a grasp's target
+MAX_DURATION = 1e6          # s: a scene's duration (11.6 days)
 
 
 @dataclass(frozen=True)
@@ -55,6 +82,8 @@ class Scenario:
     force_vertices: list[int] = field(default_factory=list)
     source: dict = field(default_factory=dict)  # the file as read, for recording metadata
     needle_grasp: str | None = None  # the grasp whose stylus holds the needle (its orientation turns it)
+    base_dir: str = "."              # the directory its relative file references resolved against
+    files_read: tuple[str, ...] = ()  # real paths of the files it read (preset, shape.file): a `set` may reread them
 
     def new_state(self) -> ThreadState:
         """A fresh copy of the initial state."""
@@ -73,16 +102,41 @@ def scenario_path(name_or_path: str) -> Path:
     return SCENARIOS_DIR / f"{name_or_path}.yaml"
 
 
-def load_scenario(name_or_path: str, overrides: dict | None = None) -> Scenario:
+def load_scenario(name_or_path: str, overrides: dict | None = None, *, policy: FilePolicy | None = None) -> Scenario:
     """Read and validate a scenario file (by shipped name or path). ``overrides`` is a nested mapping merged
-    over the file's content (e.g. {"thread": {"segments": 20}}) before validation."""
+    over the file's content (e.g. {"thread": {"segments": 20}}) before validation. ``policy`` (None: trusted)
+    confines the file and what it refers to (solver/sources.py)."""
     path = scenario_path(name_or_path)
-    if not path.is_file():
-        raise ConfigError(str(path), "", f"no such scenario (shipped: {', '.join(scenario_names())})")
-    data = load_yaml(path)
+    missing = f"no such scenario (shipped: {', '.join(scenario_names())})"
+    if policy is None:
+        if not path.is_file():
+            raise ConfigError(str(path), "", missing)
+        data = load_yaml(path)
+    else:
+        if not policy.allows(path):
+            raise ConfigError(name_or_path, "", SCENARIO_REFUSED)
+        path = Path(os.path.realpath(path))
+        data = confined_mapping(path, policy, missing, "not a YAML mapping of scenario keys",
+                                lambda reason: ConfigError(str(path), "", reason))
     if overrides:
         data = _merge(data, overrides)
-    return build_scenario(data, str(path))
+    return build_scenario(data, str(path), policy=policy)
+
+
+def load_scenario_request(spec: str | dict, scenarios_dir: str, label: str = "<load request>") -> Scenario:
+    """The scenario a network client asked for (control `load`), confined to the shipped configs and
+    ``scenarios_dir``: a shipped scenario name, a .yaml/.yml file name relative to ``scenarios_dir``, or an inline
+    mapping (its relative references against ``scenarios_dir``). Errors are ConfigErrors (``label`` for the
+    request itself)."""
+    policy = FilePolicy(roots=(Path(scenarios_dir),))
+    if isinstance(spec, dict):
+        return build_scenario(spec, label, policy=policy, base_dir=scenarios_dir)
+    if spec in scenario_names():
+        return load_scenario(str(SCENARIOS_DIR / f"{spec}.yaml"), policy=policy)
+    if not spec.endswith((".yaml", ".yml")) and "/" not in spec and os.sep not in spec:
+        raise ConfigError(label, "scenario", f"no shipped scenario {spec!r} (shipped: {', '.join(scenario_names())}; "
+                                             "or a .yaml file name under the scenarios directory)")
+    return load_scenario(str(confined_scenario_path(spec, scenarios_dir, label)), policy=policy)
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -99,7 +153,7 @@ def _vertex(sec: Section, key: str, n: int, value=None) -> int:
     return v % n
 
 
-def _shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
+def _shape(sec: Section, n_seg: int, length: float, files: ScenarioFiles) -> np.ndarray:
     kind = sec.get("kind", str, "straight", choices=("straight", "helix", "points", "polyline", "knot", "bend"))
     if kind == "polyline":
         return _polyline_shape(sec, n_seg, length)
@@ -112,7 +166,7 @@ def _shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
         if key == "file":
             if sec.has("points"):
                 raise sec.error("file", "give the points or a file of them, not both")
-            arr = _points_file(sec)
+            arr = _points_file(sec, files)
         else:
             try:
                 arr = np.asarray(sec.raw("points"), dtype=np.float64)
@@ -161,15 +215,12 @@ def _shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
     return start + radius * (np.outer(np.cos(phi), u) + np.outer(np.sin(phi), w) - u) + np.outer(c * phi, axis)
 
 
-def _points_file(sec: Section) -> np.ndarray:
+def _points_file(sec: Section, files: ScenarioFiles) -> np.ndarray:
     """The points of a `points` shape's ``file``: a text file beside the scenario's (or a path relative to its
-    folder), one vertex a row, x y z in m, '#' starting a comment."""
+    folder), one vertex a row, x y z in m, '#' starting a comment; found and read through ``files``."""
     name = sec.get("file", str)
-    path = Path(sec.file).parent / name
-    try:
-        return np.loadtxt(path, dtype=np.float64, comments="#", ndmin=2)
-    except (OSError, ValueError) as e:
-        raise sec.error("file", f"cannot read the points from {path}: {e}") from None
+    path = files.locate(sec, "file", name, FILE_REFUSED)
+    return files.points(sec, "file", path, f"no such file: {name}")
 
 
 def _knot_shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
@@ -258,18 +309,28 @@ def _bend_shape(sec: Section, n_seg: int, length: float) -> np.ndarray:
     return pts + start
 
 
-def build_scenario(data: dict, file: str) -> Scenario:
-    """Validate a scenario mapping read from ``file`` and build its model and initial state."""
+def build_scenario(data: dict, file: str, *, policy: FilePolicy | None = None,
+                   base_dir: str | os.PathLike | None = None) -> Scenario:
+    """Validate a scenario mapping read from ``file`` (a path, or a label such as "<load request>") and build
+    its model and initial state. Its relative file references (thread.preset, shape.file) resolve against
+    ``base_dir`` (None: the directory of ``file``); ``policy`` (None: trusted) confines them
+    (solver/sources.py)."""
+    files = ScenarioFiles(Path(file).parent if base_dir is None else Path(base_dir), policy)
     top = Section(data, file)
     name = top.get("name", str, Path(file).stem)
     description = top.get("description", str, "")
-    duration = top.get("duration", float, 10.0, above=0.0)
-    params = resolve_thread(merged_thread_section(top.section("thread")))
+    duration = top.get("duration", float, 10.0, above=0.0, maxval=MAX_DURATION)
+    params = resolve_thread(merged_thread_section(top.section("thread"), files=files))
     n_seg = params.segments
     n = n_seg + 1
     gravity = top.vector("gravity", 3, [0.0, 0.0, -9.81])
+    if math.hypot(*gravity) > MAX_GRAVITY:
+        raise top.error("gravity", f"its magnitude must be <= {MAX_GRAVITY:g} m/s^2 (100 g), got "
+                                   f"{math.hypot(*gravity):g}")
 
-    x0 = _shape(top.section("shape", {}), n_seg, params.length)
+    x0 = _shape(top.section("shape", {}), n_seg, params.length, files)
+    if not np.all(np.abs(x0) <= MAX_POSITION):
+        raise top.error("shape", f"the thread must lie within {MAX_POSITION:g} m of the origin in each coordinate")
     rest = np.linalg.norm(np.diff(x0, axis=0), axis=1)
 
     # -- solver ----------------------------------------------------------------------------------------
@@ -277,18 +338,19 @@ def build_scenario(data: dict, file: str) -> Scenario:
     sub_raw = ssec.raw("substeps", "auto")
     if sub_raw == "auto":
         substeps = 0
-    elif isinstance(sub_raw, int) and not isinstance(sub_raw, bool) and sub_raw >= 1:
+    elif isinstance(sub_raw, int) and not isinstance(sub_raw, bool) and 1 <= sub_raw <= MAX_SUBSTEPS:
         substeps = sub_raw
     else:
-        raise ssec.error("substeps", f"must be 'auto' or an integer >= 1, got {sub_raw!r}")
+        raise ssec.error("substeps", f"must be 'auto' or an integer in 1..{MAX_SUBSTEPS} (more never fits a "
+                                     f"1 ms tick), got {sub_raw!r}")
     settings = SolverSettings(
         method=ssec.get("method", str, "newton", choices=("newton", "contraction")),
         tol=ssec.get("tol", float, 1e-12, above=0.0, maxval=1e-6),
         max_iters=ssec.get("max_iters", int, 50, minval=1, maxval=10_000),
         tick=ssec.get("tick", float, 1e-3, above=0.0, maxval=0.1),
         substeps=substeps,
-        max_substeps=ssec.get("max_substeps", int, 32, minval=1, maxval=100_000),
-        retry_substeps=ssec.get("retry_substeps", int, 1024, minval=1, maxval=100_000),
+        max_substeps=ssec.get("max_substeps", int, 32, minval=1, maxval=MAX_SUBSTEPS),
+        retry_substeps=ssec.get("retry_substeps", int, 1024, minval=1, maxval=MAX_RETRY_SUBSTEPS),
         stability_target=ssec.get("stability_target", float, 1.0, above=0.0, maxval=2.0),
         scaled_mass_keeps=ssec.get("scaled_mass_keeps", str, "energy", choices=("energy", "velocity")),
         mass_scaling=ssec.get("mass_scaling", str, "local", choices=("local", "whole-thread")),
@@ -307,26 +369,30 @@ def build_scenario(data: dict, file: str) -> Scenario:
     forces = []
     for fs in bsec.sections("forces"):
         forces.append((_vertex(fs, "vertex", n), fs.vector("force", 3)))
+        if math.hypot(*forces[-1][1]) > MAX_LOAD:
+            raise fs.error("force", f"its magnitude must be <= {MAX_LOAD:g} N, got {math.hypot(*forces[-1][1]):g}")
         fs.finish()
     grasps: list[GraspSpec] = []
     grasp_targets = []
     for i, gs in enumerate(bsec.sections("grasps")):
         if i >= MAX_GRASPS:
             raise gs.error("id", f"at most {MAX_GRASPS} grasps")
-        gid = gs.get("id", str, f"grasp{i}")
+        gid = _name(gs, "id", f"grasp{i}")
         if any(g.id == gid for g in grasps):
             raise gs.error("id", f"duplicate grasp id {gid!r}")
         v = _vertex(gs, "vertex", n)
         if v in kinematic:
             raise gs.error("vertex", f"vertex {v} is pinned or driven; a grasp needs a free vertex")
         grasps.append(GraspSpec(
-            id=gid, slot=i, vertex=v, device=gs.get("device", str, gid),
+            id=gid, slot=i, vertex=v, device=_name(gs, "device", gid),
             stiffness=gs.get("stiffness", float, 1000.0, above=0.0, maxval=MAX_GRASP_STIFFNESS),
             damping=gs.get("damping", float, 0.0, minval=0.0, maxval=MAX_GRASP_DAMPING),
             max_force=gs.get("max_force", float, 10.0, above=0.0, maxval=MAX_GRASP_FORCE)))
         grasp_targets.append(gs.vector("target", 3, list(x0[v])))
+        if max(abs(c) for c in grasp_targets[-1]) > MAX_POSITION:
+            raise gs.error("target", f"must lie within {MAX_POSITION:g} m of the origin in each coordinate")
         gs.finish()
-    twist0 = bsec.get("initial_twist", float, 0.0)
+    twist0 = bsec.get("initial_twist", float, 0.0, minval=-MAX_TWIST, maxval=MAX_TWIST)
     bsec.finish()
 
     contact = _contact(top.section("contact", None), params, rest)
@@ -359,6 +425,9 @@ def build_scenario(data: dict, file: str) -> Scenario:
             b = np.array(vsec.vector("end", 3))
             s = np.concatenate([[0.0], np.cumsum(rest)]) / rest.sum()
             v0 = np.outer(1.0 - s, a) + np.outer(s, b)  # linear in arc length
+        if np.max(np.linalg.norm(v0, axis=1)) > MAX_SPEED:
+            raise vsec.error("uniform" if vsec.has("uniform") else "end",
+                             f"speeds must be <= {MAX_SPEED:g} m/s")
         vsec.finish()
 
     rsec = top.section("record", {})
@@ -388,7 +457,27 @@ def build_scenario(data: dict, file: str) -> Scenario:
         state.grasp_target_prev[g.slot] = target
     return Scenario(name=name, description=description, file=file, duration=duration, state_rate=state_rate,
                     model=model, initial=state, grasps=grasps, force_vertices=[v for v, _ in forces],
-                    source=data, needle_grasp=needle.grasp if needle is not None else None)
+                    source=data, needle_grasp=needle.grasp if needle is not None else None,
+                    base_dir=str(files.base_dir), files_read=tuple(files.read))
+
+
+def _name(sec: Section, key: str, default: str) -> str:
+    """A grasp's id or device: printable, 1 to MAX_NAME_CHARS characters (it is copied into every message)."""
+    value = sec.get(key, str, default)
+    if not 0 < len(value) <= MAX_NAME_CHARS or not value.isprintable():
+        raise sec.error(key, f"must be printable and 1 to {MAX_NAME_CHARS} characters (it is sent in every "
+                             f"`force` and `state`), got {len(value)}")
+    return value
+
+
+def _max_pairs(sec: Section, n_segments: int) -> int:
+    """The neighbour list's capacity: given, or 32 a segment; at most MAX_CONTACT_PAIRS (memory)."""
+    default = min(32 * n_segments, MAX_CONTACT_PAIRS)
+    value = sec.get("max_pairs", int, default, minval=1)
+    if value > MAX_CONTACT_PAIRS:
+        raise sec.error("max_pairs", f"must be <= {MAX_CONTACT_PAIRS} ({CONTACT_PAIR_BYTES} bytes a pair, held "
+                                     f"twice: {2 * CONTACT_PAIR_BYTES * MAX_CONTACT_PAIRS / 1e6:g} MB), got {value}")
+    return value
 
 
 def _contact(sec: Section | None, params, rest: np.ndarray) -> ContactSettings:
@@ -419,7 +508,7 @@ def _contact(sec: Section | None, params, rest: np.ndarray) -> ContactSettings:
         # own thickness, which bending resists: not a contact
         exclude=sec.get("exclude", int, max(1, math.ceil(distance / float(np.median(rest)) - 1e-9)), minval=1,
                         maxval=max(1, rest.shape[0] - 2)),
-        max_pairs=sec.get("max_pairs", int, 32 * rest.shape[0], minval=1, maxval=10_000_000),
+        max_pairs=_max_pairs(sec, rest.shape[0]),
         rounds=sec.get("rounds", int, 32, minval=1, maxval=256),
         polygon_friction=sec.get("polygon_friction", bool, True),
         settle=sec.get("settle", float, ContactSettings.settle, above=0.0, maxval=1.0))
@@ -532,7 +621,9 @@ def _timeline(entries: list[Section], n: int, x0: np.ndarray, kinematic: list[in
         t1.append(b)
         vel.append(list(w))
 
+    marks: list[tuple[int, Section]] = []   # (first motion row, its entry), for the speed check after the loop
     for es in entries:
+        marks.append((len(kind), es))
         subjects = [k for k in ("vertex", "grasp", "twist", "needle") if es.has(k)]
         if len(subjects) != 1:
             raise es.error("vertex", "each timeline entry moves exactly one of: vertex, grasp, twist, needle")
@@ -570,8 +661,8 @@ def _timeline(entries: list[Section], n: int, x0: np.ndarray, kinematic: list[in
             add_spin(es, a, b, axis * phi / (b - a))
             continue
         if subj == "twist":
-            es.raw("twist")  # `twist: input`, documents the subject
-            rate = es.get("rate", float)
+            es.get("twist", str, choices=("input",))  # the subject: the input twist at the thread's end
+            rate = es.get("rate", float, minval=-MAX_SPIN, maxval=MAX_SPIN)
             a = es.get("from", float, 0.0, minval=0.0)
             if es.has("max"):
                 mx = es.get("max", float, above=0.0)
@@ -652,4 +743,10 @@ def _timeline(entries: list[Section], n: int, x0: np.ndarray, kinematic: list[in
         t1.append(b)
         vel.append(v)
         es.finish()
+    for r, (kk, v) in enumerate(zip(kind, vel)):
+        limit, unit = (MAX_SPIN, "rad/s") if kk in (MOTION_SPIN, MOTION_TWIST) else (MAX_SPEED, "m/s")
+        speed = abs(v[0]) if kk == MOTION_TWIST else math.sqrt(v[0] ** 2 + v[1] ** 2 + v[2] ** 2)
+        if speed > limit:
+            es = [e for first, e in marks if first <= r][-1]
+            raise es.error("from", f"moves at {speed:.4g} {unit}, faster than {limit:g} {unit}")
     return {"kind": kind, "index": index, "t0": t0, "t1": t1, "vel": vel}

@@ -72,7 +72,7 @@ def test_values_are_read(tmp_path):
     cfg = load_server_config(str(_write(tmp_path, f"""\
         scenario: bench-suture
         endpoints: {{pub: "tcp://0.0.0.0:6000", control: "ipc:///tmp/suturesim-control", stylus: "tcp://[::1]:6002"}}
-        loop: {{tick_s: 0.002, spin_us: 100, realtime: false, priority: 80, cpu: -1, state_hz: 500, stats_hz: 2,
+        loop: {{tick_s: 0.001, spin_us: 100, realtime: false, priority: 80, cpu: -1, state_hz: 500, stats_hz: 2,
                 sndhwm: 10}}
         security: {{server_secret_key: {secret}, client_keys_dir: {clients}, max_message_bytes: 4096}}
         fault: {{policy: exit, max_restarts: 0}}
@@ -80,7 +80,7 @@ def test_values_are_read(tmp_path):
         """)))
     assert cfg.scenario == "bench-suture"
     assert cfg.endpoints == Endpoints("tcp://0.0.0.0:6000", "ipc:///tmp/suturesim-control", "tcp://[::1]:6002")
-    assert cfg.loop == LoopConfig(0.002, 100.0, False, 80, -1, 500.0, 2.0, 10)
+    assert cfg.loop == LoopConfig(0.001, 100.0, False, 80, -1, 500.0, 2.0, 10)   # the scene's tick (1 ms)
     assert cfg.security == SecurityConfig(False, secret, str(clients), 4096)
     assert cfg.fault == FaultConfig("exit", 0)
     assert cfg.record == str(tmp_path / "out.mcap")
