@@ -10,9 +10,20 @@
 #      (see configs/server.yaml) that sets
 #        endpoints: {pub: tcp://0.0.0.0:5555, control: tcp://0.0.0.0:5556, stylus: tcp://0.0.0.0:5557}
 #        security: {server_secret_key: /keys/server.key_secret, client_keys_dir: /keys/clients}
+#      The server refuses a secret key that group or others can read (mode 0600) and a client_keys_dir they can
+#      write, and runs as uid 10001, which must own its secret key. On the host, for the server and one client:
+#        suturesim keys --dir keys --name server && suturesim keys --dir mine --name alice
+#        mkdir -p keys/clients && cp mine/alice.key keys/clients/ && sudo chown 10001 keys/server.key_secret
 #      then run
 #        docker run --rm -p 5555-5557:5555-5557 -v "$PWD/keys:/keys:ro" -v "$PWD/server.yaml:/config/server.yaml:ro" \
 #          suturesim serve --config /config/server.yaml
+#      Record and watch it from the host (or any machine that reaches the ports) with the client's pair; without
+#      it they get nothing (record says so):
+#        suturesim record --out session.mcap --connect tcp://HOST:5555 --control tcp://HOST:5556 \
+#          --server-key keys/server.key --key mine/alice.key_secret
+#        suturesim view --connect tcp://HOST:5555 --server-key keys/server.key --key mine/alice.key_secret
+#      `serve --record F` (F on a mounted volume) records inside the container: the server's own recorder has a
+#      key pair of its own, made at start and allowed by the server only.
 #   2. `--insecure`, only on a trusted, isolated network. Anyone who can reach the ports can then control the
 #      simulation, and the server prints a loud warning:
 #        docker run --rm -p 5555-5557:5555-5557 suturesim serve --insecure \

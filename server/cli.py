@@ -69,8 +69,15 @@ def _cmd_scenarios(args: argparse.Namespace) -> int:
 
 def _cmd_view(args: argparse.Namespace) -> int:
     from ..tools.view import serve_viewer
+    from .security import SecurityError, client_curve_option
 
-    return serve_viewer(connect=args.connect, host=args.host, port=args.port)
+    try:
+        curve = client_curve_option(args.server_key, args.key)
+    except SecurityError as exc:
+        print(f"suturesim view: {exc}", file=sys.stderr)
+        return 2
+    return serve_viewer(connect=args.connect, host=args.host, port=args.port, curve=curve,
+                        allow_hosts=tuple(args.allow_host))
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
@@ -107,8 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default): the scenario's scripted stylus motions; openhaptics: Phantom/Touch devices "
                         "through OpenHaptics (libHD.so), forces through the safety pipeline; remote: poses "
                         "arriving on --stylus (docs/PROTOCOL.md), the grasps hold still until then; replay: the "
-                        "stylus poses of a recording (--replay F.mcap). With any backend, a pose for a grasp's "
-                        "device takes that grasp over")
+                        "stylus poses of a recording (--replay F.mcap). Only a remote device takes samples from "
+                        "--stylus (this flag, or `devices.<name>.backend: remote`); a sample for any other device "
+                        "is rejected and counted")
     p.add_argument("--replay", metavar="F.mcap", help="the recording whose stylus poses --device replay plays")
     p.add_argument("--pub", metavar="EP", help="PUB endpoint (default tcp://127.0.0.1:5555)")
     p.add_argument("--control", metavar="EP", help="REP control endpoint (default tcp://127.0.0.1:5556)")
@@ -146,9 +154,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the PUB endpoint to subscribe to (default tcp://127.0.0.1:5555)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address the page is served on (default 127.0.0.1; any other address warns: the page "
-                        "has no authentication)")
+                        "has no authentication). Against DNS rebinding, a request's Host header must name "
+                        "localhost or a loopback address; beyond loopback also any IP address, --host itself, "
+                        "this machine's own names (hostname, FQDN) or an --allow-host name")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="one more host name the page may be opened by (e.g. a DNS alias of this machine); "
+                        "repeatable")
     p.add_argument("--port", type=int, default=8765,
                    help="TCP port of the page and its WebSocket (default 8765; 0 picks a free one)")
+    p.add_argument("--server-key", metavar="F",
+                   help="the server's public key file (.key), for a server with CURVE; needs --key")
+    p.add_argument("--key", metavar="F",
+                   help="this client's secret key file (.key_secret, mode 0600; its public .key must be in the "
+                        "server's client_keys_dir); needs --server-key")
     p.set_defaults(func=_cmd_view)
 
     p = sub.add_parser("validate", help="run the validation cases (Wang et al. 2017 Sec. 6) and print a table",

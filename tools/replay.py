@@ -25,7 +25,9 @@ import numpy as np
 import yaml
 
 from ..server import protocol
+from ..server.config import SecurityConfig
 from ..server.recording import RecordingError, read_messages, read_metadata
+from ..server.security import SecurityError
 
 
 def _progress(done: int, total: int, what: str, last: list) -> None:
@@ -41,14 +43,19 @@ def _progress(done: int, total: int, what: str, last: list) -> None:
 
 # -- publish ---------------------------------------------------------------------------------------------
 def replay_publish(path: str, endpoint: str, speed: float = 1.0, t_from: float = 0.0, t_to: float | None = None,
-                   loop: bool = False, wait_subscribers: int = 0, stop=None, out=print) -> dict:
+                   loop: bool = False, wait_subscribers: int = 0, stop=None, out=print,
+                   security: SecurityConfig | None = None) -> dict:
     """Republish the recording on ``endpoint`` (PUB, bound) with its original timing / ``speed``; returns
     {"messages": sent, "passes": completed passes, "late_ms": {p50, p99, max} of each send against its
-    schedule (ms)}."""
+    schedule (ms)}. ``security``: the server's binding policy and CURVE keys (default: loopback only); raises
+    SecurityError for an endpoint it refuses."""
     import zmq
 
     from ..server.physics import wait_until
+    from ..server.security import SocketSecurity, check_bind_policy
 
+    security = security or SecurityConfig()
+    check_bind_policy([endpoint], security)   # refuse before reading what may be a long recording
     msgs = [(t.encode(), p, log) for t, p, log, _ in read_messages(path)]
     if not msgs:
         raise RecordingError(f"{path}: no messages")
@@ -59,10 +66,24 @@ def replay_publish(path: str, endpoint: str, speed: float = 1.0, t_from: float =
     if not msgs:
         raise RecordingError(f"{path}: no messages between --from {t_from:g} s and --to-time {t_to} s")
     ctx = zmq.Context()
+    try:
+        guard = SocketSecurity(ctx, security, [endpoint], require_curve=security.curve_on_loopback)
+    except BaseException:
+        ctx.term()
+        raise
+    for line in guard.warnings:
+        print(line, file=sys.stderr, flush=True)
     pub = ctx.socket(zmq.XPUB)      # XPUB: the subscriptions arrive as messages, so we can wait for them
     pub.setsockopt(zmq.LINGER, 1000)
     pub.setsockopt(zmq.SNDHWM, 0)
-    pub.bind(endpoint)
+    guard.apply(pub, endpoint)
+    try:
+        pub.bind(endpoint)
+    except BaseException:
+        pub.close(0)
+        guard.close()
+        ctx.term()
+        raise
     subs = 0
     deadline = time.monotonic() + 30.0
     while subs < wait_subscribers and time.monotonic() < deadline:
@@ -97,6 +118,7 @@ def replay_publish(path: str, endpoint: str, speed: float = 1.0, t_from: float =
                 break
     finally:
         pub.close()
+        guard.close()
         ctx.term()
     q = late[:min(sent, len(msgs))] / 1e6 if passes == 0 else late / 1e6
     return {"messages": sent, "passes": passes,
@@ -334,6 +356,7 @@ def replay_device(path: str, device: str | None, backend: str, cfg, speed: float
     from ..haptics.link import DeviceLink
     from ..haptics.safety import ForceSafety
     from ..server.physics import wait_until
+    from ..server.security import SocketSecurity
     from ..server.supervisor import start_driver
 
     samples = [protocol.decode_force(p) for t, p, _, _ in read_messages(path) if t == "force"]
@@ -345,7 +368,7 @@ def replay_device(path: str, device: str | None, backend: str, cfg, speed: float
         raise RecordingError(f"{path}: no device {device!r} (recorded: {', '.join(devices)})")
     track = [m for m in samples if m["device"] == device]
     link = DeviceLink.create(1)
-    ctx = sock = None
+    ctx = sock = guard = None
     driver = None
     try:
         link.zero_forces(0, time.monotonic_ns())
@@ -354,9 +377,13 @@ def replay_device(path: str, device: str | None, backend: str, cfg, speed: float
             cfg = replace(cfg, device="openhaptics", devices=tuple(d for d in cfg.devices if d.name == device))
             driver, limits = start_driver(mp.get_context("spawn"), cfg, link, [device], out)
             limit = limits.get(device)
-        if pub:
+        if pub:   # bound under the config's policy, as the server's own PUB socket
             ctx = zmq.Context()
+            guard = SocketSecurity(ctx, cfg.security, [pub], require_curve=cfg.security.curve_on_loopback)
+            for line in guard.warnings:
+                print(line, file=sys.stderr, flush=True)
             sock = ctx.socket(zmq.PUB)
+            guard.apply(sock, pub)
             sock.bind(pub)
             time.sleep(0.3)
         safety = ForceSafety(cfg.safety, limit)
@@ -385,6 +412,9 @@ def replay_device(path: str, device: str | None, backend: str, cfg, speed: float
         link.zero_forces(0, time.monotonic_ns())
         if sock is not None:
             sock.close(0)
+        if guard is not None:
+            guard.close()
+        if ctx is not None:
             ctx.term()
         link.close()
         link.unlink()
@@ -410,6 +440,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loop", action="store_true", help="publish: start again at the end, until Ctrl-C")
     p.add_argument("--wait-subscribers", type=int, default=0, metavar="N",
                    help="publish: wait (up to 30 s) for N subscribers before starting")
+    p.add_argument("--server-secret-key", metavar="F",
+                   help="publish: CURVE, as the server's security.server_secret_key (a .key_secret, mode 0600); "
+                        "needs --client-keys-dir. A --pub beyond loopback needs CURVE or --insecure")
+    p.add_argument("--client-keys-dir", metavar="D",
+                   help="publish: the allowed clients' public .key files, as the server's security.client_keys_dir")
+    p.add_argument("--insecure", action="store_true",
+                   help="publish: allow a --pub beyond loopback without CURVE (trusted networks only; loud)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="resimulate: change the recorded scenario first (e.g. solver.tol=1e-6), for a regression "
                         "report; repeatable")
@@ -420,10 +457,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.speed > 0 or not math.isfinite(args.speed):
         p.error("--speed must be > 0")
+    if (args.server_secret_key is None) != (args.client_keys_dir is None):
+        p.error("CURVE needs both --server-secret-key and --client-keys-dir")
+    for opt, value in (("--server-secret-key", args.server_secret_key), ("--client-keys-dir", args.client_keys_dir)):
+        if value is not None and not os.path.exists(value):
+            p.error(f"{opt}: no such {'file' if opt == '--server-secret-key' else 'directory'}: {value}")
+    security = SecurityConfig(insecure=args.insecure, server_secret_key=args.server_secret_key,
+                              client_keys_dir=args.client_keys_dir)
     try:
         if args.mode == "publish":
             r = replay_publish(args.file, args.pub, args.speed, args.t_from, args.t_to, args.loop,
-                               args.wait_subscribers)
+                               args.wait_subscribers, security=security)
             lt = r["late_ms"]
             print(f"suturesim replay: sent {r['messages']} messages in {r['passes']} pass(es); lateness against "
                   f"the recorded timing p50 {lt['p50']:.3f} ms, p99 {lt['p99']:.3f} ms, max {lt['max']:.3f} ms")
@@ -440,6 +484,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"suturesim replay: played {r['forces']} forces of {r['device']}; largest {r['max_force_n']:.4f} N "
               f"after safety; flags seen {r['flags']}")
         return 0
+    except SecurityError as exc:
+        print(f"suturesim replay: {exc} Here: --server-secret-key F --client-keys-dir D, or --insecure.",
+              file=sys.stderr)
+        return 2
     except (RecordingError, OSError, ValueError) as exc:
         print(f"suturesim replay: {exc}", file=sys.stderr)
         return 2

@@ -58,6 +58,7 @@ import zmq
 
 from ..server import protocol
 from ..server.recorder import receive_until
+from ..server.security import ClientCurve
 
 DEFAULT_CONNECT = "tcp://127.0.0.1:5555"
 DEFAULT_HOST = "127.0.0.1"
@@ -283,7 +284,8 @@ class Bridge:
     """A ZeroMQ SUB socket connected to ``endpoint`` and a thread that decodes what arrives into every attached
     :class:`FrameBuffer`. Malformed messages are counted and skipped (``bad``)."""
 
-    def __init__(self, endpoint: str, ctx: zmq.Context | None = None) -> None:
+    def __init__(self, endpoint: str, ctx: zmq.Context | None = None, curve: ClientCurve | None = None) -> None:
+        """``curve``: the client keys, for a publisher with CURVE (which sends nothing to a client without)."""
         check_endpoint(endpoint)
         self.endpoint = endpoint
         self._ctx = ctx or zmq.Context.instance()
@@ -292,6 +294,8 @@ class Bridge:
         self._sub.setsockopt(zmq.LINGER, 0)
         for topic in protocol.TOPICS:
             self._sub.setsockopt(zmq.SUBSCRIBE, topic)
+        if curve is not None:
+            curve.apply(self._sub)
         try:
             self._sub.connect(endpoint)
         except zmq.ZMQError as exc:
@@ -372,22 +376,29 @@ def is_loopback(host: str) -> bool:
 class ViewerServer:
     """The page's files and its WebSocket on one port (``websockets``' ``process_request`` serves the files)."""
 
-    def __init__(self, bridge: Bridge, host: str, port: int, assets: dict[str, tuple[bytes, str]]) -> None:
+    def __init__(self, bridge: Bridge, host: str, port: int, assets: dict[str, tuple[bytes, str]],
+                 allow_hosts: tuple[str, ...] = ()) -> None:
+        """``allow_hosts``: more host names the page may be asked for by (``Host`` header; see ``_host_ok``)."""
         self.bridge, self.host, self.port, self.assets = bridge, host, port, assets
         self.loopback = is_loopback(host)
+        names = {h.strip().lower().rstrip(".") for h in allow_hosts if h.strip()}
+        if not self.loopback:   # the names this machine answers to, and --host itself if it is a name
+            names |= {host.lower(), socket.gethostname().lower(), socket.getfqdn().lower()}
+        self.allowed_names = frozenset(names - {"", "0.0.0.0", "::", "*"})
 
     def _host_ok(self, host_header: str | None) -> bool:
-        # Bound to loopback, only loopback names may reach us: a page on another site that rebinds its DNS
-        # name to 127.0.0.1 sends its own name as Host.
-        if not self.loopback:
-            return True
+        """Whether a request naming ``host_header`` is for us. A page on another site that rebinds its DNS name
+        to our address (DNS rebinding) sends that name as Host, so names are checked whatever --host is:
+        localhost, this machine's own names (bound beyond loopback), --host itself and --allow-host names pass.
+        An IP address passes if it is loopback, or, bound beyond loopback, any (a rebinding page's Host is its
+        own name, never an address)."""
         if not host_header:
             return False
-        name = urlsplit(f"//{host_header}").hostname or ""
-        if name == "localhost":
+        name = (urlsplit(f"//{host_header}").hostname or "").rstrip(".")
+        if name == "localhost" or name in self.allowed_names:
             return True
         try:
-            return ipaddress.ip_address(name).is_loopback
+            return ipaddress.ip_address(name).is_loopback or not self.loopback
         except ValueError:
             return False
 
@@ -475,19 +486,21 @@ def _listen_error(host: str, port: int, exc: OSError) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ entry point
-def serve_viewer(connect: str = DEFAULT_CONNECT, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> int:
+def serve_viewer(connect: str = DEFAULT_CONNECT, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+                 curve: ClientCurve | None = None, allow_hosts: tuple[str, ...] = ()) -> int:
     """Run the viewer until SIGINT/SIGTERM; returns the exit code (0 after Ctrl-C, 2 for a bad endpoint, a port
-    in use or a missing page). Messages go to stdout (the URL) and stderr (warnings, errors)."""
+    in use or a missing page). Messages go to stdout (the URL) and stderr (warnings, errors). ``curve``: client
+    keys for a publisher with CURVE; ``allow_hosts``: see ViewerServer."""
     if not 0 <= port <= 65535:
         print(f"suturesim view: --port {port} is out of range (0-65535)", file=sys.stderr)
         return 2
     try:
         assets = load_assets()
-        bridge = Bridge(connect)
+        bridge = Bridge(connect, curve=curve)
     except ViewerError as exc:
         print(f"suturesim view: {exc}", file=sys.stderr)
         return 2
-    server = ViewerServer(bridge, host, port, assets)
+    server = ViewerServer(bridge, host, port, assets, allow_hosts)
     if not server.loopback:
         print(f"suturesim view: warning: --host {host} is not a loopback address: anyone who can reach it can "
               f"watch the simulation (the page has no authentication)", file=sys.stderr, flush=True)
