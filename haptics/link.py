@@ -115,7 +115,7 @@ def _warn_ordering() -> None:
         )
 
 
-def _open_untracked(name: str) -> SharedMemory:
+def open_untracked(name: str) -> SharedMemory:
     """Open an existing segment without registering it with this process's resource tracker."""
     if sys.version_info >= (3, 13):
         return SharedMemory(name=name, create=False, track=False)
@@ -218,7 +218,7 @@ class DeviceLink:
         link of this version.
         """
         _warn_ordering()
-        shm = _open_untracked(name)
+        shm = open_untracked(name)
         try:
             if shm.size < HEADER_SIZE:
                 raise ValueError(f"shared memory {name!r} is too small to be a DeviceLink")

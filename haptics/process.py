@@ -84,3 +84,13 @@ class StopRequest:
         """Put back the signal handlers that were there before."""
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+
+
+def child_main(module: str, function: str, *args: Any) -> None:
+    """A spawned child's entry point that arms :func:`die_with_parent` before anything else is imported: the
+    real entry point ``module.function(*args)`` imports numba and the solver (seconds), and a supervisor killed
+    meanwhile must not leave an orphan behind. This module imports the standard library only."""
+    die_with_parent()
+    import importlib
+
+    getattr(importlib.import_module(module), function)(*args)

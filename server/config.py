@@ -21,7 +21,7 @@ from ..haptics.safety import SafetyConfig
 from ..haptics.transform import DeviceTransform
 from ..solver.config import ConfigError, Section, load_yaml
 from ..solver.presets import CONFIG_DIR
-from ..solver.scenario import SCENARIOS_DIR, load_scenario, scenario_names
+from ..solver.scenario import SCENARIOS_DIR, Scenario, load_scenario, scenario_names
 
 DEFAULT_CONFIG = CONFIG_DIR / "server.yaml"
 _CLI = "(given on the command line)"
@@ -59,6 +59,8 @@ class SecurityConfig:
     client_keys_dir: str | None = None      # directory of the allowed clients' public .key files
     max_message_bytes: int = 65536          # ZMQ_MAXMSGSIZE on every socket, bytes
     curve_on_loopback: bool = False         # with keys: CURVE on loopback endpoints too (shared machines)
+    zap_endpoint: str | None = None         # the supervisor's ZAP service (ipc://), set by serve, never read
+                                            # from a file: the physics process forwards its ZAP requests there
 
     @property
     def has_curve_keys(self) -> bool:
@@ -70,6 +72,27 @@ class FaultConfig:
     """What the supervisor does when the physics process dies."""
     policy: str = "restart"     # "restart" | "exit"
     max_restarts: int = 3       # restarts before giving up (policy "restart")
+    stall_s: float = 2.0        # s without a tick (after warm-up) before the supervisor takes the loop for hung
+
+
+def _data_dir(leaf: str) -> str:
+    """``$XDG_DATA_HOME/suturesim/<leaf>``; ~/.local/share when XDG_DATA_HOME is unset or not absolute (the
+    XDG base directory rule)."""
+    base = Path(os.environ.get("XDG_DATA_HOME") or "~/.local/share").expanduser()
+    if not base.is_absolute():
+        base = Path("~/.local/share").expanduser()
+    return str(base / "suturesim" / leaf)
+
+
+@dataclass(frozen=True)
+class FilesConfig:
+    """Where control requests may touch files (docs/PROTOCOL.md Sec. 4.3). Absolute once loaded; neither
+    directory is created here."""
+    # record_start writes its recordings here (created mode 0700 at the first recording, server/files.py)
+    recordings_dir: str = field(default_factory=lambda: _data_dir("recordings"))
+    # a `load` by file name reads it here, and a network scenario's preset / shape.file only here or under the
+    # shipped configs/ (solver/sources.py)
+    scenarios_dir: str = field(default_factory=lambda: _data_dir("scenarios"))
 
 
 DEVICE_BACKENDS = ("simulated", "openhaptics", "remote", "replay")
@@ -92,6 +115,8 @@ class DeviceConfig:
     damping: float = 0.5                  # N s/m
     max_force: float = 3.0                # N
     max_speed: float = 1.0                # m/s: a grasp follows its stylus at most this fast (no teleports)
+    client_key: str | None = None         # remote only: the z85 public key of the one CURVE client whose
+                                          # stylus samples it takes (its ZAP User-Id); None: any allowed client
 
 
 @dataclass(frozen=True)
@@ -108,6 +133,7 @@ class ServerConfig:
     devices: tuple[DeviceConfig, ...] = ()      # per-device settings (a device not listed gets the defaults)
     device_fallback: str | None = None          # "simulated": a device missing at start falls back to it
     replay: str | None = None                   # MCAP recording whose stylus poses the replay backend plays
+    files: FilesConfig = field(default_factory=FilesConfig)   # what control requests may read and write
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     device_limits: tuple[tuple[str, float], ...] = ()   # (device, nominal max continuous force N), from drivers
     link_devices: tuple[str, ...] = ()          # the device of each shared-memory link slot (set by serve)
@@ -257,6 +283,8 @@ def _loop(sec: Section) -> LoopConfig:
 def _security(sec: Section, from_cli: set[str]) -> SecurityConfig:
     import zmq.auth  # server/ owns the network; imported here so solver-only users never pay for it
 
+    from .security import public_keys_problem, secret_key_problem   # here: security.py imports this module
+
     insecure = sec.get("insecure", bool, False)
     secret = _path(sec, "server_secret_key", from_cli)
     clients = _path(sec, "client_keys_dir", from_cli)
@@ -274,6 +302,8 @@ def _security(sec: Section, from_cli: set[str]) -> SecurityConfig:
         if not secret_key:
             raise sec.error("server_secret_key", f"{secret} holds no secret key (give the .key_secret file "
                                                  "made by `suturesim keys`, not the public .key)")
+        if why := secret_key_problem(secret):
+            raise sec.error("server_secret_key", why)
     if clients is not None:
         if not clients.is_dir():
             raise sec.error("client_keys_dir", f"no such directory: {clients}")
@@ -284,6 +314,8 @@ def _security(sec: Section, from_cli: set[str]) -> SecurityConfig:
         if not allowed:
             raise sec.error("client_keys_dir", f"{clients} holds no public .key files, so no client could "
                                                "connect (make one with `suturesim keys --name CLIENT`)")
+        if why := public_keys_problem(clients):
+            raise sec.error("client_keys_dir", why)
     if (secret is None) != (clients is None):
         given, missing = ("server_secret_key", "client_keys_dir") if clients is None else \
             ("client_keys_dir", "server_secret_key")
@@ -298,7 +330,8 @@ def _security(sec: Section, from_cli: set[str]) -> SecurityConfig:
 # -- fault -----------------------------------------------------------------------------------------------
 def _fault(sec: Section) -> FaultConfig:
     cfg = FaultConfig(policy=sec.get("policy", str, FaultConfig.policy, choices=("restart", "exit")),
-                      max_restarts=sec.get("max_restarts", int, FaultConfig.max_restarts, minval=0, maxval=1000))
+                      max_restarts=sec.get("max_restarts", int, FaultConfig.max_restarts, minval=0, maxval=1000),
+                      stall_s=sec.get("stall_s", float, FaultConfig.stall_s, minval=0.1, maxval=60.0))
     sec.finish()
     return cfg
 
@@ -324,6 +357,21 @@ def _scenario(top: Section, from_cli: set[str]) -> str:
     return name
 
 
+def _files(sec: Section, from_cli: set[str]) -> FilesConfig:
+    """The `files:` section: two directories, absolute (relative ones against the config file, or the working
+    directory for a command-line value); they need not exist yet, but must not be anything else."""
+    d = FilesConfig()
+    out = {}
+    for key in ("recordings_dir", "scenarios_dir"):
+        p = _path(sec, key, from_cli)
+        p = Path(getattr(d, key)) if p is None else p
+        if p.exists() and not p.is_dir():
+            raise sec.error(key, f"{p} is not a directory")
+        out[key] = str(p)
+    sec.finish()
+    return FilesConfig(**out)
+
+
 def _record(top: Section, from_cli: set[str]) -> str | None:
     p = _path(top, "record", from_cli)
     if p is None:
@@ -341,10 +389,11 @@ def _build(data: dict, file: str, from_cli: set[str]) -> ServerConfig:
     loop = _loop(top.section("loop", {}))
     security = _security(top.section("security", {}), from_cli)
     fault = _fault(top.section("fault", {}))
+    files = _files(top.section("files", {}), from_cli)
     record = _record(top, from_cli)
     scenario = _scenario(top, from_cli)
     device = top.get("device", str, "simulated", choices=DEVICE_BACKENDS)
-    devices = _devices(top.section("devices", {}))
+    devices = _devices(top.section("devices", {}), device, security, from_cli)
     fallback = top.get("device_fallback", str, "none", choices=("none", "simulated"))
     replay = _path(top, "replay", from_cli)
     safety = _safety(top.section("safety", {}))
@@ -354,15 +403,29 @@ def _build(data: dict, file: str, from_cli: set[str]) -> ServerConfig:
         raise top.error("replay", "the replay backend needs a recording: give `replay: F.mcap` (--replay F.mcap)")
     if replay is not None and not replay.is_file():
         raise top.error("replay", f"no such recording: {replay}")
-    load_scenario(scenario)  # last, and an error inside it propagates with the scenario's own file and key
-    return ServerConfig(file=file, scenario=scenario, endpoints=endpoints, loop=loop, security=security,
-                        fault=fault, record=record, device=device, devices=devices,
-                        device_fallback=None if fallback == "none" else fallback,
-                        replay=None if replay is None else str(replay), safety=safety)
+    scene = load_scenario(scenario)  # last, and an error inside it propagates with the scenario's own file and key
+    cfg = ServerConfig(file=file, scenario=scenario, endpoints=endpoints, loop=loop, security=security,
+                       fault=fault, record=record, device=device, devices=devices,
+                       device_fallback=None if fallback == "none" else fallback,
+                       replay=None if replay is None else str(replay), safety=safety, files=files)
+    check_scene_fits_loop(scene, cfg)
+    return cfg
+
+
+def check_scene_fits_loop(scenario: Scenario, cfg: ServerConfig) -> None:
+    """Refuse a scene the running loop cannot run in real time: its ``solver.tick`` (s) must be the loop's
+    ``loop.tick_s``. The safety pipeline (slew limit per tick, the watchdog's clock), the grasps' speed limit
+    and the stylus poses all advance by the loop's tick; a scene stepping another tick per loop tick would run
+    faster or slower than the hand. Raises ConfigError with the scenario's file and key ``solver.tick``."""
+    tick = scenario.model.solver.tick
+    if abs(tick - cfg.loop.tick_s) > 1e-9 * cfg.loop.tick_s:
+        raise ConfigError(scenario.file, "solver.tick", f"must be the server loop's tick, {cfg.loop.tick_s:g} s "
+                                                        f"(loop.tick_s in {cfg.file}), got {tick:g}")
 
 
 # -- devices and safety ----------------------------------------------------------------------------------
-def _devices(sec: Section) -> tuple[DeviceConfig, ...]:
+def _devices(sec: Section, default_backend: str, security: SecurityConfig,
+             from_cli: set[str]) -> tuple[DeviceConfig, ...]:
     out = []
     for name in sec.keys():
         d = sec.section(name)
@@ -387,11 +450,35 @@ def _devices(sec: Section) -> tuple[DeviceConfig, ...]:
             stiffness=d.get("stiffness", float, DeviceConfig.stiffness, above=0.0, maxval=1e6),
             damping=d.get("damping", float, DeviceConfig.damping, minval=0.0, maxval=1e3),
             max_force=d.get("max_force", float, DeviceConfig.max_force, above=0.0, maxval=100.0),
-            max_speed=d.get("max_speed", float, DeviceConfig.max_speed, above=0.0, maxval=100.0))
+            max_speed=d.get("max_speed", float, DeviceConfig.max_speed, above=0.0, maxval=100.0),
+            client_key=_client_key(d, from_cli))
+        if cfg.client_key is not None:
+            if (cfg.backend or default_backend) != "remote":
+                raise d.error("client_key", f"only a remote device takes stylus samples from a client; this one's "
+                                            f"backend is {cfg.backend or default_backend}")
+            if not security.has_curve_keys:
+                raise d.error("client_key", "needs CURVE (security.server_secret_key and client_keys_dir): "
+                                            "without it no client has a key")
         d.finish()
         out.append(cfg)
     sec.finish()
     return tuple(out)
+
+
+def _client_key(d: Section, from_cli: set[str]) -> str | None:
+    """The z85 public key in the file ``client_key`` names (a `suturesim keys` .key file), or None."""
+    import zmq.auth
+
+    path = _path(d, "client_key", from_cli)
+    if path is None:
+        return None
+    try:
+        public, _ = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise d.error("client_key", f"cannot read a public key from {path}: {exc}") from None
+    if not public:
+        raise d.error("client_key", f"{path} holds no public key")
+    return public.decode("ascii")
 
 
 def _safety(sec: Section) -> SafetyConfig:

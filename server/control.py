@@ -12,19 +12,25 @@ built beside a 1 kHz ticker), enough for a loaded tick to overrun.
 """
 from __future__ import annotations
 
+import functools
 import math
-import os
 import multiprocessing
-from multiprocessing.pool import AsyncResult
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import msgpack
 import numpy as np
 import zmq
 
-from ..solver.config import ConfigError
-from ..solver.scenario import build_scenario, load_scenario
+from ..solver.config import MAX_NAME_CHARS, ConfigError
+from ..solver.scenario import build_scenario, load_scenario_request
+from ..solver.sources import FilePolicy
 from ..solver.integrator import STAT_SUBSTEPS
+from .config import check_scene_fits_loop
+from .protocol import ProtocolError, decode_request
 
 
 class RequestError(ValueError):
@@ -85,46 +91,98 @@ def _ordinary_process(loop_cpu: int) -> None:
         pass
 
 
+BUILD_TIMEOUT_S = 30.0          # a scene build taking longer is abandoned (its worker is replaced)
+SUPERVISOR_TIMEOUT_S = 90.0     # the supervisor answers a recording request within this (a stop may take 60 s)
+
+
+@dataclass
+class Pending:
+    """A request being carried out off the tick: a scene built by the worker process, or a recording started or
+    stopped by the supervisor. The loop polls it each tick (never waits on it) and replies once it is done,
+    failed or past its time."""
+    what: str                            # for the error reply: "scene build", "recording request"
+    done: Callable[[], bool]
+    result: Callable[[], Any]
+    apply: Callable[[Any], dict]
+    timeout_s: float
+    broken: Callable[[], str | None] = lambda: None   # why it can never finish (its worker died), or None
+    started: float = field(default_factory=time.monotonic)
+
+
 class ControlHandler:
     """Answers requests for one PhysicsLoop."""
 
     def __init__(self, loop):
         self.loop = loop
-        # spawned now, before the loop turns real-time (the handler is made before set_realtime), and started at
-        # once so that the first `load` or `set` does not wait for its imports
-        self.worker = multiprocessing.get_context("spawn").Pool(1, initializer=_ordinary_process,
-                                                                initargs=(loop.cfg.loop.cpu,))
-        self.pending: tuple[Callable[[Any], dict], AsyncResult] | None = None   # (apply, scene being built)
+        self.worker = self._new_worker()
+        self.pending: Pending | None = None
+        self.supervisor_answer: tuple | None = None   # the supervisor's answer to the request out, once it came
+        self.failure: str | None = None               # a recording that failed, said in the next reply
         self.commands: dict[str, Callable[[dict], dict]] = {
             "status": self.status, "reset": self.reset, "pause": self.pause, "resume": self.resume,
             "load": self.load, "set": self.set, "grasp": self.grasp, "release": self.release,
-            "record_start": self.record_start, "record_stop": self.record_stop, "shutdown": self.shutdown,
-            "describe": self.describe,
+            "record_start": self.record_start, "record_stop": self.record_stop, "recordings": self.recordings,
+            "shutdown": self.shutdown, "describe": self.describe,
         }
 
+    def _new_worker(self):
+        # spawned before the loop turns real-time (the handler is made before set_realtime), and started at once
+        # so that the first `load` or `set` does not wait for its imports
+        return multiprocessing.get_context("spawn").Pool(1, initializer=_ordinary_process,
+                                                         initargs=(self.loop.cfg.loop.cpu,))
+
+    def build(self, func: Callable, args: tuple, apply: Callable[[Any], dict]) -> None:
+        """Build a scene in the worker process; ``apply`` installs it and returns the reply's fields."""
+        procs = list(getattr(self.worker, "_pool", []))   # the worker's process: its death fails the build at once
+
+        def broken() -> str | None:
+            dead = [p for p in procs if p.exitcode is not None]
+            return f"the scene builder process died (exit code {dead[0].exitcode})" if dead else None
+
+        future = self.worker.apply_async(func, args)
+        self.pending = Pending("scene build", future.ready, future.get, apply, BUILD_TIMEOUT_S, broken)
+
     def busy(self) -> bool:
-        """True while a `load` or `set` is being prepared (no new request is taken)."""
+        """True while a request is carried out off the tick (no new request is taken)."""
         return self.pending is not None
 
     def handle_one(self) -> None:
-        """Receive one request (one is waiting) and send its reply, or start preparing a `load`/`set`."""
+        """Receive one request (one is waiting) and send its reply, or start carrying it out off the tick."""
         sock = self.loop.ctl
         try:
             raw = sock.recv(zmq.NOBLOCK)
         except zmq.Again:
             return
-        reply = self.reply(raw)
+        if self.failure is not None:   # said once, in place of carrying the request out: nothing is lost
+            self.loop.stats.control_errors += 1
+            reply = {"ok": False, "error": f"{self.failure}; this request was not carried out, send it again"}
+            self.failure = None
+        else:
+            reply = self.reply(raw)
         if reply is not None:
             self._send(reply)
 
     def finish_pending(self) -> None:
-        """Called every tick: install a prepared `load`/`set` and reply, once the worker is done."""
-        if self.pending is None or not self.pending[1].ready():
+        """Called every tick while busy: apply what was prepared and reply, once it is done; or reply with the
+        error once it has failed or is past its time."""
+        p = self.pending
+        if p is None:
             return
-        apply, future = self.pending
+        why = p.broken()
+        if why is None and not p.done():
+            if time.monotonic() - p.started <= p.timeout_s:
+                return
+            why = f"the {p.what} took more than {p.timeout_s:g} s and was abandoned"
         self.pending = None
+        if why is not None:
+            if p.what == "scene build":   # its worker is dead or stuck: a new one for the next build
+                self.worker.terminate()
+                self.worker = self._new_worker()
+            self.loop.stats.control_errors += 1
+            self._send({"ok": False, "error": why})
+            return
         try:
-            reply = {"ok": True, **apply(future.get())}
+            reply = {"ok": True, **p.apply(p.result())}
         except (RequestError, ConfigError) as exc:
             self.loop.stats.control_errors += 1
             reply = {"ok": False, "error": str(exc)}
@@ -132,6 +190,35 @@ class ControlHandler:
             self.loop.stats.control_errors += 1
             reply = {"ok": False, "error": f"internal error: {exc.__class__.__name__}: {exc}"}
         self._send(reply)
+
+    def poll_supervisor(self) -> None:
+        """Take what the supervisor sent (never waits): the answer to the recording request out, or a recording
+        that failed (an `event`, and the next reply says it)."""
+        conn = self.loop.supervisor
+        if conn is None:
+            return
+        try:
+            while conn.poll(0):
+                msg = conn.recv()
+                if msg[0] == "record":
+                    self.supervisor_answer = msg
+                elif msg[0] == "record_failed":
+                    self.loop.recording = {"path": self.loop.recording.get("path", ""), "state": "failed",
+                                           "error": msg[1]}
+                    self.loop.event("record_error", reason=msg[1])
+                    self.failure = f"recording failed: {msg[1]}"
+        except (EOFError, OSError):
+            pass
+
+    def ask_supervisor(self, msg: tuple, apply: Callable[[Any], dict]) -> None:
+        """Send a recording request to the supervisor (one at a time: a request is taken only while none is out)
+        and reply once it answers."""
+        if self.loop.supervisor is None:
+            raise RequestError("recording is run by the supervisor (suturesim serve)")
+        self.supervisor_answer = None
+        self.loop.supervisor.send(msg)
+        self.pending = Pending("recording request", lambda: self.supervisor_answer is not None,
+                               lambda: self.supervisor_answer, apply, SUPERVISOR_TIMEOUT_S)
 
     def close(self) -> None:
         # stopped, not waited for (it may still be importing if the server is stopped right after its start):
@@ -147,17 +234,11 @@ class ControlHandler:
 
     def reply(self, raw: bytes) -> dict | None:
         try:
-            if len(raw) > self.loop.cfg.security.max_message_bytes:
-                raise RequestError("request too large")
-            try:
-                req = msgpack.unpackb(raw, raw=False, strict_map_key=True)
-            except Exception as exc:  # noqa: BLE001 - any decoding failure is the client's
-                raise RequestError(f"not a msgpack message: {exc.__class__.__name__}") from None
-            if not isinstance(req, dict):
-                raise RequestError("a request must be a map with a 'cmd' field")
-            cmd = req.get("cmd")
-            if not isinstance(cmd, str):
-                raise RequestError("missing or non-string 'cmd'")
+            try:   # the one inbound check: size before decoding, then bounded decoding (server/protocol.py)
+                req = decode_request(raw, self.loop.cfg.security.max_message_bytes)
+            except ProtocolError as exc:
+                raise RequestError(str(exc)) from None
+            cmd = req["cmd"]
             handler = self.commands.get(cmd)
             if handler is None:
                 raise RequestError(f"unknown command {cmd!r} (known: {', '.join(sorted(self.commands))})")
@@ -182,7 +263,7 @@ class ControlHandler:
                             "force": st.grasp_force[g.slot].tolist()} for g in lp.grasps],
                 "devices": sorted(lp.device_live),
                 "stats": {**lp.last_stats, **lp.stats.summary_counters()},
-                "realtime": lp.realtime, "cpu": lp.cpu, "pid": os.getpid(),
+                "realtime": lp.realtime, "cpu": lp.cpu, "pid": os.getpid(), "recording": lp.recording,
                 "link": lp.link.name if lp.link is not None else None}
 
     def describe(self, req: dict) -> dict:
@@ -215,12 +296,14 @@ class ControlHandler:
 
 
         def apply(scenario) -> dict:
+            check_scene_fits_loop(scenario, lp.cfg)
             lp.install(scenario)
             lp.event("load", scenario=scenario.name)
             return {"scenario": scenario.name}
 
-        self.pending = (apply, self.worker.apply_async(load_scenario, (spec,)) if isinstance(spec, str) else
-                        self.worker.apply_async(build_scenario, (spec, "<load request>")))
+        # confined (solver/sources.py): a shipped name, a file name under files.scenarios_dir, or an inline map whose
+        # preset / shape.file stay there or under the shipped configs
+        self.build(load_scenario_request, (spec, lp.cfg.files.scenarios_dir), apply)
         return None
 
     def set(self, req: dict) -> None:
@@ -234,6 +317,7 @@ class ControlHandler:
         data = _merge(lp.scenario.source, _nested(path, value))
 
         def apply(scenario) -> dict:
+            check_scene_fits_loop(scenario, lp.cfg)
             old = lp.state
             if scenario.model.n_vertices == lp.model.n_vertices:
                 new = scenario.new_state()
@@ -246,13 +330,23 @@ class ControlHandler:
             lp.event("set", path=path, value=value if isinstance(value, (int, float, str, bool)) else str(value))
             return {}
 
-        self.pending = (apply, self.worker.apply_async(build_scenario, (data, f"<set {path}>")))
+        # rebuilt where the running scenario's references resolved, confined like a `load` but for the files the
+        # running scenario already read (a trusted scenario's own preset or points file beside it)
+        sc = lp.scenario
+        policy = FilePolicy(roots=(Path(lp.cfg.files.scenarios_dir),), files=frozenset(map(Path, sc.files_read)))
+        self.build(functools.partial(build_scenario, policy=policy, base_dir=sc.base_dir), (data, f"<set {path}>"),
+                   apply)
         return None
 
     def grasp(self, req: dict) -> dict:
         vertex = _field(req, "vertex", int)
         gid = _field(req, "id", str, None)
         device = _field(req, "device", str, gid if gid is not None else "")
+        for key, name in (("id", gid), ("device", device)):
+            # the limit a scenario's grasps have (solver/scenario.py): a name is copied into every `force`
+            if name is not None and (len(name) > MAX_NAME_CHARS or not name.isprintable()):
+                raise RequestError(f"{key}: must be printable and at most {MAX_NAME_CHARS} characters, got "
+                                   f"{len(name)}")
         try:
             spec = self.loop.add_grasp(vertex, device or None, gid, _number(req, "stiffness", 1000.0),
                                        _number(req, "damping", 0.0), _number(req, "max_force", 3.0))
@@ -266,21 +360,46 @@ class ControlHandler:
             raise RequestError(f"no grasp {gid!r}")
         return {}
 
-    def record_start(self, req: dict) -> dict:
-        path = _field(req, "path", str)
-        if self.loop.supervisor is None:
-            raise RequestError("recording is run by the supervisor (suturesim serve)")
-        sc = self.loop.scenario  # the scene running now, which a `load` or `set` may have changed
-        self.loop.supervisor.send(("record_start", (path, sc.name, sc.file, sc.source)))
-        self.loop.event("record_start", path=path)
-        return {"path": path}
+    def record_start(self, req: dict) -> None:
+        """Record to a new file ``name`` in the recordings directory (server/files.py); the reply, once the
+        recorder has created it and records, gives its full path."""
+        if "path" in req:
+            raise RequestError("record_start takes `name`, a file name in the server's recordings directory "
+                               "(files.recordings_dir); paths are not accepted")
+        name = _field(req, "name", str)
+        lp = self.loop
 
-    def record_stop(self, req: dict) -> dict:
-        if self.loop.supervisor is None:
-            raise RequestError("recording is run by the supervisor (suturesim serve)")
-        self.loop.supervisor.send(("record_stop", None))
-        self.loop.event("record_stop")
-        return {}
+        def apply(answer: tuple) -> dict:
+            _, ok, text = answer
+            if not ok:
+                raise RequestError(text)
+            lp.recording = {"path": text, "state": "recording"}
+            lp.event("record_start", path=text)
+            return {"path": text}
+
+        self.ask_supervisor(("record_start", name), apply)
+        return None
+
+    def record_stop(self, req: dict) -> None:
+        lp = self.loop
+
+        def apply(answer: tuple) -> dict:
+            _, ok, text = answer
+            if not ok:
+                raise RequestError(text)
+            lp.recording = {"path": text, "state": "stopped"} if text else {}
+            lp.event("record_stop", path=text)
+            return {"path": text}
+
+        self.ask_supervisor(("record_stop", None), apply)
+        return None
+
+    def recordings(self, req: dict) -> dict:
+        """The recordings in the recordings directory: name, bytes, mtime (s since the epoch)."""
+        from .files import list_recordings
+
+        directory = self.loop.cfg.files.recordings_dir
+        return {"dir": directory, "recordings": list_recordings(directory)}
 
     def shutdown(self, req: dict) -> dict:
         self.loop.running = False

@@ -15,8 +15,8 @@ import os
 import threading
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
-import msgpack
 import numpy as np
 import zmq
 
@@ -26,14 +26,15 @@ from ..solver.motion import MOTION_GRASP, MOTION_SPIN
 from ..solver.needle import NS_QT, NS_WT
 from ..solver.model import MAX_GRASPS
 from ..solver.scenario import (MAX_GRASP_DAMPING, MAX_GRASP_FORCE, MAX_GRASP_STIFFNESS, GraspSpec, Scenario,
-                               load_scenario)
+                               build_scenario, load_scenario)
 from . import protocol
 from .config import ServerConfig
 from .console import say
 from .messages import MessageBuilder
 from .security import SocketSecurity
+from .snapshot import Snapshot, SnapshotScene, scene_base_dir
 
-STYLUS_MAX_POS_M = 10.0        # a remote pose farther than this from the origin is rejected
+STYLUS_MAX_POS_M = protocol.STYLUS_MAX_POS_M   # m: a remote or linked pose farther from the origin is rejected
 STYLUS_DRAIN_PER_TICK = 32     # remote stylus messages read per tick at most
 CATCH_UP_TICKS = 50            # further behind than this, the schedule is re-anchored (and an event says so)
 # Phase lock to a device's servo clock: start each tick this long after the device's newest pose, so the force
@@ -42,6 +43,10 @@ CATCH_UP_TICKS = 50            # further behind than this, the schedule is re-an
 # PHASE_STEP_NS per tick (0.5 % of a 1 ms tick).
 PHASE_TARGET_NS = 100_000
 PHASE_STEP_NS = 5_000
+SNAPSHOT_TICKS = 500           # the scene's state is copied to its snapshot this often (twice a second at 1 kHz)
+SUPERVISOR_POLL_TICKS = 16     # what the supervisor says unasked (a failed recording) is read this often
+FAULTS_TO_PAUSE = 3            # divergences within FAULT_WINDOW_TICKS that pause the scene instead of resetting it
+FAULT_WINDOW_TICKS = 2000
 
 
 @dataclass
@@ -115,6 +120,14 @@ def _percentiles(rows: np.ndarray, qs: tuple) -> list[list[float]]:
     return out
 
 
+def _user_id(frame: zmq.Frame) -> str | None:
+    """The ZAP user id of the peer that sent ``frame`` (for CURVE: its public key, z85), or None."""
+    try:
+        return frame.get("User-Id")
+    except (zmq.ZMQError, TypeError, ValueError):
+        return None
+
+
 def wait_until(deadline_ns: int, spin_ns: int) -> None:
     """Return at ``deadline_ns`` (time.monotonic_ns): sleep until ``spin_ns`` before it (the OS wakes us late
     by tens of µs), then spin the rest."""
@@ -167,11 +180,19 @@ def set_realtime(priority: int, cpu: int) -> tuple[bool, int, list[str]]:
 class PhysicsLoop:
     """The loop and everything it owns: scenario, stepper, sockets, link. Built in the physics process."""
 
-    def __init__(self, cfg: ServerConfig, link_name: str | None = None, supervisor=None, sink=None):
+    def __init__(self, cfg: ServerConfig, link_name: str | None = None, supervisor=None, sink=None,
+                 heartbeat=None, restore: str | None = None):
         """``sink``: None to bind the configured sockets (the daemon); or a callable ``sink(topic, payload)``
-        that receives every published message instead, with no socket at all (a resimulation)."""
+        that receives every published message instead, with no socket at all (a resimulation).
+        ``heartbeat``: the supervisor's shared [ticks, armed] array; ``restore``: the snapshot (server/snapshot.py)
+        of a physics process that died or hung, whose scene and state this one resumes."""
         self.cfg = cfg
         self.supervisor = supervisor      # a multiprocessing Connection to the supervisor (recording), or None
+        self.heartbeat = heartbeat
+        self.snapshot: Snapshot | None = None   # the running scene's, written at least once a second
+        self.resumed_at: float | None = None    # the scene time a restarted process resumed at
+        self.recording: dict = {}               # the recording a client asked for: path, state, error
+        self.faults: list[int] = []             # the ticks of the latest divergences (fault_reset)
         self.tick_ns = int(round(cfg.loop.tick_s * 1e9))
         self.sink = sink
         self.ctx = self.security = self.pub = self.ctl = self.stylus = None
@@ -215,7 +236,15 @@ class PhysicsLoop:
         if cfg.replay:
             from .replay_poses import load_pose_tracks
             self.replay = load_pose_tracks(cfg.replay)
-        self.install(load_scenario(cfg.scenario) if isinstance(cfg.scenario, str) else cfg.scenario)
+        self.resume_error: str | None = None
+        if restore is not None:
+            try:
+                self.resume(restore)
+            except Exception as exc:  # noqa: BLE001 - a snapshot that cannot be read: start the scene afresh
+                self.resume_error = f"could not resume from the snapshot ({exc.__class__.__name__}); the server's " \
+                                    "scenario starts afresh"
+        if restore is None or self.resume_error is not None:
+            self.install(load_scenario(cfg.scenario) if isinstance(cfg.scenario, str) else cfg.scenario)
 
     def _bind(self, kind: int, endpoint: str, max_bytes: int | None = None) -> zmq.Socket:
         sock = self.ctx.socket(kind)
@@ -252,6 +281,44 @@ class PhysicsLoop:
         for g in self.grasps:
             if self.cfg.backend_of(g.device) != "simulated":  # no scripted stylus: the grasp waits for poses
                 self.drive_with_device(g)
+        if self.supervisor is not None:
+            self.new_snapshot()
+
+    def new_snapshot(self) -> None:
+        """A snapshot segment for the scene just installed, its state written at once; the supervisor is told its
+        name (what it restarts a dead or hung process from) and the previous one is removed."""
+        sc = self.scenario
+        old = self.snapshot
+        self.snapshot = Snapshot.create(SnapshotScene(sc.name, sc.file, sc.source, scene_base_dir(sc)), self.state)
+        self.snapshot.write(self.state)
+        self.supervisor.send(("snapshot", self.snapshot.name))
+        if old is not None:
+            old.close()
+            old.unlink()
+
+    def resume(self, name: str) -> None:
+        """Install the scene of snapshot ``name`` with its newest state (a restart after a fault). The scene was
+        validated when it was first installed; it is rebuilt from the source it was built from. A grasp that a
+        device had made by hand is not resumed: the device grasps again."""
+        snap = Snapshot.attach(name)
+        try:
+            scene = snap.scene()
+            scenario = build_scenario(scene.source, scene.file,
+                                      base_dir=None if scene.base_dir is None else Path(scene.base_dir))
+            state = scenario.new_state()
+            restored = snap.restore(state)
+        finally:
+            snap.close()
+        if restored:
+            state.x_ref[:] = np.inf           # the neighbour list is rebuilt before the next substep
+            state.grasp_vel[:] = 0.0
+            kept = {g.slot for g in scenario.grasps}
+            for slot in range(state.grasp_vertex.shape[0]):
+                if slot not in kept:
+                    state.grasp_vertex[slot] = -1
+                    state.grasp_force[slot] = 0.0
+            self.resumed_at = float(state.time[0])
+        self.install(scenario, state if restored else None)
 
     def all_devices(self, grasp_devices: list[str]) -> list[str]:
         """Every device with a `force` stream, in order: the grasps' and every stylus that exists without a
@@ -359,8 +426,17 @@ class PhysicsLoop:
                     self.phase_locked = False
                 self.event("device", device=device, state="live")
             self.pose_t[device] = t_ns
-            self.set_device_pose(device, self._pose, self._quat)
-            self.on_buttons(device, buttons, self._pose)
+            p, q = self._pose, self._quat
+            # a driver's pose is checked as a remote sample is (protocol.decode_stylus): a non-finite one, or
+            # one beyond STYLUS_MAX_POS_M, is counted and dropped, and the device's grasps hold still.
+            # x - x is 0 for a finite x and nan otherwise: one test for nan and inf, no call, no allocation
+            # beyond numpy's scalars
+            if (p[0] - p[0] + p[1] - p[1] + p[2] - p[2] + q[0] - q[0] + q[1] - q[1] + q[2] - q[2] + q[3] - q[3]
+                    != 0.0) or p[0] * p[0] + p[1] * p[1] + p[2] * p[2] > STYLUS_MAX_POS_M * STYLUS_MAX_POS_M:
+                self.stats.stylus_rejected += 1
+            else:
+                self.set_device_pose(device, p, q)
+                self.on_buttons(device, buttons, p)
             dflags = self.link.driver_flags(slot)
             self.driver_flags[device] = dflags & 0xFFFF
             code = dflags >> 16
@@ -468,42 +544,38 @@ class PhysicsLoop:
         return False
 
     def drain_stylus(self) -> None:
+        """Take up to STYLUS_DRAIN_PER_TICK remote stylus samples. Each is checked by protocol.decode_stylus
+        (its size before it is decoded) and taken only for a device whose backend is `remote`, from the one
+        CURVE client the device may be bound to (`devices.<name>.client_key`); any other is counted in
+        ``stats.stylus_rejected`` and dropped: no sample steers an OpenHaptics, simulated, replayed or unknown
+        device, nor fills grasp slots through one."""
         if self.stylus is None:
             return
+        cfg = self.cfg
         for _ in range(STYLUS_DRAIN_PER_TICK):
             try:
-                raw = self.stylus.recv(zmq.NOBLOCK)
+                frame = self.stylus.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             try:
-                msg = msgpack.unpackb(raw, raw=False, strict_map_key=True)
-                device = msg["device"]
-                pos = msg["pos"]
-                if not isinstance(device, str) or not isinstance(pos, (list, tuple)) or len(pos) != 3 or \
-                        not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pos):
-                    raise ValueError
-                x, y, z = (float(v) for v in pos)
-                if not (math.isfinite(x) and math.isfinite(y) and math.isfinite(z)) or \
-                        x * x + y * y + z * z > STYLUS_MAX_POS_M ** 2:
-                    raise ValueError
-                buttons = msg.get("buttons", 0)
-                if isinstance(buttons, bool) or not isinstance(buttons, int) or not 0 <= buttons <= 0xFFFFFFFF:
-                    raise ValueError
-                quat = msg.get("quat")
-                if quat is not None:   # optional; it turns a needle the device holds
-                    if not isinstance(quat, (list, tuple)) or len(quat) != 4 or not all(
-                            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                            for v in quat):
-                        raise ValueError
-                    for i in range(4):
-                        self._quat[i] = float(quat[i])
-                self._pose[0], self._pose[1], self._pose[2] = x, y, z
-                self.on_buttons(device, buttons, self._pose)
-                if self.set_device_pose(device, self._pose, self._quat if quat is not None else None) or buttons:
-                    self.stats.stylus_accepted += 1
-                else:
-                    self.stats.stylus_rejected += 1
-            except Exception:  # noqa: BLE001 - any malformed message is counted and dropped
+                sample = protocol.decode_stylus(frame.buffer)
+            except protocol.ProtocolError:
+                self.stats.stylus_rejected += 1
+                continue
+            dc = cfg.device_config(sample.device)
+            if (dc.backend or cfg.device) != "remote" or (
+                    dc.client_key is not None and _user_id(frame) != dc.client_key):
+                self.stats.stylus_rejected += 1
+                continue
+            quat = None
+            if sample.quat is not None:   # optional; it turns a needle the device holds
+                quat = self._quat
+                quat[0], quat[1], quat[2], quat[3] = sample.quat
+            self._pose[0], self._pose[1], self._pose[2] = sample.pos
+            self.on_buttons(sample.device, sample.buttons, self._pose)
+            if self.set_device_pose(sample.device, self._pose, quat) or sample.buttons:
+                self.stats.stylus_accepted += 1
+            else:
                 self.stats.stylus_rejected += 1
 
     # -- outputs ----------------------------------------------------------------------------------------
@@ -554,7 +626,14 @@ class PhysicsLoop:
         gc.disable()
         if on_ready is not None:
             on_ready()
+        heartbeat = self.heartbeat
+        if heartbeat is not None:
+            heartbeat[1] = 1   # armed: from here on a tick is due every tick_s
         self.event("start", scenario=self.scenario.name, realtime=self.realtime, cpu=self.cpu)
+        if self.resumed_at is not None:
+            self.event("resume", reason="restarted after a fault", scene_t=self.resumed_at)
+        elif self.resume_error is not None:
+            self.event("reset", reason=self.resume_error)
         for device, asked, applied in self.coupling_limited:
             self.event("coupling_limited", device=device, stiffness=asked, applied=applied)
             say(f"suturesim physics: {device}: coupling stiffness {asked:g} N/m is above what the device renders "
@@ -600,9 +679,16 @@ class PhysicsLoop:
                         self.phase_locked = True
             substeps, step_ns = self.tick_scene(start)
             if control.busy():
+                control.poll_supervisor()
                 control.finish_pending()
             elif self.ctl.poll(0, poller_flags):
                 control.handle_one()
+            if k % SUPERVISOR_POLL_TICKS == 0:
+                control.poll_supervisor()
+            if heartbeat is not None:
+                heartbeat[0] = k
+            if self.snapshot is not None and k % SNAPSHOT_TICKS == 0:
+                self.snapshot.write(self.state)
             self.stats.add(late / 1000.0, (start - last_start) / 1000.0, step_ns / 1000.0, substeps,
                            (time.monotonic_ns() - start) / 1000.0)
             last_start = start
@@ -649,17 +735,33 @@ class PhysicsLoop:
         self.publish(protocol.TOPIC_STATS, protocol.encode_stats(self.seq, float(self.state.time[0]), s))
 
     def fault_reset(self, reason: str) -> None:
-        """The solver diverged: forces to zero, a `fault` event, and the scene back to its initial state."""
+        """The solver diverged: forces to zero, a `fault` event, and the scene back to its initial state. A scene
+        that diverges again and again from its initial state (FAULTS_TO_PAUSE within FAULT_WINDOW_TICKS) is
+        paused instead of reset for ever; a `load`, `set` or `reset` and `resume` go on from there."""
         self.zero_forces()
         self.event("fault", reason=reason)
+        self.faults = [k for k in self.faults if self.seq - k < FAULT_WINDOW_TICKS] + [self.seq]
         self.install(self.scenario)
-        self.event("reset", reason="fault")
+        if len(self.faults) >= FAULTS_TO_PAUSE:
+            self.paused = True
+            self.faults = []
+            self.event("pause", reason=f"the scene diverged {FAULTS_TO_PAUSE} times within "
+                                       f"{FAULT_WINDOW_TICKS} ticks of its start: paused")
+        else:
+            self.event("reset", reason="fault")
 
     def zero_forces(self) -> None:
         if self.link is not None:
             self.link.zero_forces(protocol.FLAG_FAULT, time.monotonic_ns())
 
-    def close(self) -> None:
+    def close(self, keep_snapshot: bool = False) -> None:
+        """Release the sockets and the link; the snapshot too unless ``keep_snapshot`` (a loop that failed: the
+        supervisor restarts from it, then removes it)."""
+        if self.snapshot is not None:
+            self.snapshot.close()
+            if not keep_snapshot:
+                self.snapshot.unlink()
+            self.snapshot = None
         if self.sink is None:
             for sock in (self.pub, self.ctl, self.stylus):
                 sock.close(0)
@@ -670,7 +772,7 @@ class PhysicsLoop:
 
 
 def physics_main(cfg: ServerConfig, link_name: str | None, ready, stop, conn=None,
-                 fault_note: str | None = None) -> None:
+                 fault_note: str | None = None, heartbeat=None, restore: str | None = None) -> None:
     """Entry point of the physics process (multiprocessing, spawn)."""
     import signal
 
@@ -686,7 +788,7 @@ def physics_main(cfg: ServerConfig, link_name: str | None, ready, stop, conn=Non
     # loop gets it back; one that is not running cannot drop it at all, hence raise_helper_threads
     sys.setswitchinterval(5e-5)
     try:
-        loop = PhysicsLoop(cfg, link_name, supervisor=conn)
+        loop = PhysicsLoop(cfg, link_name, supervisor=conn, heartbeat=heartbeat, restore=restore)
     except (zmq.ZMQError, OSError, ValueError) as exc:  # a port in use, a bad address, a missing link
         if conn is not None:
             conn.send(("startup_error", f"{exc.__class__.__name__}: {exc}"))
@@ -697,5 +799,7 @@ def physics_main(cfg: ServerConfig, link_name: str | None, ready, stop, conn=Non
                 loop.event("fault", reason=fault_note)
             ready.set()
         loop.run(stop=stop, on_ready=announce)
-    finally:
-        loop.close()
+    except BaseException:
+        loop.close(keep_snapshot=True)
+        raise
+    loop.close()

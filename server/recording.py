@@ -54,7 +54,7 @@ def _library_id() -> str:
 class McapRecorder:
     """Write published messages to an MCAP file.
 
-    :param path: output file (created/truncated).
+    :param path: output file (created/truncated, or created only: ``exclusive``).
     :param metadata: ``{name: {key: value}}`` MCAP metadata records written at the start (e.g. ``config``,
         ``versions``); values must be strings.
     :param profile: MCAP header profile.
@@ -65,20 +65,27 @@ class McapRecorder:
     :param fsync: also ``os.fsync`` on each periodic flush (survives power loss, not only process death).
     :param background_flush: run a daemon thread that flushes while no messages arrive; without it flushing
         happens only inside :meth:`write`.
+    :param exclusive: create the file, never open an existing one or follow a symlink (FileExistsError, or
+        OSError ELOOP): a recording a client asked for (server/files.py).
 
     Thread-safe; usable as a context manager. :meth:`close` is idempotent.
     """
 
     def __init__(self, path: str | os.PathLike, metadata: Mapping[str, Mapping[str, str]] | None = None,
                  profile: str = "suturesim", *, chunk_size: int = 256 * 1024, flush_interval: float = 0.5,
-                 compression: str = "zstd", fsync: bool = False, background_flush: bool = True):
+                 compression: str = "zstd", fsync: bool = False, background_flush: bool = True,
+                 exclusive: bool = False):
         comp = {"zstd": CompressionType.ZSTD, "lz4": CompressionType.LZ4, "none": CompressionType.NONE}
         if compression not in comp:
             raise ValueError(f"compression must be one of {sorted(comp)}, got {compression!r}")
         if flush_interval <= 0:
             raise ValueError("flush_interval must be > 0")
         self.path = os.fspath(path)
-        self._file: IO[bytes] = open(self.path, "wb")
+        if exclusive:   # a new file only: never an existing one, nor anything through a symlink
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+            self._file: IO[bytes] = os.fdopen(fd, "wb")
+        else:
+            self._file = open(self.path, "wb")
         self._writer = Writer(self._file, chunk_size=chunk_size, compression=comp[compression])
         self._lock = threading.Lock()
         self._channels: dict[str, int] = {}
@@ -87,6 +94,7 @@ class McapRecorder:
         self._dirty = False
         self._closed = False
         self.message_count = 0
+        self.error: OSError | None = None   # what the background flush met (a full disk), raised by write
         self._writer.start(profile=profile, library=_library_id())
         for name, data in (metadata or {}).items():
             self._add_metadata_locked(name, data)
@@ -111,6 +119,8 @@ class McapRecorder:
         with self._lock:
             if self._closed:
                 raise ValueError("write to a closed McapRecorder")
+            if self.error is not None:
+                raise self.error
             channel_id = self._channels.get(name)
             if channel_id is None:
                 channel_id = self._writer.register_channel(
@@ -190,7 +200,11 @@ class McapRecorder:
             with self._lock:
                 if (not self._closed and self._dirty
                         and time.monotonic() - self._last_flush >= self._flush_interval):
-                    self._flush_locked()
+                    try:
+                        self._flush_locked()
+                    except OSError as exc:   # a full disk: the next write raises it to the recorder
+                        self.error = exc
+                        return
 
 
 # -- reading -------------------------------------------------------------------------------------------------

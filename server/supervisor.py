@@ -1,10 +1,12 @@
 """`suturesim serve`: the supervisor (DESIGN.md, "Processes and data flow").
 
 It validates the configuration (before anything starts), creates the shared-memory link to the device driver,
-starts the physics process and, when asked, a recorder process; on SIGINT/SIGTERM it zeroes every force, stops
-the children, flushes the recording and exits 0. If the physics process dies, it zeroes the forces at once and,
-by the configured policy, starts it again (which publishes a `fault` event first) or exits non-zero with the
-reason, after publishing the `fault` event itself.
+starts the physics process and, when asked, a recorder process (server/recordings.py); on SIGINT/SIGTERM it
+zeroes every force, stops the children, flushes the recording and exits 0. If the physics process dies, or stops
+ticking for `fault.stall_s` once warmed up (a heartbeat in shared memory; it is then killed), it zeroes the forces
+at once and, by the configured policy, starts it again from the running scene's last snapshot (server/snapshot.py;
+the new process publishes a `fault` event first) or exits non-zero with the reason, after publishing the `fault`
+event itself.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 from dataclasses import replace
 
@@ -19,19 +22,17 @@ import zmq
 
 from ..haptics.driver import DriverDevice, driver_main
 from ..haptics.link import DeviceLink
-from ..haptics.process import StopRequest, dump_stacks_on_signal, shared_flag
+from ..haptics.process import StopRequest, child_main, dump_stacks_on_signal, shared_flag
 from ..solver.scenario import load_scenario
 from . import protocol
 from .config import ServerConfig, server_metadata
 from .console import say
 from .headless import recording_metadata
-from .physics import physics_main
-from .recorder import recorder_main
-from .security import check_bind_policy
+from .recordings import RecorderProcess, RecordingDesk
+from .security import ZapService, check_bind_policy, start_server_zap
+from .snapshot import Snapshot, unlink_snapshot
 
 STOP_TIMEOUT_S = 1.5     # the physics process gets this long to stop by itself before it is killed
-RECORDER_IDLE_S = 5.0    # a stopping recorder that writes nothing for this long is killed ...
-RECORDER_STOP_S = 60.0   # ... and one still writing its queue after this long too
 READY_TIMEOUT_S = 120.0  # first start on a cold numba cache compiles every kernel
 DRIVER_READY_TIMEOUT_S = 20.0   # the device driver's start: load libHD, initialise and calibrate the devices
 DEVICE_STATS_ENV = "SUTURESIM_DEVICE_STATS"   # if set: the driver's timing summary is written there as JSON
@@ -133,18 +134,59 @@ def start_driver(ctx, cfg: ServerConfig, link: DeviceLink, devices: list[str], o
     return driver, limits
 
 
+class PhysicsChannel:
+    """The supervisor's end of the pipe to one physics process. A thread reads it as messages arrive, so the
+    physics process's sends never wait on the supervisor, whatever the supervisor is doing (starting a
+    recorder, stopping one: seconds). Messages: ("snapshot", segment name) on each scene installed,
+    ("record_start", name), ("record_stop", None), ("startup_error", reason)."""
+
+    def __init__(self, conn, on_message):
+        self.conn = conn
+        self.on_message = on_message
+        self.startup_error: str | None = None
+        self._send_lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name="physics-channel", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                return
+            if msg[0] == "startup_error":
+                self.startup_error = msg[1]
+            else:
+                self.on_message(msg)
+
+    def send(self, msg: tuple) -> None:
+        with self._send_lock:
+            try:
+                self.conn.send(msg)
+            except (OSError, ValueError):   # the physics process is gone; its successor asks again
+                pass
+
+    def close(self) -> None:
+        self.conn.close()
+        self.thread.join(1.0)
+
+
 class Supervisor:
     def __init__(self, cfg: ServerConfig, out=print):
         self.cfg = cfg
         self.out = out
         self.mp = mp.get_context("spawn")
         self.stop = shared_flag(self.mp)   # read by the physics process
+        # [ticks, armed]: the physics loop counts its ticks; armed once it has warmed up (a cold numba compile
+        # is not a hang). Lock-free, like the stop flag.
+        self.heartbeat = self.mp.RawArray("q", 2)
         self.link: DeviceLink | None = None
-        self.recorder = None
-        self.recorder_stop = None
-        self.recorder_path = ""
-        self.recorder_counts = None
         self.driver: DeviceDriver | None = None
+        self.desk: RecordingDesk | None = None
+        self.channel: PhysicsChannel | None = None
+        self.snapshot_name: str | None = None   # the running scene's snapshot (server/snapshot.py)
+        self.recorder_curve = None              # client keys of the server's own recorder, when CURVE needs them
+        self.zap: ZapService | None = None      # the ZAP handler of the physics process's CURVE sockets
 
     # -- device driver ----------------------------------------------------------------------------------
     def poll_driver(self) -> None:
@@ -156,51 +198,31 @@ class Supervisor:
             self.driver.stop()
             self.driver = None
 
-    # -- recorder ---------------------------------------------------------------------------------------
-    def start_recording(self, path: str, name: str, file: str, source: dict) -> None:
-        """Record the published messages to ``path``, with the running scenario (``name``, ``file``,
-        ``source``) as metadata."""
-        self.stop_recording()
-        meta = recording_metadata(name, file, source)
-        meta["server"] = server_metadata(self.cfg)
-        self.recorder_stop = shared_flag(self.mp)
-        self.recorder_path = path
-        # messages written, force seq gaps; read without a lock, which a killed recorder could leave held
-        self.recorder_counts = self.mp.Array("q", 2, lock=False)
-        ready = self.mp.Event()
-        self.recorder = self.mp.Process(target=recorder_main, name="suturesim-recorder",
-                                        args=(self.cfg.endpoints.pub, path, self.recorder_stop, ready, meta, None,
-                                              self.recorder_counts))
-        self.recorder.start()
-        ready.wait(10.0)
-        time.sleep(0.2)  # ZeroMQ's slow joiner: let the subscription reach the publisher
-        self.out(f"suturesim: recording to {path}")
+    # -- the physics process's messages -------------------------------------------------------------------
+    def on_physics_message(self, msg: tuple) -> None:
+        what, arg = msg[0], msg[1]
+        if what == "snapshot":
+            self.snapshot_name = arg
+        elif what in ("record_start", "record_stop") and self.desk is not None:
+            self.desk.requests.put((what, arg))
 
-    def stop_recording(self) -> None:
-        """Stop the recorder once it has written what it has queued (it loses nothing), for as long as it keeps
-        writing (RECORDER_IDLE_S, at most RECORDER_STOP_S); a recorder killed past that is reported."""
-        if self.recorder is None:
-            return
-        self.recorder_stop.value = 1
-        t0 = last_change = time.monotonic()
-        written = self.recorder_counts[0]
-        while self.recorder.is_alive():
-            self.recorder.join(0.1)
-            now = time.monotonic()
-            if self.recorder_counts[0] != written:
-                written, last_change = self.recorder_counts[0], now
-            if now - last_change > RECORDER_IDLE_S or now - t0 > RECORDER_STOP_S:
-                break
-        waited = time.monotonic() - t0
-        if self.recorder.is_alive():
-            self.recorder.kill()
-            self.recorder.join(1.0)
-            say(f"suturesim: the recorder did not finish within {waited:.1f} s of the stop and was killed: "
-                f"{self.recorder_path} has {written} messages and no summary (readers that need one fail)",
-                err=True)
-        elif waited > 1.0:
-            say(f"suturesim: the recorder took {waited:.1f} s after the stop to write what it had queued", err=True)
-        self.recorder = None
+    def answer_physics(self, msg: tuple) -> None:
+        if self.channel is not None:
+            self.channel.send(msg)
+
+    def scene_metadata(self) -> dict:
+        """The running scene (from its snapshot) and the server's settings, as a recording's metadata."""
+        name = self.snapshot_name
+        if name is None:
+            raise RuntimeError("no scene is running")
+        snap = Snapshot.attach(name)
+        try:
+            scene = snap.scene()
+        finally:
+            snap.close()
+        meta = recording_metadata(scene.name, scene.file, scene.source)
+        meta["server"] = server_metadata(self.cfg)
+        return meta
 
     # -- faults -----------------------------------------------------------------------------------------
     def publish_fault(self, reason: str) -> None:
@@ -219,11 +241,35 @@ class Supervisor:
             pub.close()
             ctx.term()
 
+    def watch(self, proc, stopping: StopRequest) -> str | None:
+        """Watch a serving physics process until it exits, the server is asked to stop, or the process stops
+        ticking (then it is killed). Returns why it was killed as hung, else None."""
+        stall_s = self.cfg.fault.stall_s
+        last_ticks, last_change = -1, time.monotonic()
+        while proc.is_alive() and not stopping.is_set():
+            self.poll_driver()
+            if self.desk is not None:
+                self.desk.check()
+            now = time.monotonic()
+            ticks = self.heartbeat[0]
+            if not self.heartbeat[1] or ticks != last_ticks:
+                last_ticks, last_change = ticks, now
+            elif now - last_change > stall_s:
+                proc.kill()
+                proc.join(2.0)
+                return f"the physics process stopped ticking for {now - last_change:.1f} s and was killed"
+            stopping.wait(0.05)
+        return None
+
     # -- main -------------------------------------------------------------------------------------------
     def run(self) -> int:
         cfg = self.cfg
         for line in check_bind_policy(cfg.endpoints.all(), cfg.security):
             say(line, err=True)
+        # CURVE handshakes are checked here, at ordinary priority, not in the real-time physics process
+        self.zap, self.recorder_curve = start_server_zap(cfg.security, cfg.endpoints.all())
+        if self.zap is not None:
+            cfg = self.cfg = replace(cfg, security=replace(cfg.security, zap_endpoint=self.zap.endpoint))
         scenario = load_scenario(cfg.scenario)
         devices = list(dict.fromkeys([*(g.device for g in scenario.grasps), *(d.name for d in cfg.devices)]))
         self.link = DeviceLink.create(max(1, len(devices)))
@@ -236,6 +282,8 @@ class Supervisor:
                 say(f"suturesim: {exc}", err=True)
                 self.link.close()
                 self.link.unlink()
+                if self.zap is not None:
+                    self.zap.close()
                 return 2
             say(f"suturesim: {exc}; falling back to the simulated stylus (device_fallback: simulated)", err=True)
             cfg = replace(cfg, device="simulated" if cfg.device == "openhaptics" else cfg.device,
@@ -247,29 +295,35 @@ class Supervisor:
         self.cfg = cfg
         dump_stacks_on_signal()
         stopping = StopRequest(self.stop, (signal.SIGINT, signal.SIGTERM))  # sets self.stop for the children
+        self.desk = RecordingDesk(RecorderProcess(self.mp, cfg.endpoints.pub, self.recorder_curve),
+                                  cfg.files.recordings_dir, self.scene_metadata, self.answer_physics, self.out)
         restarts = 0
         fault_note = None
+        restore: str | None = None   # the snapshot a restarted physics process resumes from
         code = 0
         try:
             if cfg.record:
-                self.start_recording(cfg.record, scenario.name, scenario.file, scenario.source)
+                meta = recording_metadata(scenario.name, scenario.file, scenario.source)
+                meta["server"] = server_metadata(cfg)
+                self.desk.start_operator_recording(cfg.record, meta)
             while True:
                 ready = self.mp.Event()
                 conn, child_conn = self.mp.Pipe()
-                proc = self.mp.Process(target=physics_main, name="suturesim-physics",
-                                       args=(cfg, self.link.name, ready, self.stop, child_conn, fault_note))
+                self.heartbeat[0] = self.heartbeat[1] = 0
+                proc = self.mp.Process(target=child_main, name="suturesim-physics",
+                                       args=("suturesim.server.physics", "physics_main", cfg, self.link.name, ready,
+                                             self.stop, child_conn, fault_note, self.heartbeat, restore))
                 proc.start()
+                child_conn.close()
+                self.channel = PhysicsChannel(conn, self.on_physics_message)
                 t_start = time.monotonic()
                 while not ready.wait(0.05):
                     if not proc.is_alive() or stopping.is_set() or time.monotonic() - t_start > READY_TIMEOUT_S:
                         break
                 if not ready.is_set() and not proc.is_alive() and not stopping.is_set():
                     # it never served: a start-up error (a port in use, say) is not worth restarting for
-                    why = f"exit code {proc.exitcode}"
-                    if conn.poll(0.5):
-                        what, arg = conn.recv()
-                        if what == "startup_error":
-                            why = arg
+                    self.channel.thread.join(0.5)
+                    why = self.channel.startup_error or f"exit code {proc.exitcode}"
                     say(f"suturesim: the physics process could not start: {why}", err=True)
                     code = 1
                     break
@@ -277,18 +331,11 @@ class Supervisor:
                     self.out(f"suturesim: serving {scenario.name!r}: state/force/stats/event on {cfg.endpoints.pub}, "
                              f"control on {cfg.endpoints.control}, stylus on {cfg.endpoints.stylus} "
                              f"(first tick {time.monotonic() - t_start:.2f} s after start)")
-                while proc.is_alive() and not stopping.is_set():
-                    self.poll_driver()
-                    if conn.poll(0.05):
-                        try:
-                            what, arg = conn.recv()
-                        except (EOFError, OSError):
-                            continue
-                        if what == "record_start":
-                            self.start_recording(*arg)
-                        elif what == "record_stop":
-                            self.stop_recording()
-                if stopping.is_set() or proc.exitcode == 0:
+                    if restore is not None and restore != self.snapshot_name:
+                        unlink_snapshot(restore)   # the new process has resumed from it and made its own
+                        restore = None
+                hung = self.watch(proc, stopping)
+                if hung is None and (stopping.is_set() or proc.exitcode == 0):
                     stopping.set()
                     proc.join(STOP_TIMEOUT_S)
                     if proc.is_alive():
@@ -297,13 +344,17 @@ class Supervisor:
                         say(f"suturesim: the physics process did not stop within {STOP_TIMEOUT_S:g} s and was "
                             "killed", err=True)
                     break
-                # the physics process died on its own
+                # the physics process died on its own, or hung and was killed
                 self.link.zero_forces(protocol.FLAG_FAULT, time.monotonic_ns())
-                reason = f"the physics process died (exit code {proc.exitcode})"
+                reason = hung or f"the physics process died (exit code {proc.exitcode})"
                 say(f"suturesim: {reason}; forces zeroed", err=True)
+                self.channel.close()
+                self.channel = None
                 if cfg.fault.policy == "restart" and restarts < cfg.fault.max_restarts:
                     restarts += 1
-                    fault_note = f"{reason}; restarted ({restarts} of {cfg.fault.max_restarts})"
+                    restore = self.snapshot_name
+                    fault_note = f"{reason}; restarted ({restarts} of {cfg.fault.max_restarts})" + (
+                        ", resuming from the last snapshot" if restore else "")
                     continue
                 self.publish_fault(reason)
                 code = 1
@@ -311,10 +362,16 @@ class Supervisor:
         finally:
             self.link.zero_forces(protocol.FLAG_FAULT if code else 0, time.monotonic_ns())  # zero on stop
             self.stop_driver()
-            self.stop_recording()
+            self.desk.close()
+            if self.channel is not None:
+                self.channel.close()
+            for name in {self.snapshot_name, restore} - {None}:
+                unlink_snapshot(name)   # a physics process that stopped cleanly has removed its own already
             self.link.close()
             self.link.unlink()
             stopping.restore()
+            if self.zap is not None:   # after the physics process: its handshakes need the service until then
+                self.zap.close()
         return code
 
 

@@ -12,12 +12,16 @@ import math
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -58,14 +62,17 @@ def free_ports(k: int) -> list[int]:
 class Daemon:
     """`suturesim serve` in a subprocess (its own session, so the finalizer can reap every child)."""
 
-    def __init__(self, *extra: str, env: dict | None = None):
+    def __init__(self, *extra: str, env: dict | None = None, preexec_fn=None):
         self.ports = free_ports(3)
         self.pub, self.control, self.stylus = (f"tcp://127.0.0.1:{p}" for p in self.ports)
         cmd = [sys.executable, "-m", "suturesim.server.cli", "serve", "--pub", self.pub, "--control", self.control,
                "--stylus", self.stylus, *extra]
         env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
+        # the recordings directory (files.recordings_dir) defaults under XDG_DATA_HOME: never the user's own
+        self.data_home = tempfile.mkdtemp(prefix="suturesim-test-data-")
+        env.setdefault("XDG_DATA_HOME", self.data_home)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=preexec_fn)
         self.stdout: list[str] = []
         self.stderr: list[str] = []
         self._lines = threading.Condition()
@@ -151,11 +158,15 @@ class Daemon:
 
     @staticmethod
     def children_of(pid: int) -> list[int]:
-        try:
-            with open(f"/proc/{pid}/task/{pid}/children") as f:
-                return [int(c) for c in f.read().split()]
-        except FileNotFoundError:
-            return []
+        """Every thread's children (a recorder is started by the supervisor's recording thread)."""
+        out = []
+        for path in glob.glob(f"/proc/{pid}/task/*/children"):
+            try:
+                with open(path) as f:
+                    out += [int(c) for c in f.read().split()]
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+        return sorted(out)
 
     def children(self) -> list[int]:
         return self.children_of(self.pid)
@@ -203,11 +214,13 @@ class Daemon:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        shutil.rmtree(self.data_home, ignore_errors=True)
 
 
-def serving_daemon():
-    """Start a daemon, wait until it serves, yield it, and always stop it."""
-    d = Daemon()
+def serving_daemon(*extra: str):
+    """Start a daemon (with the command-line arguments ``extra``), wait until it serves, yield it, and always
+    stop it."""
+    d = Daemon(*extra)
     try:
         d.wait_serving()
         yield d
@@ -219,6 +232,12 @@ def serving_daemon():
 def daemon():
     """A fresh daemon for a test that changes state."""
     yield from serving_daemon()
+
+
+@pytest.fixture
+def remote_daemon():
+    """A fresh daemon whose devices are remote styluses: only a remote device takes stylus samples."""
+    yield from serving_daemon("--device", "remote")
 
 
 class Sub:
@@ -269,7 +288,8 @@ class Sub:
         while True:
             got = self.recv(deadline - time.monotonic())
             if got is None:
-                raise AssertionError(f"no {what} within {timeout} s (got {len(seen)} other messages)")
+                kinds = sorted({m.get("kind", t.decode()) for t, m in seen})
+                raise AssertionError(f"no {what} within {timeout} s (got {len(seen)} other messages: {kinds})")
             topic, msg = got[0], protocol.decode(got[1], got[0])
             if pred(topic, msg):
                 return (topic, msg), seen
@@ -505,7 +525,9 @@ BAD_REQUESTS = {
     "set value wrong type": msgpack.packb({"cmd": "set", "path": "thread.segments", "value": "many"}),
     "set unknown key": msgpack.packb({"cmd": "set", "path": "no.such.key", "value": 1}),
     "set bad path": msgpack.packb({"cmd": "set", "path": "thread..segments", "value": 10}),
-    "record_start path an int": msgpack.packb({"cmd": "record_start", "path": 1}),
+    "record_start name an int": msgpack.packb({"cmd": "record_start", "name": 1}),
+    "record_start to a path": msgpack.packb({"cmd": "record_start", "path": "/home/x.mcap"}),
+    "record_start name a path": msgpack.packb({"cmd": "record_start", "name": "../x.mcap"}),
 }
 
 
@@ -613,7 +635,7 @@ class TestSharedDaemon:
             if kind == 5:                                                               # wrong-typed fields
                 cmd, field, ok_types = rng.choice([("grasp", "vertex", int), ("release", "id", str),
                                                    ("load", "scenario", (str, dict)), ("set", "path", str),
-                                                   ("record_start", "path", str)])
+                                                   ("record_start", "name", str)])
                 bad = rng.choice([w for w in wrong if isinstance(w, bool) or not isinstance(w, ok_types)])
                 return msgpack.packb({"cmd": cmd, field: bad, "value": rng.choice(wrong)})
             if kind == 6:                                                               # bad grasp numbers
@@ -838,9 +860,9 @@ def test_grasp_and_release(daemon, subscribe):
 
 
 def test_record_start_and_stop(daemon, subscribe, tmp_path):
-    out = tmp_path / "rec.mcap"
+    out = Path(daemon.data_home) / "suturesim" / "recordings" / "rec.mcap"
     sub = subscribe(daemon, (protocol.TOPIC_EVENT,))
-    daemon.ok({"cmd": "record_start", "path": str(out)})
+    assert daemon.ok({"cmd": "record_start", "name": "rec.mcap"})["path"] == str(out)
     sub.event("record_start")
     daemon.wait_line(r"^suturesim: recording to ", 15.0)
     time.sleep(1.0)
@@ -859,11 +881,10 @@ def test_record_start_and_stop(daemon, subscribe, tmp_path):
 
 def test_recording_metadata_names_the_running_scenario(daemon, subscribe, tmp_path):
     """A recording started after `load` carries the scenario that is running, not the one served at start."""
-    out = tmp_path / "loaded.mcap"
     sub = subscribe(daemon, (protocol.TOPIC_EVENT,))
     daemon.ok({"cmd": "load", "scenario": "wang2017-hanging"})
     sub.event("load")
-    daemon.ok({"cmd": "record_start", "path": str(out)})
+    out = daemon.ok({"cmd": "record_start", "name": "loaded.mcap"})["path"]
     daemon.wait_line(r"^suturesim: recording to ", 15.0)
     time.sleep(0.3)
     daemon.ok({"cmd": "record_stop"})
@@ -881,7 +902,8 @@ def test_shutdown_command(daemon, subscribe):
     assert not glob.glob(f"/dev/shm/suturesim_{daemon.pid}_*"), "the device link was not unlinked"
 
 
-def test_remote_stylus_drives_the_grasp(daemon, subscribe):
+def test_remote_stylus_drives_the_grasp(remote_daemon, subscribe):
+    daemon = remote_daemon
     sub = subscribe(daemon, (protocol.TOPIC_FORCE,))
     push = push_socket(daemon)
     try:
@@ -908,7 +930,8 @@ def test_remote_stylus_drives_the_grasp(daemon, subscribe):
     assert st["stats"]["stylus_accepted"] == len(targets) + 200 and st["stats"]["stylus_rejected"] == 0
 
 
-def test_stylus_positions_of_the_wrong_type_are_rejected(daemon):
+def test_stylus_positions_of_the_wrong_type_are_rejected(remote_daemon):
+    daemon = remote_daemon
     push = push_socket(daemon, linger_ms=2000)
     try:
         push.send(msgpack.packb({"device": DEVICE, "pos": ["0.40", "0.0", "0.05"]}))
