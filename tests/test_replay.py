@@ -202,6 +202,7 @@ def test_replay_to_device_plays_the_recorded_force_on_the_emulator(session, tmp_
 
 
 @pytest.mark.long
+@pytest.mark.timed
 def test_thirty_second_session_replays_byte_for_byte_and_resimulates_exactly(tmp_path):
     """The issue's case: 30 s of `serve` with the simulated stylus."""
     path = serve_and_record(tmp_path, 30.0, "thirty.mcap")
