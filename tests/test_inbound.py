@@ -15,7 +15,7 @@ from suturesim.server.config import ServerConfig, check_scene_fits_loop
 from suturesim.solver.config import ConfigError, load_yaml
 from suturesim.solver.scenario import build_scenario, scenario_path
 
-from test_daemon import DEVICE, serving_daemon, wait_for
+from test_daemon import DEVICE, Sub, serving_daemon, wait_for
 
 MAX = 65536
 
@@ -200,7 +200,11 @@ def test_daemon_refuses_with_the_reason(remote, req, words):
 
 def test_daemon_flood_keeps_the_tick(remote):
     """2000 hostile 60 KiB requests (from a DEALER, so none waits for its reply) and 2000 60 KiB stylus samples,
-    as fast as they go: `status` answers within 1 s after, and few ticks overran."""
+    as fast as they go: `status` answers within 1 s after, few ticks overran, and every force published
+    meanwhile stays within the safety pipeline's clamp (3 N) and slew limit (500 N/s: 0.5 N a tick)."""
+    forces = Sub(remote.pub, (P.TOPIC_FORCE,))
+    forces.wait_live()
+    forces.drain()
     before = _status_within(remote)["stats"]
     hostile = msgpack.packb({"cmd": "status", "x": [[1] * 1000 for _ in range(60)]})
     assert 60_000 <= len(hostile) <= 62_000
@@ -227,9 +231,20 @@ def test_daemon_flood_keeps_the_tick(remote):
                 dealer.recv_multipart()
                 replies += 1
         after = _status_within(remote)["stats"]
+        seen = [P.decode(p, t) for _, t, p in forces.collect(0.2)]
     finally:
         dealer.close(0)
         push.close(0)
+        forces.close()
+    assert len(seen) > 1000, len(seen)
+    last: dict = {}
+    for m in seen:
+        f = m["force"]
+        assert math.sqrt(sum(c * c for c in f)) <= 3.0 + 1e-9, m
+        prev = last.get(m["device"])
+        if prev is not None and m["seq"] == prev[0] + 1:
+            assert max(abs(a - b) for a, b in zip(f, prev[1])) <= 0.5 + 1e-9, (prev, m)
+        last[m["device"]] = (m["seq"], f)
     overruns = after["overruns"] - before["overruns"]
     rejected = after["stylus_rejected"] - before["stylus_rejected"]
     print(f"flood: sent in {sent_s:.2f} s, {replies} error replies, {overruns} overruns over "
