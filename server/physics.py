@@ -546,7 +546,8 @@ class PhysicsLoop:
     def drain_stylus(self) -> None:
         """Take up to STYLUS_DRAIN_PER_TICK remote stylus samples. Each is checked by protocol.decode_stylus
         (its size before it is decoded) and taken only for a device whose backend is `remote`, from the one
-        CURVE client the device may be bound to (`devices.<name>.client_key`); any other is counted in
+        CURVE client the device may be bound to (`devices.<name>.client_key`), and only for a device the server
+        knows (a grasp's device, or one configured under `devices`); any other is counted in
         ``stats.stylus_rejected`` and dropped: no sample steers an OpenHaptics, simulated, replayed or unknown
         device, nor fills grasp slots through one."""
         if self.stylus is None:
@@ -563,7 +564,9 @@ class PhysicsLoop:
                 self.stats.stylus_rejected += 1
                 continue
             dc = cfg.device_config(sample.device)
-            if (dc.backend or cfg.device) != "remote" or (
+            # a device the server knows (a grasp's, or configured: it has a force stream), on the remote backend,
+            # from its bound client if it has one: a made-up name cannot take free grasp slots with its button
+            if sample.device not in self.builder.pose or (dc.backend or cfg.device) != "remote" or (
                     dc.client_key is not None and _user_id(frame) != dc.client_key):
                 self.stats.stylus_rejected += 1
                 continue

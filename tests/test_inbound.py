@@ -278,6 +278,22 @@ def test_samples_for_a_device_that_is_not_remote_are_rejected():
         gen.close()
 
 
+def test_a_made_up_device_name_cannot_take_grasp_slots(remote):
+    """On the remote backend, a sample for a name the server does not know (no grasp of it, not configured) is
+    rejected: pressing its button grasps nothing, however many names a program makes up."""
+    before = remote.status()
+    push = _CTX.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 2000)
+    push.connect(remote.stylus)
+    for k in range(8):
+        push.send(msgpack.packb({"device": f"intruder{k}", "pos": [0.3, 0.0, 0.05], "buttons": 1}))
+    push.close()
+    wait_for(lambda: remote.status()["stats"]["stylus_rejected"] - before["stats"]["stylus_rejected"] >= 8, 5.0)
+    after = remote.status()
+    assert [g["id"] for g in after["grasps"]] == [g["id"] for g in before["grasps"]]
+    assert not [d for d in after["devices"] if d.startswith("intruder")]
+
+
 def test_a_client_key_binds_only_a_remote_device_under_curve(tmp_path):
     from suturesim.server.config import load_server_config
     from suturesim.server.security import make_keys
