@@ -281,8 +281,8 @@ def substep(h: float, t: float,
             cstats[CS_REVERTED] += reverted
             if reverted > 0:
                 # the floor forces go back with the thread: its rounds pushed a motion that was thrown away, and
-                # kept, a thread undone every substep summed them without bound (4 kN by 1.8 s in a held knot
-                # at 2 N of pull, session 31)
+                # kept, a thread undone every substep summed them without bound (tests/test_self_contact.py::
+                # test_a_substep_the_guard_undid_keeps_the_tensions_and_floor_forces_before_it)
                 for c in range(n_cand):
                     cand_fp[c] = fp_kept[c]
     if tissue_on:

@@ -279,9 +279,9 @@ def _pack(state: ThreadState) -> tuple:
     C-contiguous, so the kernels see the same types). Returns (carried buffers, scratch buffers, layout).
 
     Carried: every array a tick carries over (all but TICK_SCRATCH and NEIGHBOUR_LIST). Copying a tick's start is
-    then one kernel call over the buffers (TickCopy) instead of one call per array (session 17 measured, for a
-    200-segment knot, 15.3 us a tick with 42 arrays and 5.5 us with three buffer copies; the single kernel
-    came later and was not timed on its own). Scratch: the rest. The layout (ThreadState.packed)
+    then one kernel call over the buffers (TickCopy) instead of one call per array: the copy runs every tick, and
+    for a thread of a few hundred segments a call's overhead, paid once per array, costs more than the bytes it
+    moves. Scratch: the rest. The layout (ThreadState.packed)
     lets a kernel take the buffers instead of the fields."""
     skip = TICK_SCRATCH.union(NEIGHBOUR_LIST)
     layout = np.zeros((len(STATE_FIELDS), 4), np.int64)

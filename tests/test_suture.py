@@ -129,8 +129,7 @@ def test_a_needle_tie_ties_the_second_throw_of_a_surgeons_knot(needle_tie):
     assert [n for _, n in knots] == ["half knot", "double throw", "surgeon's knot"], knots
     assert 22.4 <= knots[2][0] <= 23.5, knots          # after the drive (20.9-22.4 s), read twice running
     assert [d["throws"] for _, k, d in events if k == "throw"] == [1, 2]     # the double throw is one throw
-    # within the budget: 40 ticks run again, all at 40.7-54.3 s as the released needle and strands settle (none
-    # to 35.4 s, where the scene ended until session 24 with 15)
+    # within the budget: 40 ticks run again, all at 40.7-54.3 s as the released needle and strands settle
     assert stepper.past_budget == 0 and stepper.retries <= 50
 
 
@@ -138,7 +137,7 @@ def test_the_surgeons_knot_holds_the_wound_closed_when_the_hands_let_go(needle_t
     """Both throws cinched along the tissue, which seats them on the wound: the double throw holds the wound
     closed with both strands slack while the second throw is tied (15.8-22.7 s), the cinch keeps it closed,
     and the finished knot holds it closed for the 34 s after both hands let go (26.0 and 26.4 s) to the scene's
-    end, read every 0.1 s (docs/PHYSICS.md Sec. 9; 9 s until session 24's scaled drag and edge friction)."""
+    end, read every 0.1 s (docs/PHYSICS.md Sec. 9: the wound's edges grip and mass-scaled vertices are damped)."""
     events, gaps, crack, _, state = needle_tie
     assert all(g < crack + 2e-4 for t, g in gaps.items() if t >= 14.0), gaps     # from the first cinch to the end
     assert max(gaps) >= 59.9

@@ -140,7 +140,7 @@ class ContactBench:
 
 HELD_PULL = 0.05   # m/s, each hand's speed apart while the knot tightens
 HELD_UNTIL = 1.55  # s: the hands stop where the knot is tight at about 2 N (the scene's 3 mm contact distance)
-# the haptic scenes' contact until 2026-11-28 (session 31): strands touching at the thread's diameter (the
+# the haptic scenes' former contact (docs/PHYSICS.md Sec. 7, a knot smaller than a segment): strands touching at the thread's diameter (the
 # preset's 0.225 mm), the default skin and rounds. Its knot is smaller and comes taut later: the hands stop at
 # HELD_UNTIL_DIAMETER for the same pull of about 2 N
 DIAMETER_CONTACT = {"distance": 2.25e-4, "skin": 1.125e-3, "rounds": 32}
