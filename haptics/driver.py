@@ -1,5 +1,5 @@
 """The device-driver process: runs the servo callbacks of the hardware devices (today: OpenHaptics) next to the
-physics process, joined to it only by the shared-memory link (DESIGN.md, "Processes and data flow").
+physics process, joined to it only by the shared-memory link (docs/ARCHITECTURE.md Sec. 2).
 
 The supervisor starts it before the physics process and waits for one message on the pipe: ``("ready", infos)``
 (one dict per device: model, nominal forces, calibration, effective clamp) or ``("error", message)`` (the

@@ -1,6 +1,6 @@
 """Shared-memory link between the physics process and a haptic device driver.
 
-DESIGN.md, "Processes and data flow": the device driver's servo callback (1 kHz, its own thread or process)
+docs/ARCHITECTURE.md Sec. 2: the device driver's servo callback (1 kHz, its own thread or process)
 writes the stylus pose and reads the newest force; the physics process (1 kHz, dedicated process) reads the
 newest pose and writes the force. Neither side may block the other, so there are no locks: every record is
 guarded by a *sequence lock* with a single writer.

@@ -1,4 +1,4 @@
-"""Force-safety pipeline between the physics force and the haptic device (DESIGN.md, "Haptics").
+"""Force-safety pipeline between the physics force and the haptic device (docs/ARCHITECTURE.md Sec. 4.1).
 
 Stages, in this order, applied once per servo tick (1 kHz, inside the device callback)::
 

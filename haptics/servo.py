@@ -1,5 +1,5 @@
 """One device's servo tick: what a driver's 1 kHz callback does between reading the stylus and commanding
-the motors (DESIGN.md, "Processes and data flow").
+the motors (docs/ARCHITECTURE.md Sec. 2).
 
 Per tick: map the stylus pose into the scene and publish it on the shared-memory link; take the newest force
 physics computed; pass it through this device's last safety stage; turn it into the device frame.

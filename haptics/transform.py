@@ -1,4 +1,4 @@
-"""Device-to-scene transform (DESIGN.md, "Physics": device units are converted at the driver boundary).
+"""Device-to-scene transform (docs/ARCHITECTURE.md Sec. 5.1: device units are converted at the driver boundary).
 
 A device reports its stylus in its own frame and units (OpenHaptics: millimetres, x right, y up, z toward the
 user). The scene is SI with z up. A position maps as ``p_scene = offset + scale * R p_device`` and a scene

@@ -1,4 +1,4 @@
-"""The `suturesim` command line (DESIGN.md, "Public interfaces").
+"""The `suturesim` command line (docs/ARCHITECTURE.md Sec. 6).
 
 Each subcommand's module is imported only when it runs, so `suturesim --help` is instant and a missing optional
 dependency only affects the command that needs it. This table is the one place where the server names tools.

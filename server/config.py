@@ -29,7 +29,7 @@ _CLI = "(given on the command line)"
 
 @dataclass(frozen=True)
 class Endpoints:
-    """ZeroMQ endpoints the physics process binds (DESIGN.md, Processes and data flow)."""
+    """ZeroMQ endpoints the physics process binds (docs/ARCHITECTURE.md Sec. 2)."""
     pub: str = "tcp://127.0.0.1:5555"       # PUB: state / force / stats / event
     control: str = "tcp://127.0.0.1:5556"   # REP: control requests
     stylus: str = "tcp://127.0.0.1:5557"    # PULL: remote stylus poses

@@ -1,4 +1,4 @@
-"""Control requests on the REP socket (DESIGN.md, "Public interfaces"; docs/PROTOCOL.md).
+"""Control requests on the REP socket (docs/PROTOCOL.md Sec. 4; docs/ARCHITECTURE.md Sec. 3).
 
 A request is a msgpack map {"cmd": ..., ...}; the reply is {"ok": true, ...} or {"ok": false, "error": ...}.
 Anything wrong with a request — not msgpack, not a map, an unknown command, a wrong type, a value a scenario

@@ -97,8 +97,8 @@ class MessageBuilder:
         return constraint_force_at(state.x, state.tension, vertex, self._axial)
 
     def state(self, seq: int, state: ThreadState) -> bytes:
-        """The `state` payload (DESIGN.md): positions, tensions (N), twist (rad), grasps, energies (J), and the
-        last tick's solver and self-contact statistics."""
+        """The `state` payload (docs/PROTOCOL.md Sec. 3.1): positions, tensions (N), twist (rad), grasps,
+        energies (J), and the last tick's solver and self-contact statistics."""
         grasps = [{"id": g.id, "vertex": g.vertex, "device": g.device,
                    "pos": state.grasp_target[g.slot], "force": state.grasp_force[g.slot]}
                   for g in self.grasps]

@@ -1,5 +1,5 @@
 """The physics process: a fixed-rate loop on absolute deadlines that steps the thread, publishes it and answers
-control requests (DESIGN.md, "Processes and data flow").
+control requests (docs/ARCHITECTURE.md Sec. 3).
 
 Each tick, top to bottom: wait for the deadline (sleep to `spin_us` before it, spin the rest), read the newest
 stylus poses (shared-memory link and remote PULL socket), advance the solver by one tick, write each device's

@@ -1,4 +1,4 @@
-"""Wire protocol, schema version 1 (DESIGN.md, "Public interfaces").
+"""Wire protocol, schema version 1 (docs/PROTOCOL.md; docs/ARCHITECTURE.md Sec. 6).
 
 Every message is a two-frame ZeroMQ multipart ``[topic, payload]``: ``topic`` is one of the ``TOPIC_*`` byte
 strings and ``payload`` is a msgpack map (packed with ``use_bin_type=True``). Arrays travel as raw little-endian

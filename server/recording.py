@@ -1,4 +1,4 @@
-"""MCAP recordings of the published wire messages (DESIGN.md, "Public interfaces").
+"""MCAP recordings of the published wire messages (docs/RECORDING.md; docs/ARCHITECTURE.md Sec. 4.3).
 
 One MCAP channel per topic (``state``, ``force``, ``stats``, ``event``), message_encoding ``msgpack``, no schema
 (schema id 0; the payload format is documented in :mod:`suturesim.server.protocol` and every payload carries its

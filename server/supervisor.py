@@ -1,4 +1,4 @@
-"""`suturesim serve`: the supervisor (DESIGN.md, "Processes and data flow").
+"""`suturesim serve`: the supervisor (docs/ARCHITECTURE.md Sec. 2).
 
 It validates the configuration (before anything starts), creates the shared-memory link to the device driver,
 starts the physics process and, when asked, a recorder process (server/recordings.py); on SIGINT/SIGTERM it

@@ -1,5 +1,5 @@
-"""DESIGN.md's dependency direction: tools -> server -> (solver, haptics); solver and haptics never import server
-or tools, and solver never imports haptics (it knows nothing of devices)."""
+"""The dependency direction of docs/ARCHITECTURE.md Sec. 5: tools -> server -> (solver, haptics); solver and
+haptics never import server or tools, and solver never imports haptics (it knows nothing of devices)."""
 from __future__ import annotations
 
 import ast
