@@ -276,7 +276,7 @@ class ControlHandler:
 
     def reset(self, req: dict) -> dict:
         lp = self.loop
-        lp.install(lp.scenario)
+        lp.reset()
         lp.event("reset")
         return {}
 

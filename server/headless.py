@@ -15,6 +15,7 @@ from ..solver.integrator import STAT_MAX_RESIDUAL, SolverDivergence, Stepper
 from ..solver.scenario import Scenario
 from . import protocol
 from .messages import MessageBuilder
+from .scene import SceneRunner
 
 
 @dataclass
@@ -88,12 +89,22 @@ def run_scenario(scenario: Scenario, duration: float | None = None, record: str 
     finite = True
     t_wall = time.perf_counter()
     last_report = t_wall
-    stepper = Stepper(model, state)
+
+    def publish(topic: bytes, payload: bytes) -> None:
+        # every message of a tick is published after its step: stamped with the scene time it ended at
+        nonlocal messages
+        t_ns = int(round(state.time[0] * 1e9))
+        recorder.write(topic, payload, t_ns, t_ns, runner.seq)
+        if topic != protocol.TOPIC_EVENT:
+            messages += 1
+
+    # the daemon's tick (server/scene.py), its messages recorded instead of published
+    runner = SceneRunner(Stepper(model, state), builder, publish if recorder is not None else None, every)
     ran = 0
     try:
         for k in range(1, ticks + 1):
             try:
-                n = stepper.tick()
+                n, _ = runner.tick(k)
             except SolverDivergence as exc:
                 print(f"suturesim: {exc}", file=sys.stderr)
                 finite = False
@@ -105,16 +116,6 @@ def run_scenario(scenario: Scenario, duration: float | None = None, record: str 
             if not np.isfinite(state.stats[STAT_MAX_RESIDUAL]):
                 finite = False
                 break
-            if recorder is not None:
-                t_ns = int(round(state.time[0] * 1e9))
-                builder.watch.check(state, lambda kind, **d: recorder.write(
-                    protocol.TOPIC_EVENT, protocol.encode_event(k, float(state.time[0]), kind, **d), t_ns, t_ns, k))
-                for payload in builder.forces(k, state):
-                    recorder.write(protocol.TOPIC_FORCE, payload, t_ns, t_ns, k)
-                    messages += 1
-                if k % every == 0:
-                    recorder.write(protocol.TOPIC_STATE, builder.state(k, state), t_ns, t_ns, k)
-                    messages += 1
             if progress and k % 1000 == 0:
                 now = time.perf_counter()
                 if now - last_report > 1.0:
@@ -131,5 +132,5 @@ def run_scenario(scenario: Scenario, duration: float | None = None, record: str 
     return RunSummary(scenario=scenario.name, sim_time_s=float(state.time[0]), wall_s=wall, ticks=ran,
                       substeps_min=sub_min if ticks else 0, substeps_max=sub_max, max_residual=max_res,
                       max_tension_n=max_t, final_energy_j=diagnostics.energies(model, state), finite=finite,
-                      messages=messages, ticks_redone=stepper.retries,
-                      ticks_past_budget=stepper.past_budget)
+                      messages=messages, ticks_redone=runner.stepper.retries,
+                      ticks_past_budget=runner.stepper.past_budget)

@@ -75,6 +75,26 @@ class MessageBuilder:
         self.flags[device] = 0
         self.pose.setdefault(device, np.zeros(3))
 
+    def reset(self, state: ThreadState, devices: list[str]) -> None:
+        """Back to how a new builder of this scenario, its grasps and ``devices`` starts, in place (a scene reset):
+        each device's `force` stream from zero force through a pipeline reset, at no stylus, no orientation kept,
+        the watch read from ``state``. Allocates only for a device it did not have."""
+        wanted = list(dict.fromkeys(devices))
+        for d in [d for d in self.devices if d not in wanted]:
+            self.remove_device(d)
+        for d in self.devices:
+            self.pipes[d].reset()
+            self.force[d].fill(0.0)
+            self.axial_of[d] = 0.0
+            self.flags[d] = 0
+            self.pose[d].fill(0.0)
+        self.stylus.clear()
+        self.quat.clear()
+        for d in wanted:
+            self.add_device(d)
+        self.devices[:] = wanted
+        self.watch.reset(state)
+
     def remove_device(self, device: str) -> None:
         """Stop ``device``'s `force` stream (a scripted stylus that let go: there is no motor to ramp down)."""
         if device in self.pipes:

@@ -31,6 +31,7 @@ from . import protocol
 from .config import ServerConfig
 from .console import say
 from .messages import MessageBuilder
+from .scene import SceneRunner
 from .security import SocketSecurity
 from .snapshot import Snapshot, SnapshotScene, scene_base_dir
 
@@ -194,6 +195,7 @@ class PhysicsLoop:
         self.recording: dict = {}               # the recording a client asked for: path, state, error
         self.faults: list[int] = []             # the ticks of the latest divergences (fault_reset)
         self.tick_ns = int(round(cfg.loop.tick_s * 1e9))
+        self._tick_start_ns = 0                 # the tick's start (link forces answer it)
         self.sink = sink
         self.ctx = self.security = self.pub = self.ctl = self.stylus = None
         if sink is None:
@@ -257,12 +259,51 @@ class PhysicsLoop:
 
     # -- scene ------------------------------------------------------------------------------------------
     def install(self, scenario: Scenario, state=None) -> None:
-        """Make ``scenario`` the running scene (its initial state, or ``state`` if given). Not on the tick path."""
+        """Make ``scenario`` the running scene (its initial state, or ``state`` if given): new state arrays,
+        stepper, builder and snapshot (a `load`, a `set`, a start or a restart; a `reset` is :meth:`reset`). Not
+        on the tick path."""
         self.scenario = scenario
         self.model = scenario.model
         self.state = scenario.new_state() if state is None else state
-        self.stepper = Stepper(self.model, self.state)
+        stepper = Stepper(self.model, self.state)
         self.grasps: list[GraspSpec] = list(scenario.grasps)
+        self.limit_couplings()
+        devices = self.all_devices([g.device for g in self.grasps])
+        builder = MessageBuilder(scenario, self.grasps, safety=self.cfg.safety,
+                                 limits=dict(self.cfg.device_limits), devices=devices)
+        # the scene's part of every tick (server/scene.py), the one sequence `suturesim run` runs too
+        self.runner = SceneRunner(stepper, builder, self.publish,
+                                  max(1, int(round(1.0 / (self.cfg.loop.state_hz * self.model.solver.tick)))),
+                                  event=self.event, on_divergence=self._diverged,
+                                  before_publish=None if self.link is None else self._write_tick_forces)
+        self.start_scene()
+        self.initial_model = self.model   # what a reset goes back to (timeline motions of live devices removed)
+        if self.supervisor is not None:
+            self.new_snapshot()
+
+    def reset(self) -> None:
+        """The running scene back to its start, in place (a control `reset`, a fault): the scenario's initial
+        state copied into the live state's arrays (ThreadState.copy_into), the grasps made by hand let go (no
+        `release` event, as when the scene is installed), the model as it was installed (the timeline motions of
+        the grasps a live device drives removed, and only those), the stepper's, the builder's and the watch's
+        state as new ones start, and the reset state written into the scene's snapshot at once (the same
+        segment). Computes and publishes exactly what installing the scene afresh did; allocates no state array.
+        Not on the tick path."""
+        self.scenario.initial.copy_into(self.state)
+        self.grasps[:] = self.scenario.grasps      # the builder's list too: one list
+        self.limit_couplings()
+        if self.model is not self.initial_model:
+            self.model = self.initial_model
+            self.stepper.use_model(self.model)
+        self.stepper.reset()
+        self.builder.reset(self.state, self.all_devices([g.device for g in self.grasps]))
+        self.start_scene()
+        if self.snapshot is not None:
+            self.snapshot.write(self.state)
+
+    def limit_couplings(self) -> None:
+        """Each of the scenario's grasps no stiffer than its device renders (``stiffness_limit``), in ``grasps``
+        and in the state; noted in ``coupling_limited``."""
         self.coupling_limited = []
         for k, g in enumerate(self.grasps):
             k_max = self.stiffness_limit.get(g.device)
@@ -271,18 +312,31 @@ class PhysicsLoop:
                 self.grasps[k] = replace(g, stiffness=k_max)
                 self.state.grasp_k[g.slot] = k_max
                 self.coupling_limited.append((g.device, g.stiffness, k_max))
-        devices = self.all_devices([g.device for g in self.grasps])
-        self.builder = MessageBuilder(scenario, self.grasps, safety=self.cfg.safety,
-                                      limits=dict(self.cfg.device_limits), devices=devices)
-        self.builder.watch.reset(self.state)
-        self.builder.stylus.update({d: g for d, g in self.goal.items() if d in self.builder.pose})
-        self.state_every = max(1, int(round(1.0 / (self.cfg.loop.state_hz * self.model.solver.tick))))
+
+    def start_scene(self) -> None:
+        """What a scene's start sets beside its state: the watch read from the state, the styluses already known,
+        and every grasp of a device on a backend other than simulated waiting for its poses (its timeline
+        motions removed, :meth:`drive_with_device`)."""
+        builder = self.builder
+        builder.watch.reset(self.state)
+        builder.stylus.update({d: g for d, g in self.goal.items() if d in builder.pose})
         self.device_live.clear()
         for g in self.grasps:
             if self.cfg.backend_of(g.device) != "simulated":  # no scripted stylus: the grasp waits for poses
                 self.drive_with_device(g)
-        if self.supervisor is not None:
-            self.new_snapshot()
+
+    # the scene runner's parts, read where the loop always read them
+    @property
+    def stepper(self) -> Stepper:
+        return self.runner.stepper
+
+    @property
+    def builder(self) -> MessageBuilder:
+        return self.runner.builder
+
+    @property
+    def state_every(self) -> int:
+        return self.runner.state_every
 
     def new_snapshot(self) -> None:
         """A snapshot segment for the scene just installed, its state written at once; the supervisor is told its
@@ -346,7 +400,7 @@ class PhysicsLoop:
         self.model = replace(self.model, mot_kind=self.model.mot_kind[keep], mot_index=self.model.mot_index[keep],
                              mot_t0=self.model.mot_t0[keep], mot_t1=self.model.mot_t1[keep],
                              mot_vel=self.model.mot_vel[keep])
-        self.stepper = Stepper(self.model, self.state)
+        self.stepper.use_model(self.model)
 
     def set_device_pose(self, device: str, pos: np.ndarray, quat: np.ndarray | None = None) -> bool:
         """The stylus of ``device`` is at ``pos`` (m): its grasps follow (:meth:`follow_styluses`); if it holds
@@ -712,23 +766,14 @@ class PhysicsLoop:
             self.read_replay_poses()
         self.drain_stylus()
         self.follow_styluses()
-        t_step = time.monotonic_ns()
-        substeps = 0
-        if not self.paused:
-            try:
-                substeps = self.stepper.tick()
-            except SolverDivergence as exc:
-                self.fault_reset(str(exc))
-        step_ns = time.monotonic_ns() - t_step
-        self.state.grasp_vel.fill(0.0)  # follow_styluses sets the grasps' motion for each tick afresh
-        self.builder.watch.check(self.state, self.event)   # punctures, the wound's gap, throws
-        payloads = self.builder.forces(self.seq, self.state, self.driver_flags)
-        self.write_forces(start_ns)
-        for payload in payloads:
-            self.publish(protocol.TOPIC_FORCE, payload)
-        if self.seq % self.state_every == 0:
-            self.publish(protocol.TOPIC_STATE, self.builder.state(self.seq, self.state))
-        return substeps, step_ns
+        self._tick_start_ns = start_ns
+        return self.runner.tick(self.seq, self.paused, self.driver_flags)
+
+    def _diverged(self, exc: SolverDivergence) -> None:
+        self.fault_reset(str(exc))
+
+    def _write_tick_forces(self) -> None:
+        self.write_forces(self._tick_start_ns)
 
     def publish_stats(self) -> None:
         s = self.stats.summary()
@@ -744,12 +789,13 @@ class PhysicsLoop:
         self.zero_forces()
         self.event("fault", reason=reason)
         self.faults = [k for k in self.faults if self.seq - k < FAULT_WINDOW_TICKS] + [self.seq]
-        self.install(self.scenario)
+        self.reset()
         if len(self.faults) >= FAULTS_TO_PAUSE:
             self.paused = True
             self.faults = []
-            self.event("pause", reason=f"the scene diverged {FAULTS_TO_PAUSE} times within "
-                                       f"{FAULT_WINDOW_TICKS} ticks of its start: paused")
+            self.event("pause", reason=f"the scene diverged {FAULTS_TO_PAUSE} times within {FAULT_WINDOW_TICKS} "
+                                       "ticks, each time from its start: paused (load or set another scene, or "
+                                       "reset and resume)")
         else:
             self.event("reset", reason="fault")
 

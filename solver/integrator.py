@@ -700,9 +700,16 @@ class Stepper:
         self._save = TickCopy(state, self._backup)
         self._restore = TickCopy(self._backup, state)
         self._tension = state.tension.copy()   # the tension estimate of the tick being run (N)
-        self.retries = 0          # ticks run again since this stepper was made
+        self.retries = 0          # ticks run again since this stepper was made or reset
         self.past_budget = 0      # of those, ticks kept with more substeps than solver.max_substeps (overruns)
         self.trace: np.ndarray | None = None   # (k, n, 3): if set, each tick writes its substeps' positions
+        self.use_model(model)
+
+    def use_model(self, model: ThreadModel) -> None:
+        """Step with ``model`` from the next tick on: the same thread (same state layout) with, say, timeline
+        motions removed (a live device took over a grasp). Allocates no state."""
+        self.model = model
+        state = self.state
         # the kernels' arguments, taken once: a model's arrays and settings do not change during a run, and a
         # state's arrays are never replaced, only written
         self._margs = model_args(model)
@@ -712,6 +719,14 @@ class Stepper:
                            state.pun_i, state.pun_f, model.inv_mass, model.bend_gersh, model.rest_length,
                            state.contact_k, self._tension, state.tension_floor, state.fold,
                            s.mass_scaling == "local")
+
+    def reset(self) -> None:
+        """As a new Stepper of the same model and state starts (after the state was reset in place): the tension
+        estimate taken from the state, the counters zeroed. The backup is rewritten by every tick before it is
+        read, so it is left as it is. Allocates nothing."""
+        np.copyto(self._tension, self.state.tension)
+        self.retries = 0
+        self.past_budget = 0
 
     def tick(self) -> int:
         """Advance one tick; returns the substeps of the run that was kept. Raises SolverDivergence if the

@@ -267,7 +267,7 @@ def resimulate(path: str, assignments: list[str] | None = None, progress: bool =
                 elif kind == "release":
                     loop.remove_grasp(e["id"])
                 elif kind == "reset":
-                    loop.install(loop.scenario)
+                    loop.reset()
                 elif kind == "pause":
                     loop.paused = True
                 elif kind == "resume":
