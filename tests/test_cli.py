@@ -65,11 +65,12 @@ def test_console_script_help():
 
 
 @pytest.mark.long
-def test_validate_full_table(capsys):
-    """The table of the solver's cases; the self-contact rows are tested one by one in test_validation_contact."""
-    from suturesim.tools.validate import main as validate_main
-    rc = validate_main(["--no-contact"])
-    out = capsys.readouterr().out
+@pytest.mark.xdist_group("validate-no-contact")
+def test_validate_full_table(validate_table):
+    """The table of the solver's cases; the self-contact rows are tested one by one in test_validation_contact.
+    `validate --no-contact` is run once, by conftest.py's validate_table, whose rows test_validation.py's long
+    tests check too."""
+    rc, out = validate_table.rc, validate_table.out
     assert "energy drift" in out and "stability sweep" in out
     assert rc == 0, out
 

@@ -3,7 +3,9 @@ driven only through its public surfaces (PUB/SUB topics, REQ/REP control, PUSH s
 plus the shared-memory device link for the zero-force checks.
 
 Every daemon is killed in a finalizer; every wait is bounded. One class-scoped daemon serves the read-only tests
-(rates, schema, status, bad requests, fuzz); tests that change state get their own.
+(rates, schema, status, bad requests, fuzz), one the two remote-stylus tests (which count from what they find),
+one the tests that change state and put it back (TestStateRestored); other tests that change state get their own.
+The harness is tests/conftest.py's.
 """
 from __future__ import annotations
 
@@ -11,14 +13,10 @@ import glob
 import math
 import os
 import random
-import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 
 from pathlib import Path
@@ -29,383 +27,14 @@ import pytest
 import yaml
 import zmq
 
-from suturesim.haptics.link import DeviceLink
 from suturesim.server import protocol
 from suturesim.server.recording import read_messages, read_metadata
 from suturesim.solver.scenario import load_scenario
 
-START_TIMEOUT_S = 60.0      # a cold numba cache compiles every kernel on the first start
-REPLY_TIMEOUT_S = 3.0
-# longer than the supervisor's own bounds on a stop (server/supervisor.py: the physics process 1.5 s before it is
-# killed, then an idle recorder 5 s), so a daemon that takes it all is not taken for a hung one
-STOP_TIMEOUT_S = 15.0
-DEVICE = "stylus0"          # the default scenario's grasp device (configs/scenarios/default.yaml)
-
-_CTX = zmq.Context()
-
-
-# ------------------------------------------------------------------------------------------------- harness
-def free_ports(k: int) -> list[int]:
-    """k distinct free loopback TCP ports (bound together to port 0, then released)."""
-    socks = []
-    try:
-        for _ in range(k):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-class Daemon:
-    """`suturesim serve` in a subprocess (its own session, so the finalizer can reap every child)."""
-
-    def __init__(self, *extra: str, env: dict | None = None, preexec_fn=None):
-        self.ports = free_ports(3)
-        self.pub, self.control, self.stylus = (f"tcp://127.0.0.1:{p}" for p in self.ports)
-        cmd = [sys.executable, "-m", "suturesim.server.cli", "serve", "--pub", self.pub, "--control", self.control,
-               "--stylus", self.stylus, *extra]
-        env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
-        # the recordings directory (files.recordings_dir) defaults under XDG_DATA_HOME: never the user's own
-        self.data_home = tempfile.mkdtemp(prefix="suturesim-test-data-")
-        env.setdefault("XDG_DATA_HOME", self.data_home)
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                     start_new_session=True, preexec_fn=preexec_fn)
-        self.stdout: list[str] = []
-        self.stderr: list[str] = []
-        self._lines = threading.Condition()
-        for stream, sink in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr)):
-            threading.Thread(target=self._pump, args=(stream, sink), daemon=True).start()
-        self._req: zmq.Socket | None = None
-
-    def _pump(self, stream, sink: list[str]) -> None:
-        for line in stream:
-            with self._lines:
-                sink.append(line.rstrip("\n"))
-                self._lines.notify_all()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def output(self) -> str:
-        with self._lines:
-            return "\n".join(["--- stdout"] + self.stdout + ["--- stderr"] + self.stderr)
-
-    def wait_line(self, pattern: str, timeout: float, count: int = 1, stream: str = "stdout") -> str:
-        """Wait until ``count`` lines of ``stream`` match ``pattern``; return the last one."""
-        rx = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        with self._lines:
-            while True:
-                hits = [ln for ln in getattr(self, stream) if rx.search(ln)]
-                if len(hits) >= count:
-                    return hits[count - 1]
-                if self.proc.poll() is not None and len(hits) < count:
-                    self._lines.wait(0.2)  # let the pump threads drain what the process printed last
-                    hits = [ln for ln in getattr(self, stream) if rx.search(ln)]
-                    if len(hits) >= count:
-                        return hits[count - 1]
-                    raise AssertionError(f"daemon exited ({self.proc.returncode}) before printing "
-                                         f"{pattern!r}:\n{self.output()}")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"no line matching {pattern!r} within {timeout} s:\n{self.output()}")
-                self._lines.wait(min(left, 0.2))
-
-    def wait_serving(self, count: int = 1, timeout: float = START_TIMEOUT_S) -> None:
-        self.wait_line(r"^suturesim: serving ", timeout, count)
-
-    # -- control ----------------------------------------------------------------------------------------
-    def _socket(self) -> zmq.Socket:
-        if self._req is None:
-            sock = _CTX.socket(zmq.REQ)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.REQ_RELAXED, 1)     # a lost reply does not wedge the socket
-            sock.setsockopt(zmq.REQ_CORRELATE, 1)   # and a late one is not taken for the next request's
-            sock.connect(self.control)
-            self._req = sock
-        return self._req
-
-    def request(self, obj=None, raw: bytes | None = None, timeout: float = REPLY_TIMEOUT_S) -> dict:
-        """Send one request (a map, or raw bytes) and return the decoded reply; TimeoutError if none comes."""
-        sock = self._socket()
-        sock.send(raw if raw is not None else msgpack.packb(obj, use_bin_type=True))
-        if not sock.poll(int(timeout * 1000)):
-            sock.close(0)
-            self._req = None
-            raise TimeoutError(f"no reply within {timeout} s to {(obj if raw is None else raw[:60])!r}")
-        reply = msgpack.unpackb(sock.recv(), raw=False)
-        assert isinstance(reply, dict) and isinstance(reply.get("ok"), bool), reply
-        return reply
-
-    def ok(self, obj) -> dict:
-        reply = self.request(obj)
-        assert reply["ok"] is True, (obj, reply)
-        return reply
-
-    def status(self) -> dict:
-        return self.ok({"cmd": "status"})
-
-    # -- lifecycle --------------------------------------------------------------------------------------
-    def wait_exit(self, timeout: float) -> int | None:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    @staticmethod
-    def children_of(pid: int) -> list[int]:
-        """Every thread's children (a recorder is started by the supervisor's recording thread)."""
-        out = []
-        for path in glob.glob(f"/proc/{pid}/task/*/children"):
-            try:
-                with open(path) as f:
-                    out += [int(c) for c in f.read().split()]
-            except (FileNotFoundError, ProcessLookupError):
-                pass
-        return sorted(out)
-
-    def children(self) -> list[int]:
-        return self.children_of(self.pid)
-
-    def spawn_children(self) -> list[int]:
-        """The supervisor's multiprocessing children (physics, recorder, driver), not its resource tracker."""
-        out = []
-        for pid in self.children():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"spawn_main" in f.read():
-                        out.append(pid)
-            except FileNotFoundError:
-                pass
-        return out
-
-    def dump_stacks(self) -> None:
-        """Have the supervisor and its children print their Python stacks to stderr (haptics/process.py), for
-        the failure's output: where a daemon that does not stop is stuck."""
-        for pid in [self.pid, *self.spawn_children()]:
-            try:
-                os.kill(pid, signal.SIGUSR1)
-            except (ProcessLookupError, PermissionError):
-                pass
-            time.sleep(0.5)   # one at a time (dumps on one pipe interleave); the pump threads collect them
-
-    def physics_pid(self) -> int:
-        """The physics process: the supervisor's multiprocessing (spawn) child. Only valid while nothing is
-        being recorded (the recorder is a spawn child too); the resource tracker is the other child."""
-        kids = self.spawn_children()
-        assert len(kids) == 1, f"expected one spawn child of {self.pid}, found {kids}"
-        return kids[0]
-
-    def close(self) -> None:
-        if self._req is not None:
-            self._req.close(0)
-            self._req = None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            if self.wait_exit(STOP_TIMEOUT_S) is None:
-                self.dump_stacks()
-                self.proc.kill()
-                self.proc.wait(5.0)
-        try:  # anything left in the daemon's own process group (a child orphaned by a SIGKILLed supervisor)
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        shutil.rmtree(self.data_home, ignore_errors=True)
-
-
-def serving_daemon(*extra: str):
-    """Start a daemon (with the command-line arguments ``extra``), wait until it serves, yield it, and always
-    stop it."""
-    d = Daemon(*extra)
-    try:
-        d.wait_serving()
-        yield d
-    finally:
-        d.close()
-
-
-@pytest.fixture
-def daemon():
-    """A fresh daemon for a test that changes state."""
-    yield from serving_daemon()
-
-
-@pytest.fixture
-def remote_daemon():
-    """A fresh daemon whose devices are remote styluses: only a remote device takes stylus samples."""
-    yield from serving_daemon("--device", "remote")
-
-
-class Sub:
-    """A SUB socket on a daemon's PUB endpoint that keeps up (unbounded receive queue)."""
-
-    def __init__(self, endpoint: str, topics=(b"",)):
-        self.topics = tuple(topics)
-        self.sock = _CTX.socket(zmq.SUB)
-        self.sock.setsockopt(zmq.RCVHWM, 0)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        for t in set(self.topics) | {protocol.TOPIC_FORCE}:   # force (every tick) shows the link is up
-            self.sock.setsockopt(zmq.SUBSCRIBE, t)
-        self.sock.connect(endpoint)
-        self.live = False
-
-    def _wanted(self, topic: bytes) -> bool:
-        return b"" in self.topics or topic in self.topics
-
-    def close(self) -> None:
-        self.sock.close(0)
-
-    def recv(self, timeout: float):
-        """The next wanted (topic, payload), or None after ``timeout`` s."""
-        deadline = time.monotonic() + max(timeout, 0)
-        while self.sock.poll(int(max(deadline - time.monotonic(), 0) * 1000)):
-            frames = self.sock.recv_multipart()
-            assert len(frames) == 2, frames
-            self.live = True
-            if self._wanted(frames[0]):
-                return frames[0], frames[1]
-        return None
-
-    def wait_live(self, timeout: float = 10.0) -> None:
-        """Wait for the first message: the subscription has reached the publisher (force comes every tick)."""
-        deadline = time.monotonic() + timeout
-        while not self.live and time.monotonic() < deadline:
-            self.recv(0.05)
-        assert self.live, "nothing published within the timeout"
-
-    def drain(self) -> None:
-        while self.recv(0) is not None:
-            pass
-
-    def until(self, pred, timeout: float, what: str = "a matching message"):
-        """Receive (and decode) until ``pred(topic, msg)``; returns (topic, msg) and the messages before it."""
-        seen = []
-        deadline = time.monotonic() + timeout
-        while True:
-            got = self.recv(deadline - time.monotonic())
-            if got is None:
-                kinds = sorted({m.get("kind", t.decode()) for t, m in seen})
-                raise AssertionError(f"no {what} within {timeout} s (got {len(seen)} other messages: {kinds})")
-            topic, msg = got[0], protocol.decode(got[1], got[0])
-            if pred(topic, msg):
-                return (topic, msg), seen
-            seen.append((topic, msg))
-
-    def collect(self, duration: float) -> list[tuple[float, bytes, bytes]]:
-        """Every (receive time, topic, payload) for ``duration`` s of wall time (decoded later, to keep up)."""
-        out = []
-        end = time.monotonic() + duration
-        while True:
-            while True:   # everything queued (with duration 0: just that)
-                try:
-                    topic, payload = self.sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                self.live = True
-                if self._wanted(topic):
-                    out.append((time.monotonic(), topic, payload))
-            left = end - time.monotonic()
-            if left <= 0:
-                return out
-            self.sock.poll(int(left * 1000) + 1)
-
-    def event(self, kind: str, timeout: float = 5.0, **details):
-        """The next `event` of ``kind`` (and ``details``); returns (event, decoded messages before it)."""
-        (_, msg), seen = self.until(
-            lambda t, m: t == protocol.TOPIC_EVENT and m["kind"] == kind and
-            all(m.get(k) == v for k, v in details.items()), timeout, f"{kind!r} event")
-        return msg, seen
-
-    def next_state(self, timeout: float = 2.0) -> dict:
-        return self.until(lambda t, m: t == protocol.TOPIC_STATE, timeout, "state")[0][1]
-
-    def states(self, duration: float) -> list[dict]:
-        return [protocol.decode(p, t) for _, t, p in self.collect(duration) if t == protocol.TOPIC_STATE]
-
-
-@pytest.fixture
-def subscribe():
-    """subscribe(daemon, topics=(b"",)) -> a live Sub, closed after the test."""
-    subs = []
-
-    def make(d: Daemon, topics=(b"",)) -> Sub:
-        s = Sub(d.pub, topics)
-        subs.append(s)
-        s.wait_live()
-        return s
-
-    yield make
-    for s in subs:
-        s.close()
-
-
-def push_socket(d: Daemon, linger_ms: int = 0) -> zmq.Socket:
-    """A PUSH socket on the stylus endpoint; give ``linger_ms`` if it is closed right after sending."""
-    sock = _CTX.socket(zmq.PUSH)
-    sock.setsockopt(zmq.LINGER, linger_ms)
-    sock.setsockopt(zmq.SNDTIMEO, 2000)
-    sock.connect(d.stylus)
-    return sock
-
-
-def pose_msg(pos, device: str = DEVICE, seq: int = 0) -> bytes:
-    return msgpack.packb({"device": device, "seq": seq, "t": seq * 1e-3, "pos": list(pos),
-                          "quat": [1.0, 0.0, 0.0, 0.0], "buttons": 0}, use_bin_type=True)
-
-
-def overruns_past_catch_up(stats: list[dict], overruns: list[dict]) -> int:
-    """Overrun ticks that catching up after the stalls the `overrun` events report does not explain.
-
-    The loop's CPU is sometimes taken away for milliseconds by the host, not by us: a bare SCHED_FIFO loop on
-    this VM type, pinned, doing nothing but sleep and spin (as `suturesim bench loop` row 0), started more than
-    1 ms late 9 and 15 times in two 22 s runs, up to 4.3 ms, with the CPU's steal time (/proc/stat) up by one
-    10 ms tick at most; the server's loop was once stopped for 25 ms inside a 0.2 ms step. After a stall of s ms
-    the ticks run back to back, each gaining 1 - c ms on the schedule (c: a tick's own time, ms, `tick_us`), so
-    about s / (1 - c) + 1 of them start more than a tick late. Each event reports the worst lateness of its
-    window (``late_us``); c is the median tick time of the `stats` second the event falls in (`stats`, in
-    order): the ticks that catch up are that second's ordinary ones. A scene whose median tick does not fit
-    (c >= 1) explains nothing, so a scene too slow for the loop shows here in full. A long tick of our own (the
-    solver redoing a tick, say) reads as a stall too: the tick time itself is `suturesim bench`'s to judge."""
-    unexplained = 0
-    for e in overruns:
-        second = next((s for s in stats if s["seq"] >= e["seq"]), stats[-1])
-        c = second["tick_us"]["p50"] / 1000.0
-        explained = math.ceil(e["late_us"] / 1000.0 / (1.0 - c)) + 1 if c < 1.0 else 0
-        unexplained += max(0, e["ticks"] - explained)
-    return unexplained
-
-
-class LoopTiming:
-    """The loop's overruns over a stretch of a test, told apart from catching up after the host's stalls.
-
-    ``start()`` subscribes to `stats` and `event` and takes the stats before; ``finish()`` waits for the first
-    `stats` second after the stretch and returns (ticks, overruns, overruns past catching up, the `stats`
-    messages, the `overrun` events)."""
-
-    def __init__(self, d: "Daemon"):
-        self.d = d
-        self.sub = Sub(d.pub, (protocol.TOPIC_STATS, protocol.TOPIC_EVENT))
-
-    def start(self) -> dict:
-        self.sub.wait_live()
-        self.before = self.d.status()["stats"]
-        return self.before
-
-    def finish(self) -> tuple[int, int, int, list[dict], list[dict]]:
-        try:
-            seen = [(t, protocol.decode(p, t)) for _, t, p in self.sub.collect(0.0)]
-            (t, last), more = self.sub.until(lambda t, m: t == protocol.TOPIC_STATS, 2.0, "stats")
-            seen += more + [(t, last)]
-        finally:
-            self.sub.close()
-        stats = [m for t, m in seen if t == protocol.TOPIC_STATS]
-        overrun_events = [m for t, m in seen if t == protocol.TOPIC_EVENT and m["kind"] == "overrun"]
-        return (last["ticks"] - self.before["ticks"], last["overruns"] - self.before["overruns"],
-                overruns_past_catch_up(stats, overrun_events), stats, overrun_events)
+# the harness lives in conftest.py; its names stay importable from here
+from conftest import (_CTX, DEVICE, REPLY_TIMEOUT_S, START_TIMEOUT_S, STOP_TIMEOUT_S, Daemon,  # noqa: F401
+                      LoopTiming, Sub, find_link, free_ports, overruns_past_catch_up, pose_msg, push_socket,
+                      serving_daemon, wait_for)
 
 
 def test_overruns_past_catch_up_tells_a_stall_from_a_scene_too_slow():
@@ -418,26 +47,6 @@ def test_overruns_past_catch_up_tells_a_stall_from_a_scene_too_slow():
     assert overruns_past_catch_up([slow], [{"seq": 1100, "late_us": 50000.0, "ticks": 100}]) == 100
     # an event after the last `stats` takes the last second's
     assert overruns_past_catch_up([second], [{"seq": 2500, "late_us": 1000.0, "ticks": 5}]) == 2
-
-
-def wait_for(cond, timeout: float, step: float = 0.05, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout} s")
-        time.sleep(step)
-
-
-def find_link(d: Daemon) -> DeviceLink | None:
-    """The supervisor's shared-memory link. The supervisor prints no name; DeviceLink.create's default name is
-    suturesim_<creator pid>_<random> (haptics/link.py), so look for the serve process's pid under /dev/shm."""
-    names = glob.glob(f"/dev/shm/suturesim_{d.pid}_*")
-    if len(names) != 1:
-        return None
-    return DeviceLink.attach(os.path.basename(names[0]))
 
 
 # ---------------------------------------------------------------------------------------------- type checks
@@ -743,50 +352,184 @@ class TestSharedDaemon:
 
 
 # =================================================================================== commands that change state
-def test_pause_and_resume(daemon, subscribe):
-    sub = subscribe(daemon)
-    t_running = [s["t"] for s in sub.states(0.2)]
-    assert t_running[-1] > t_running[0]
-    daemon.ok({"cmd": "pause"})
-    sub.event("pause")
-    paused = sub.states(0.3)
-    assert len(paused) >= 20 and len({s["t"] for s in paused}) == 1, [s["t"] for s in paused]
-    assert len({s["seq"] for s in paused}) == len(paused)          # still published, still counting ticks
-    st = daemon.status()
-    assert st["paused"] is True and st["t"] == paused[-1]["t"]
-    daemon.ok({"cmd": "resume"})
-    sub.event("resume")
-    resumed = [s["t"] for s in sub.states(0.3)]
-    assert resumed[0] >= paused[-1]["t"] and resumed[-1] - resumed[0] > 0.15
-    assert daemon.status()["paused"] is False
+def _as_started(d: Daemon) -> bool:
+    """The daemon is as `serve` started it, as far as status tells: running the default scene, not paused, the
+    scene's grasp alone."""
+    try:
+        st = d.request({"cmd": "status"}, timeout=REPLY_TIMEOUT_S)
+    except TimeoutError:
+        return False
+    grasps = [(g["id"], g["vertex"], g["device"]) for g in st["grasps"]]
+    return (d.proc.poll() is None and st["ok"] and st["scenario"] == "default" and st["paused"] is False
+            and st["n"] == 101 and grasps == [("right", 100, DEVICE)])
 
 
-def test_reset_restores_the_initial_shape(daemon, subscribe):
-    x0 = load_scenario("default").initial.x.astype(np.float32)
-    sub = subscribe(daemon)
-    time.sleep(1.0)
-    sub.drain()
-    moved = sub.next_state()
-    assert moved["t"] > 0.5 and np.abs(moved["x"] - x0).max() > 1e-3  # the thread has moved
+@pytest.fixture(scope="class")
+def _restored_holder():
+    holder: dict[str, Daemon] = {}
+    yield holder
+    if "d" in holder:
+        holder["d"].close()
 
-    # running: the first state after the reset is at most one state period (10 ticks) past the initial state
-    daemon.ok({"cmd": "reset"})
-    sub.event("reset")
-    first = sub.next_state()
-    assert first["t"] <= 0.0105
-    assert np.abs(first["x"] - x0).max() < 5e-3    # 10 ms of motion from the initial shape at most
 
-    # paused: nothing steps between the reset and the next state, which is the initial shape exactly
-    time.sleep(0.5)
-    daemon.ok({"cmd": "pause"})
-    sub.event("pause")
-    assert np.abs(sub.next_state()["x"] - x0).max() > 1e-3
-    daemon.ok({"cmd": "reset"})
-    sub.event("reset")
-    first = sub.next_state()
-    assert first["t"] == 0.0
-    np.testing.assert_allclose(first["x"], x0, rtol=0, atol=np.finfo(np.float32).eps)
-    assert daemon.status()["t"] == 0.0
+@pytest.fixture
+def restored(_restored_holder):
+    """The class's daemon as `serve` started it (a new one if the last test left it otherwise)."""
+    d = _restored_holder.get("d")
+    if d is not None and not _as_started(d):
+        d.close()
+        d = None
+    if d is None:
+        d = _restored_holder["d"] = Daemon()
+        d.wait_serving()
+    return d
+
+
+class TestStateRestored:
+    """Commands whose tests put back what they changed (pause then resume, grasp then release, reset then resume,
+    record_start then record_stop, load then load `default`) and a signal that changes nothing (SIGUSR1) share
+    one daemon, torn down when the class is done. Each test gets it as `serve` started it (_as_started): one
+    left otherwise (a failed test) is replaced before the next. The recording tests wait for their own lines of
+    the daemon's output (count_lines: the ones before)."""
+
+    def test_pause_and_resume(self, restored, subscribe):
+        sub = subscribe(restored)
+        t_running = [s["t"] for s in sub.states(0.2)]
+        assert t_running[-1] > t_running[0]
+        restored.ok({"cmd": "pause"})
+        sub.event("pause")
+        paused = sub.states(0.3)
+        assert len(paused) >= 20 and len({s["t"] for s in paused}) == 1, [s["t"] for s in paused]
+        assert len({s["seq"] for s in paused}) == len(paused)          # still published, still counting ticks
+        st = restored.status()
+        assert st["paused"] is True and st["t"] == paused[-1]["t"]
+        restored.ok({"cmd": "resume"})
+        sub.event("resume")
+        resumed = [s["t"] for s in sub.states(0.3)]
+        assert resumed[0] >= paused[-1]["t"] and resumed[-1] - resumed[0] > 0.15
+        assert restored.status()["paused"] is False
+
+    def test_grasp_and_release(self, restored, subscribe):
+        sub = subscribe(restored)
+        reply = restored.ok({"cmd": "grasp", "vertex": 50, "device": "left", "id": "g-left", "stiffness": 500.0})
+        assert reply["id"] == "g-left"
+        ev, _ = sub.event("grasp", id="g-left")
+        assert ev["vertex"] == 50 and ev["device"] == "left"
+        msgs = [(t, protocol.decode(p, t)) for _, t, p in sub.collect(0.5)]
+        left = [m for t, m in msgs if t == protocol.TOPIC_FORCE and m["device"] == "left"]
+        assert len(left) >= 400 and left[0]["seq"] == ev["seq"] + 1
+        assert np.all(np.diff([m["seq"] for m in left]) == 1)
+        states = [m for t, m in msgs if t == protocol.TOPIC_STATE]
+        assert all(("g-left", 50, "left") in [(g["id"], g["vertex"], g["device"]) for g in s["grasps"]]
+                   for s in states)
+        g = next(g for g in restored.status()["grasps"] if g["id"] == "g-left")
+        assert (g["vertex"], g["device"]) == (50, "left")
+
+        reply = restored.request({"cmd": "grasp", "vertex": 60, "id": "g-left"})
+        assert reply["ok"] is False                                        # the id is taken
+
+        restored.ok({"cmd": "release", "id": "g-left"})
+        ev, before = sub.event("release", id="g-left")
+        after = [(t, protocol.decode(p, t)) for _, t, p in sub.collect(0.3)]
+        assert not [m for t, m in after if t == protocol.TOPIC_FORCE and m["device"] == "left"]
+        assert [m for t, m in after if t == protocol.TOPIC_FORCE and m["device"] == DEVICE]
+        assert all(g["id"] != "g-left" for t, m in after if t == protocol.TOPIC_STATE for g in m["grasps"])
+        assert [g["id"] for g in restored.status()["grasps"]] == ["right"]
+        assert restored.request({"cmd": "release", "id": "g-left"})["ok"] is False
+
+    def test_sigusr1_prints_each_process_stack_and_the_server_runs_on(self, restored):
+        """`kill -USR1` on the supervisor or a child prints its threads' Python stacks on stderr (how to see where
+        a server that does not stop is stuck; the tests' Daemon.close does it before a SIGKILL)."""
+        # one at a time: two processes' dumps on one pipe interleave (faulthandler writes a line in pieces)
+        os.kill(restored.pid, signal.SIGUSR1)
+        restored.wait_line(r'File ".*server/supervisor\.py", line \d+ in run', 5.0, stream="stderr")
+        os.kill(restored.physics_pid(), signal.SIGUSR1)
+        restored.wait_line(r'File ".*server/physics\.py", line \d+ in run', 5.0, stream="stderr")
+        assert restored.status()["ok"] and restored.proc.poll() is None
+
+    def test_reset_restores_the_initial_shape(self, restored, subscribe):
+        x0 = load_scenario("default").initial.x.astype(np.float32)
+        sub = subscribe(restored)
+        time.sleep(1.0)
+        sub.drain()
+        moved = sub.next_state()
+        assert moved["t"] > 0.5 and np.abs(moved["x"] - x0).max() > 1e-3  # the thread has moved
+
+        # running: the first state after the reset is at most one state period (10 ticks) past the initial state
+        restored.ok({"cmd": "reset"})
+        sub.event("reset")
+        first = sub.next_state()
+        assert first["t"] <= 0.0105
+        assert np.abs(first["x"] - x0).max() < 5e-3    # 10 ms of motion from the initial shape at most
+
+        # paused: nothing steps between the reset and the next state, which is the initial shape exactly
+        time.sleep(0.5)
+        restored.ok({"cmd": "pause"})
+        sub.event("pause")
+        assert np.abs(sub.next_state()["x"] - x0).max() > 1e-3
+        restored.ok({"cmd": "reset"})
+        sub.event("reset")
+        first = sub.next_state()
+        assert first["t"] == 0.0
+        np.testing.assert_allclose(first["x"], x0, rtol=0, atol=np.finfo(np.float32).eps)
+        assert restored.status()["t"] == 0.0
+        restored.ok({"cmd": "resume"})       # as it was, for the class's next test
+
+    def test_record_start_and_stop(self, restored, subscribe, tmp_path):
+        out = Path(restored.data_home) / "suturesim" / "recordings" / "rec.mcap"
+        sub = subscribe(restored, (protocol.TOPIC_EVENT,))
+        # the shared daemon's earlier recordings' lines
+        started = restored.count_lines(r"^suturesim: recording to ")
+        recordings = restored.count_lines(r"^suturesim record: \d+ messages to ")
+        assert restored.ok({"cmd": "record_start", "name": "rec.mcap"})["path"] == str(out)
+        sub.event("record_start")
+        restored.wait_line(r"^suturesim: recording to ", 15.0, count=started + 1)
+        time.sleep(1.0)
+        restored.ok({"cmd": "record_stop"})
+        sub.event("record_stop")
+        done = restored.wait_line(r"^suturesim record: \d+ messages to ", 15.0, count=recordings + 1)
+        assert str(out) in done and "no force message missing" in done, done
+        msgs = list(read_messages(out))
+        forces = [protocol.decode(p, t) for t, p, _, _ in msgs if t == "force"]
+        states = [protocol.decode(p, t) for t, p, _, _ in msgs if t == "state"]
+        assert len(forces) >= 500 and len(states) >= 50, (len(forces), len(states))
+        assert {f["device"] for f in forces} == {DEVICE}
+        assert np.all(np.diff([f["seq"] for f in forces]) == 1)
+        assert restored.status()["ok"] is True
+
+    def test_load_switches_scenario(self, restored, subscribe):
+        hanging = load_scenario("wang2017-hanging")
+        assert not hanging.grasps and not hanging.force_vertices
+        sub = subscribe(restored)
+        reply = restored.ok({"cmd": "load", "scenario": "wang2017-hanging"})
+        assert reply.get("scenario", "wang2017-hanging") == "wang2017-hanging"
+        sub.event("load", scenario="wang2017-hanging")
+        msgs = [(t, protocol.decode(p, t)) for _, t, p in sub.collect(0.5)]
+        assert not [m for t, m in msgs if t == protocol.TOPIC_FORCE], "force still published without grasps"
+        states = [m for t, m in msgs if t == protocol.TOPIC_STATE]
+        assert len(states) >= 30
+        assert all(s["n"] == hanging.model.n_vertices and s["grasps"] == [] for s in states)
+        assert hanging.model.n_vertices != 101
+        st = restored.status()
+        assert st["scenario"] == "wang2017-hanging" and st["grasps"] == [] and st["n"] == hanging.model.n_vertices
+        restored.ok({"cmd": "load", "scenario": "default"})   # as it was, for the class's next test
+
+    def test_recording_metadata_names_the_running_scenario(self, restored, subscribe, tmp_path):
+        """A recording started after `load` carries the scenario that is running, not the one served at start."""
+        sub = subscribe(restored, (protocol.TOPIC_EVENT,))
+        # the shared daemon's earlier recordings' lines
+        started = restored.count_lines(r"^suturesim: recording to ")
+        recordings = restored.count_lines(r"^suturesim record: \d+ messages to ")
+        restored.ok({"cmd": "load", "scenario": "wang2017-hanging"})
+        sub.event("load")
+        out = restored.ok({"cmd": "record_start", "name": "loaded.mcap"})["path"]
+        restored.wait_line(r"^suturesim: recording to ", 15.0, count=started + 1)
+        time.sleep(0.3)
+        restored.ok({"cmd": "record_stop"})
+        restored.wait_line(r"^suturesim record: \d+ messages to ", 15.0, count=recordings + 1)
+        meta = read_metadata(out)
+        assert meta["scenario"]["name"] == "wang2017-hanging"
+        assert yaml.safe_load(meta["scenario"]["yaml"])["name"] == "wang2017-hanging"
 
 
 def test_set_changes_parameters(daemon, subscribe):
@@ -813,87 +556,6 @@ def test_set_changes_parameters(daemon, subscribe):
     assert st["n"] == 51 and [(g["id"], g["vertex"]) for g in st["grasps"]] == [("right", 50)]
 
 
-def test_load_switches_scenario(daemon, subscribe):
-    hanging = load_scenario("wang2017-hanging")
-    assert not hanging.grasps and not hanging.force_vertices
-    sub = subscribe(daemon)
-    reply = daemon.ok({"cmd": "load", "scenario": "wang2017-hanging"})
-    assert reply.get("scenario", "wang2017-hanging") == "wang2017-hanging"
-    sub.event("load", scenario="wang2017-hanging")
-    msgs = [(t, protocol.decode(p, t)) for _, t, p in sub.collect(0.5)]
-    assert not [m for t, m in msgs if t == protocol.TOPIC_FORCE], "force still published without grasps"
-    states = [m for t, m in msgs if t == protocol.TOPIC_STATE]
-    assert len(states) >= 30
-    assert all(s["n"] == hanging.model.n_vertices and s["grasps"] == [] for s in states)
-    assert hanging.model.n_vertices != 101
-    st = daemon.status()
-    assert st["scenario"] == "wang2017-hanging" and st["grasps"] == [] and st["n"] == hanging.model.n_vertices
-
-
-def test_grasp_and_release(daemon, subscribe):
-    sub = subscribe(daemon)
-    reply = daemon.ok({"cmd": "grasp", "vertex": 50, "device": "left", "id": "g-left", "stiffness": 500.0})
-    assert reply["id"] == "g-left"
-    ev, _ = sub.event("grasp", id="g-left")
-    assert ev["vertex"] == 50 and ev["device"] == "left"
-    msgs = [(t, protocol.decode(p, t)) for _, t, p in sub.collect(0.5)]
-    left = [m for t, m in msgs if t == protocol.TOPIC_FORCE and m["device"] == "left"]
-    assert len(left) >= 400 and left[0]["seq"] == ev["seq"] + 1
-    assert np.all(np.diff([m["seq"] for m in left]) == 1)
-    states = [m for t, m in msgs if t == protocol.TOPIC_STATE]
-    assert all(("g-left", 50, "left") in [(g["id"], g["vertex"], g["device"]) for g in s["grasps"]]
-               for s in states)
-    g = next(g for g in daemon.status()["grasps"] if g["id"] == "g-left")
-    assert (g["vertex"], g["device"]) == (50, "left")
-
-    reply = daemon.request({"cmd": "grasp", "vertex": 60, "id": "g-left"})
-    assert reply["ok"] is False                                        # the id is taken
-
-    daemon.ok({"cmd": "release", "id": "g-left"})
-    ev, before = sub.event("release", id="g-left")
-    after = [(t, protocol.decode(p, t)) for _, t, p in sub.collect(0.3)]
-    assert not [m for t, m in after if t == protocol.TOPIC_FORCE and m["device"] == "left"]
-    assert [m for t, m in after if t == protocol.TOPIC_FORCE and m["device"] == DEVICE]
-    assert all(g["id"] != "g-left" for t, m in after if t == protocol.TOPIC_STATE for g in m["grasps"])
-    assert [g["id"] for g in daemon.status()["grasps"]] == ["right"]
-    assert daemon.request({"cmd": "release", "id": "g-left"})["ok"] is False
-
-
-def test_record_start_and_stop(daemon, subscribe, tmp_path):
-    out = Path(daemon.data_home) / "suturesim" / "recordings" / "rec.mcap"
-    sub = subscribe(daemon, (protocol.TOPIC_EVENT,))
-    assert daemon.ok({"cmd": "record_start", "name": "rec.mcap"})["path"] == str(out)
-    sub.event("record_start")
-    daemon.wait_line(r"^suturesim: recording to ", 15.0)
-    time.sleep(1.0)
-    daemon.ok({"cmd": "record_stop"})
-    sub.event("record_stop")
-    done = daemon.wait_line(r"^suturesim record: \d+ messages to ", 15.0)
-    assert str(out) in done and "no force message missing" in done, done
-    msgs = list(read_messages(out))
-    forces = [protocol.decode(p, t) for t, p, _, _ in msgs if t == "force"]
-    states = [protocol.decode(p, t) for t, p, _, _ in msgs if t == "state"]
-    assert len(forces) >= 500 and len(states) >= 50, (len(forces), len(states))
-    assert {f["device"] for f in forces} == {DEVICE}
-    assert np.all(np.diff([f["seq"] for f in forces]) == 1)
-    assert daemon.status()["ok"] is True
-
-
-def test_recording_metadata_names_the_running_scenario(daemon, subscribe, tmp_path):
-    """A recording started after `load` carries the scenario that is running, not the one served at start."""
-    sub = subscribe(daemon, (protocol.TOPIC_EVENT,))
-    daemon.ok({"cmd": "load", "scenario": "wang2017-hanging"})
-    sub.event("load")
-    out = daemon.ok({"cmd": "record_start", "name": "loaded.mcap"})["path"]
-    daemon.wait_line(r"^suturesim: recording to ", 15.0)
-    time.sleep(0.3)
-    daemon.ok({"cmd": "record_stop"})
-    daemon.wait_line(r"^suturesim record: \d+ messages to ", 15.0)
-    meta = read_metadata(out)
-    assert meta["scenario"]["name"] == "wang2017-hanging"
-    assert yaml.safe_load(meta["scenario"]["yaml"])["name"] == "wang2017-hanging"
-
-
 def test_shutdown_command(daemon, subscribe):
     sub = subscribe(daemon, (protocol.TOPIC_EVENT,))
     assert daemon.ok({"cmd": "shutdown"}) == {"ok": True}
@@ -902,45 +564,57 @@ def test_shutdown_command(daemon, subscribe):
     assert not glob.glob(f"/dev/shm/suturesim_{daemon.pid}_*"), "the device link was not unlinked"
 
 
-def test_remote_stylus_drives_the_grasp(remote_daemon, subscribe):
-    daemon = remote_daemon
-    sub = subscribe(daemon, (protocol.TOPIC_FORCE,))
-    push = push_socket(daemon)
-    try:
-        targets = [[0.40, 0.00, 0.05], [0.35, 0.05, 0.10], [0.30, -0.05, 0.00], [0.42, 0.01, -0.02]]
-        for i, pos in enumerate(targets):
+@pytest.fixture(scope="class")
+def remote_shared():
+    yield from serving_daemon("--device", "remote")
+
+
+class TestRemoteStylus:
+    """One daemon whose devices are remote styluses for the two stylus tests (each counts from the stats it finds);
+    torn down when the class is done, as TestSharedDaemon's."""
+
+    def test_remote_stylus_drives_the_grasp(self, remote_shared, subscribe):
+        daemon = remote_shared
+        stats0 = daemon.status()["stats"]
+        sub = subscribe(daemon, (protocol.TOPIC_FORCE,))
+        push = push_socket(daemon)
+        try:
+            targets = [[0.40, 0.00, 0.05], [0.35, 0.05, 0.10], [0.30, -0.05, 0.00], [0.42, 0.01, -0.02]]
+            for i, pos in enumerate(targets):
+                sub.drain()
+                push.send(pose_msg(pos, seq=i))
+                sub.until(lambda t, m: m["device"] == DEVICE and np.allclose(m["pose"], pos, rtol=0, atol=1e-9),
+                          2.0, f"force pose at {pos}")
+            # a stream of poses: the force pose follows it, and stays at the last one when the poses stop
+            for k in range(200):
+                push.send(pose_msg([0.38 + 0.02 * math.cos(k / 30), 0.02 * math.sin(k / 30), 0.05], seq=10 + k))
+                time.sleep(0.002)
+            last = [0.38 + 0.02 * math.cos(199 / 30), 0.02 * math.sin(199 / 30), 0.05]
+            sub.until(lambda t, m: np.allclose(m["pose"], last, rtol=0, atol=1e-9), 2.0, "the last pose")
+            time.sleep(0.5)   # no more poses: the scripted timeline must not take the grasp back
             sub.drain()
-            push.send(pose_msg(pos, seq=i))
-            sub.until(lambda t, m: m["device"] == DEVICE and np.allclose(m["pose"], pos, rtol=0, atol=1e-9),
-                      2.0, f"force pose at {pos}")
-        # a stream of poses: the force pose follows it, and stays at the last one when the poses stop
-        for k in range(200):
-            push.send(pose_msg([0.38 + 0.02 * math.cos(k / 30), 0.02 * math.sin(k / 30), 0.05], seq=10 + k))
-            time.sleep(0.002)
-        last = [0.38 + 0.02 * math.cos(199 / 30), 0.02 * math.sin(199 / 30), 0.05]
-        sub.until(lambda t, m: np.allclose(m["pose"], last, rtol=0, atol=1e-9), 2.0, "the last pose")
-        time.sleep(0.5)   # no more poses: the scripted timeline must not take the grasp back
-        sub.drain()
-        (_, m), _ = sub.until(lambda t, m: m["device"] == DEVICE, 1.0)
-        np.testing.assert_allclose(m["pose"], last, rtol=0, atol=1e-9)
-    finally:
-        push.close(0)
-    st = daemon.status()
-    assert DEVICE in st["devices"]
-    assert st["stats"]["stylus_accepted"] == len(targets) + 200 and st["stats"]["stylus_rejected"] == 0
+            (_, m), _ = sub.until(lambda t, m: m["device"] == DEVICE, 1.0)
+            np.testing.assert_allclose(m["pose"], last, rtol=0, atol=1e-9)
+        finally:
+            push.close(0)
+        st = daemon.status()
+        assert DEVICE in st["devices"]
+        assert st["stats"]["stylus_accepted"] - stats0["stylus_accepted"] == len(targets) + 200
+        assert st["stats"]["stylus_rejected"] - stats0["stylus_rejected"] == 0
 
-
-def test_stylus_positions_of_the_wrong_type_are_rejected(remote_daemon):
-    daemon = remote_daemon
-    push = push_socket(daemon, linger_ms=2000)
-    try:
-        push.send(msgpack.packb({"device": DEVICE, "pos": ["0.40", "0.0", "0.05"]}))
-        push.send(msgpack.packb({"device": DEVICE, "pos": [True, False, False]}))
-    finally:
-        push.close()
-    stats = wait_for(lambda: (s := daemon.status()["stats"])["stylus_rejected"] + s["stylus_accepted"] >= 2 and s,
-                     5.0)
-    assert stats["stylus_rejected"] == 2 and stats["stylus_accepted"] == 0, stats
+    def test_stylus_positions_of_the_wrong_type_are_rejected(self, remote_shared):
+        daemon = remote_shared
+        stats0 = daemon.status()["stats"]
+        push = push_socket(daemon, linger_ms=2000)
+        try:
+            push.send(msgpack.packb({"device": DEVICE, "pos": ["0.40", "0.0", "0.05"]}))
+            push.send(msgpack.packb({"device": DEVICE, "pos": [True, False, False]}))
+        finally:
+            push.close()
+        stats = wait_for(lambda: (s := daemon.status()["stats"])["stylus_rejected"] + s["stylus_accepted"]
+                         - stats0["stylus_rejected"] - stats0["stylus_accepted"] >= 2 and s, 5.0)
+        assert stats["stylus_rejected"] - stats0["stylus_rejected"] == 2, (stats0, stats)
+        assert stats["stylus_accepted"] - stats0["stylus_accepted"] == 0, (stats0, stats)
 
 
 def test_extreme_grasp_parameters_do_not_kill_the_physics_process(daemon, subscribe):
@@ -1055,17 +729,6 @@ def test_a_recorder_that_does_not_finish_is_killed_and_said_so(tmp_path):
         assert said and str(out) in said[0] and "no summary" in said[0], d.output()
     finally:
         d.close()
-
-
-def test_sigusr1_prints_each_process_stack_and_the_server_runs_on(daemon):
-    """`kill -USR1` on the supervisor or a child prints its threads' Python stacks on stderr (how to see where
-    a server that does not stop is stuck; the tests' Daemon.close does it before a SIGKILL)."""
-    # one at a time: two processes' dumps on one pipe interleave (faulthandler writes a line in pieces)
-    os.kill(daemon.pid, signal.SIGUSR1)
-    daemon.wait_line(r'File ".*server/supervisor\.py", line \d+ in run', 5.0, stream="stderr")
-    os.kill(daemon.physics_pid(), signal.SIGUSR1)
-    daemon.wait_line(r'File ".*server/physics\.py", line \d+ in run', 5.0, stream="stderr")
-    assert daemon.status()["ok"] and daemon.proc.poll() is None
 
 
 def _status_or_none(d: Daemon):

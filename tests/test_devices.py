@@ -21,7 +21,7 @@ import pytest
 from suturesim.haptics import emulator as emu
 from suturesim.server import protocol
 from suturesim.server.recording import read_messages
-from test_daemon import Daemon, Sub, wait_for
+from conftest import Daemon, Sub, wait_for
 
 CLAMP_N = 0.88          # the emulator's HD_NOMINAL_MAX_CONTINUOUS_FORCE: the clamp (config allows 3 N)
 END_X_MM = 0.0          # device origin = the default thread's grasped end (offset below)

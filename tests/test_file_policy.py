@@ -314,7 +314,7 @@ def test_daemon_refuses_reads_outside_and_keeps_serving(tmp_path, dirs):
     rebuilds that with its own points file but cannot point it elsewhere; each attack on `load` gets an error
     reply that leaks nothing, and the server answers `status` within 1 s after each; a scenario in the
     directory loads by file name."""
-    from test_daemon import Daemon
+    from conftest import Daemon
 
     scen, outside = dirs
     (scen / "escape.yaml").symlink_to(outside / "secret.yaml")

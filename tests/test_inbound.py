@@ -15,7 +15,7 @@ from suturesim.server.config import ServerConfig, check_scene_fits_loop
 from suturesim.solver.config import ConfigError, load_yaml
 from suturesim.solver.scenario import build_scenario, scenario_path
 
-from test_daemon import DEVICE, Sub, serving_daemon, wait_for
+from conftest import DEVICE, Sub, serving_daemon, wait_for
 
 MAX = 65536
 

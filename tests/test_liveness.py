@@ -4,7 +4,7 @@ scene's last snapshot; a scene build that dies or hangs gets an error reply; rec
 new files inside the recordings directory only, answered after the file exists; a full disk or a dead recorder
 is an `event` and an error on the next reply, and the partial recording stays readable.
 
-Every test runs a real `suturesim serve` on loopback (tests/test_daemon.py's harness), with a server config whose
+Every test runs a real `suturesim serve` on loopback (tests/conftest.py's harness), with a server config whose
 recordings directory is the test's own.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from suturesim.server.recording import read_messages
 from suturesim.server.snapshot import Snapshot, SnapshotScene
 from suturesim.solver.scenario import load_scenario
 
-from test_daemon import Daemon, Sub, wait_for
+from conftest import Daemon, Sub, wait_for
 
 
 def _config(tmp_path: Path, extra: str = "") -> tuple[Path, Path]:

@@ -17,22 +17,9 @@ import zmq
 from suturesim.haptics import emulator as emu
 from suturesim.server import protocol
 from suturesim.server.recording import read_messages, read_metadata
-from test_daemon import Daemon, free_ports
+from conftest import Daemon, free_ports, serve_and_record, serving_daemon
 
 CLI = [sys.executable, "-m", "suturesim.server.cli"]
-
-
-def serve_and_record(tmp_path, seconds: float, name: str = "session.mcap", *extra: str, env=None):
-    """`suturesim serve --record` for ``seconds`` of serving, stopped with SIGTERM; returns the file."""
-    out = tmp_path / name
-    d = Daemon("--record", str(out), *extra, env=env)
-    try:
-        d.wait_serving()
-        time.sleep(seconds)
-    finally:
-        d.close()
-    assert d.proc.returncode == 0, d.output()
-    return out
 
 
 def force_seqs(path) -> dict[str, list[int]]:
@@ -130,49 +117,53 @@ def test_replay_publish_seek_and_speed(session, tmp_path):
     assert wall < 3.0          # 1 s of recording at 4x (plus start-up)
 
 
-def test_record_cli_records_a_running_server(tmp_path):
-    d = Daemon()
-    out = tmp_path / "cli.mcap"
-    try:
-        d.wait_serving()
+@pytest.fixture(scope="class")
+def running():
+    yield from serving_daemon()
+
+
+class TestRecordARunningServer:
+    """`suturesim record` on one running server (the default scene and its scripted stylus), torn down when the
+    class is done: recording it, or killing the recorder, changes nothing of the server's."""
+
+    def test_record_cli_records_a_running_server(self, running, tmp_path):
+        d = running
+        out = tmp_path / "cli.mcap"
         done = subprocess.run([*CLI, "record", "--out", str(out), "--connect", d.pub, "--control", d.control,
                                "--duration", "3", "--topics", "force,event"], capture_output=True, text=True,
                               timeout=60)
-    finally:
-        d.close()
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "no force message missing" in done.stdout
-    topics = {t for t, _, _, _ in read_messages(out)}
-    assert topics == {"force"} or topics == {"force", "event"}
-    seqs = force_seqs(out)["stylus0"]
-    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))) and len(seqs) > 2000
-    meta = read_metadata(out)
-    assert meta["scenario"]["name"] == "default" and "yaml" in meta["server"]
-    # it joined a running session with a scripted stylus: the scene is stepped from its start (deterministic)
-    # and compared from the first recorded tick
-    r = subprocess.run([*CLI, "replay", str(out), "--to", "resimulate"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "EXACT" in r.stdout and f"starts at seq {seqs[0]}" in r.stdout, r.stdout
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "no force message missing" in done.stdout
+        topics = {t for t, _, _, _ in read_messages(out)}
+        assert topics == {"force"} or topics == {"force", "event"}
+        seqs = force_seqs(out)["stylus0"]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))) and len(seqs) > 2000
+        meta = read_metadata(out)
+        assert meta["scenario"]["name"] == "default" and "yaml" in meta["server"]
+        # it joined a running session with a scripted stylus: the scene is stepped from its start (deterministic)
+        # and compared from the first recorded tick
+        r = subprocess.run([*CLI, "replay", str(out), "--to", "resimulate"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "EXACT" in r.stdout and f"starts at seq {seqs[0]}" in r.stdout, r.stdout
 
-
-def test_record_sigkill_leaves_a_readable_file(tmp_path):
-    d = Daemon()
-    out = tmp_path / "killed.mcap"
-    try:
-        d.wait_serving()
+    def test_record_sigkill_leaves_a_readable_file(self, running, tmp_path):
+        d = running
+        out = tmp_path / "killed.mcap"
         rec = subprocess.Popen([*CLI, "record", "--out", str(out), "--connect", d.pub, "--control", d.control],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        time.sleep(4.0)
-        t_kill = time.time_ns()
-        os.killpg(rec.pid, signal.SIGKILL)      # the CLI and its recorder process
-        rec.wait(5)
-    finally:
-        d.close()
-    msgs = list(read_messages(out))
-    assert msgs, "nothing readable"
-    last_log = max(log for _, _, log, _ in msgs)
-    assert (t_kill - last_log) / 1e9 < 1.5               # everything up to about a second before the kill
-    seqs = force_seqs(out)["stylus0"]
-    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+        try:
+            time.sleep(4.0)
+            t_kill = time.time_ns()
+            os.killpg(rec.pid, signal.SIGKILL)      # the CLI and its recorder process
+        finally:
+            if rec.poll() is None:
+                os.killpg(rec.pid, signal.SIGKILL)
+            rec.wait(5)
+        msgs = list(read_messages(out))
+        assert msgs, "nothing readable"
+        last_log = max(log for _, _, log, _ in msgs)
+        assert (t_kill - last_log) / 1e9 < 1.5               # everything up to about a second before the kill
+        seqs = force_seqs(out)["stylus0"]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
 
 
 def test_replay_to_device_plays_the_recorded_force_on_the_emulator(session, tmp_path):

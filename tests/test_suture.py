@@ -22,8 +22,7 @@ from suturesim.solver.scenario import load_scenario
 from suturesim.solver.suture import SutureWatch, pad_gap
 from suturesim.solver.tissue import PI_STATE, PUN_ACTIVE, TP_RADIUS, count_inside
 from suturesim.tools.crossings import crossings
-from test_daemon import Daemon, overruns_past_catch_up
-from test_replay import serve_and_record
+from conftest import Daemon, overruns_past_catch_up, serve_and_record
 
 CLI = [sys.executable, "-m", "suturesim.server.cli"]
 
@@ -45,19 +44,45 @@ def play(trace: bool = False, scene: str = "simple-interrupted-suture", duration
         yield stepper, n, model, state, events
 
 
-def test_the_scripted_suture_closes_the_wound():
-    crack = None
-    gaps = {}
-    for stepper, _, model, state, events in play():
-        crack = 3.0 * model.tissue_par[TP_RADIUS]
+MAPS_TICK = 2700   # the thread through all four punctures (2.61-3.81 s: docs/PHYSICS.md Sec. 9)
+
+
+@pytest.fixture(scope="module")
+def scripted_suture():
+    """configs/scenarios/simple-interrupted-suture.yaml played through once, for the tests that read it: (the
+    times at which the needle or the thread was inside a pad but through its punctures, the wound's gap (m) at
+    the times the tests read, the crack (m), stepper, model, the state at the end, the events, and
+    MessageBuilder's tissue and needle maps and `state` message at tick MAPS_TICK)."""
+    from suturesim.server.messages import MessageBuilder
+    sc = load_scenario("simple-interrupted-suture")
+    model, state = sc.model, sc.new_state()
+    stepper = Stepper(model, state)
+    watch = SutureWatch(model)
+    watch.reset(state)
+    events: list[tuple[float, str, dict]] = []
+    inside, gaps, maps = [], {}, None
+    for tick in range(1, int(round(sc.duration / model.solver.tick)) + 1):
+        stepper.tick()
+        watch.check(state, lambda kind, **d: events.append((float(state.time[0]), kind, d)))
         # neither the needle nor the thread is ever inside a pad except through its punctures
-        assert needle_inside(state.x, model.rest_length, model.needle_par, state.nst, model.tissue_par, model.pads,
-                             state.pst, state.pun_i, state.pun_f, 0.0, 24) == 0
-        assert count_inside(state.x, model.rest_length, model.pads, state.pst, state.pun_i, state.pun_f, 0.0,
-                            model.tissue_par[TP_RADIUS], 1) == 0
+        needle = needle_inside(state.x, model.rest_length, model.needle_par, state.nst, model.tissue_par, model.pads,
+                               state.pst, state.pun_i, state.pun_f, 0.0, 24)
+        thread = count_inside(state.x, model.rest_length, model.pads, state.pst, state.pun_i, state.pun_f, 0.0,
+                              model.tissue_par[TP_RADIUS], 1)
+        if needle != 0 or thread != 0:
+            inside.append((float(state.time[0]), needle, thread))
         t = round(float(state.time[0]), 3)
         if t in (6.5, 15.0, 17.0, 20.0, 22.9, 25.1, 28.0, 32.0):
             gaps[t] = float(pad_gap(model.pads, state.pst))
+        if tick == MAPS_TICK:
+            b = MessageBuilder(sc)
+            maps = (b._tissue(state), b._needle(state), protocol.decode(b.state(1, state), protocol.TOPIC_STATE))
+    return inside, gaps, 3.0 * model.tissue_par[TP_RADIUS], stepper, model, state, events, maps
+
+
+def test_the_scripted_suture_closes_the_wound(scripted_suture):
+    inside, gaps, crack, stepper, model, state, events, _ = scripted_suture
+    assert inside == [], inside[:10]   # (t, needle inside, thread inside) at every tick: never
     kinds = [(k, d.get("pad"), d.get("side")) for _, k, d in events if k in ("puncture", "thread_through")]
     # the needle went in and out of the left edge, in and out of the right one; the thread followed through all
     assert kinds[:4] == [("puncture", "left", "entry"), ("puncture", "left", "exit"),
@@ -168,20 +193,13 @@ def _keys_sorted(obj) -> bool:
     return type(obj) in (float, int, str, bool, type(None))
 
 
-def test_state_tissue_and_needle_maps_are_built_in_sorted_order():
+def test_state_tissue_and_needle_maps_are_built_in_sorted_order(scripted_suture):
     """MessageBuilder sends its tissue and needle maps as SortedMaps (no copy into sorted order): every key of
-    every map inside them in order, and nothing but msgpack's own types, mid-suture with all four punctures."""
-    from suturesim.server.messages import MessageBuilder
-    sc = load_scenario("simple-interrupted-suture")
-    model, state = sc.model, sc.new_state()
-    stepper = Stepper(model, state)
-    for _ in range(2700):     # the thread through all four punctures (2.61-3.81 s: docs/PHYSICS.md Sec. 9)
-        stepper.tick()
-    b = MessageBuilder(sc)
-    tissue, needle = b._tissue(state), b._needle(state)
+    every map inside them in order, and nothing but msgpack's own types, mid-suture with all four punctures (at
+    tick MAPS_TICK of the scripted suture's play)."""
+    tissue, needle, m = scripted_suture[-1]
     assert type(tissue) is protocol.SortedMap and type(needle) is protocol.SortedMap
     assert len(tissue["punctures"]) == 4 and _keys_sorted(tissue) and _keys_sorted(needle)
-    m = protocol.decode(b.state(1, state), protocol.TOPIC_STATE)
     assert m["tissue"]["pads"][1]["size"] == pytest.approx([0.02, 0.03, 0.01])
 
 
@@ -213,7 +231,11 @@ def test_headless_recording_carries_the_suture(tmp_path):
     assert any("wound's gap" in ax.get_title() for ax in fig.axes)
 
 
+@pytest.mark.long
+@pytest.mark.timed
 def test_serve_plays_the_suture_in_real_time_and_resimulates_exactly(tmp_path):
+    """23.5 s of `serve` in real time (the surgeon's knot is read at 20.3-21.5 s), then the whole session
+    resimulated: inherently long, and it asserts the loop's timing, so it runs alone in the long part."""
     path = serve_and_record(tmp_path, 23.5, "suture.mcap", "--scenario", "simple-interrupted-suture")
     stats = [protocol.decode(p, t) for t, p, _, _ in read_messages(path) if t == "stats"]
     events = [protocol.decode(p, t) for t, p, _, _ in read_messages(path) if t == "event"]
@@ -245,7 +267,7 @@ def test_a_needle_turned_by_a_live_stylus_resimulates_exactly(tmp_path):
 
     import msgpack
 
-    from test_daemon import push_socket
+    from conftest import push_socket
 
     out = tmp_path / "live-needle.mcap"
     d = Daemon("--record", str(out), "--scenario", "simple-interrupted-suture", "--device", "remote")
