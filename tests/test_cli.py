@@ -80,6 +80,12 @@ def test_bench_quick_runs_and_prints_tables(capsys):
     assert main(["bench", "all", "--quick", "--no-elastica", "--no-loop"]) == 0
     out = capsys.readouterr().out
     assert "bench-suture" in out and "newton" in out and "contraction" in out
+    # the inbound section: every hostile request refused, the ordinary ones accepted
+    rows = [ln for ln in out.splitlines() if ln.startswith("| ") and ("accepted" in ln or "refused" in ln)]
+    assert "## 8. Inbound validation" in out and len(rows) == 10
+    assert [ln.split(" | ")[0] for ln in rows if "accepted" in ln] == ["| `status` request",
+                                                                      "| inline scenario (needle-tie-surgeons-knot)",
+                                                                      "| stylus sample"]
 
 
 def test_bench_out_replaces_a_sections_figures_and_keeps_its_notes():
