@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from .link import DeviceLink
 from .openhaptics import DeviceError, HDDeviceSpec, OpenHapticsDriver, OpenHapticsUnavailable
-from .process import StopRequest, die_with_parent, dump_stacks_on_signal
+from .process import StopRequest, dump_stacks_on_signal
 from .safety import SafetyConfig
 from .servo import Servo
 from .transform import DeviceTransform
@@ -65,8 +65,8 @@ def _log_line(line: str) -> None:
 
 def driver_main(devices: list[DriverDevice], link_name: str, conn, stop) -> None:
     """Entry point of the driver process (multiprocessing, spawn). ``conn``: a Pipe end to the supervisor;
-    ``stop``: a shared stop flag (haptics/process.py)."""
-    die_with_parent()
+    ``stop``: a shared stop flag (haptics/process.py). Started through process.child_main, which armed
+    die-with-parent before this module's imports."""
     realtime_servo()
     dump_stacks_on_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # the supervisor decides when to stop

@@ -15,7 +15,6 @@ import os
 import threading
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 import zmq
@@ -33,7 +32,7 @@ from .console import say
 from .messages import MessageBuilder
 from .scene import SceneRunner
 from .security import SocketSecurity
-from .snapshot import Snapshot, SnapshotScene, scene_base_dir
+from .snapshot import Snapshot, SnapshotScene
 
 STYLUS_MAX_POS_M = protocol.STYLUS_MAX_POS_M   # m: a remote or linked pose farther from the origin is rejected
 STYLUS_DRAIN_PER_TICK = 32     # remote stylus messages read per tick at most
@@ -343,7 +342,7 @@ class PhysicsLoop:
         name (what it restarts a dead or hung process from) and the previous one is removed."""
         sc = self.scenario
         old = self.snapshot
-        self.snapshot = Snapshot.create(SnapshotScene(sc.name, sc.file, sc.source, scene_base_dir(sc)), self.state)
+        self.snapshot = Snapshot.create(SnapshotScene(sc.name, sc.file, sc.source, sc.base_dir), self.state)
         self.snapshot.write(self.state)
         self.supervisor.send(("snapshot", self.snapshot.name))
         if old is not None:
@@ -358,7 +357,7 @@ class PhysicsLoop:
         try:
             scene = snap.scene()
             scenario = build_scenario(scene.source, scene.file,
-                                      base_dir=None if scene.base_dir is None else Path(scene.base_dir))
+                                      base_dir=scene.base_dir)
             state = scenario.new_state()
             restored = snap.restore(state)
         finally:
@@ -827,9 +826,10 @@ def physics_main(cfg: ServerConfig, link_name: str | None, ready, stop, conn=Non
 
     import sys
 
-    from ..haptics.process import StopRequest, die_with_parent, dump_stacks_on_signal
+    from ..haptics.process import StopRequest, dump_stacks_on_signal
 
-    die_with_parent()  # a killed supervisor stops the loop too (SIGTERM: the request below)
+    # started through haptics/process.py child_main, which armed die-with-parent: a killed supervisor stops the
+    # loop too (SIGTERM: the request below)
     dump_stacks_on_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when to stop
     stop = StopRequest(stop)

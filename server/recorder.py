@@ -125,9 +125,10 @@ def recorder_main(endpoint: str, path: str, stop, ready, metadata: dict | None =
     import signal
     import sys
 
-    from ..haptics.process import StopRequest, die_with_parent, dump_stacks_on_signal
+    from ..haptics.process import StopRequest, dump_stacks_on_signal
 
-    die_with_parent()   # a killed server (or `suturesim record`) stops its recorder too, file closed
+    # started through haptics/process.py child_main, which armed die-with-parent: a killed server (or `suturesim
+    # record`) stops its recorder too, file closed
     dump_stacks_on_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # a file past the size limit (RLIMIT_FSIZE) is a write error to report, not a signal that kills the recorder

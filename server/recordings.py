@@ -44,17 +44,14 @@ class RecorderProcess:
     def start(self, path: str, metadata: dict, exclusive: bool) -> str | None:
         """Start recording to ``path`` (created new if ``exclusive``); None once it records, else the reason it
         could not start (no process is left)."""
-        from ..haptics.process import shared_flag
-        from .recorder import recorder_main
+        from ..haptics.process import child_main, shared_flag
 
         self.stop_flag = shared_flag(self.ctx)
         self.counts = self.ctx.Array("q", 2, lock=False)
         self.conn, child = self.ctx.Pipe(duplex=False)
-        kwargs = {"exclusive": exclusive}
-        if self.curve is not None:
-            kwargs["curve"] = self.curve
-        self.proc = self.ctx.Process(target=recorder_main, name="suturesim-recorder", kwargs=kwargs,
-                                     args=(self.endpoint, path, self.stop_flag, child, metadata, None, self.counts))
+        self.proc = self.ctx.Process(target=child_main, name="suturesim-recorder",
+                                     args=("suturesim.server.recorder", "recorder_main", self.endpoint, path,
+                                           self.stop_flag, child, metadata, None, self.counts, exclusive, self.curve))
         self.proc.start()
         child.close()
         self.path, self.failure = path, None

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import zmq
 
-from ..haptics.driver import DriverDevice, driver_main
+from ..haptics.driver import DriverDevice
 from ..haptics.link import DeviceLink
 from ..haptics.process import StopRequest, child_main, dump_stacks_on_signal, shared_flag
 from ..solver.scenario import load_scenario
@@ -109,7 +109,8 @@ def start_driver(ctx, cfg: ServerConfig, link: DeviceLink, devices: list[str], o
         return None, {}
     stop = shared_flag(ctx)
     conn, child = ctx.Pipe()
-    proc = ctx.Process(target=driver_main, name="suturesim-device", args=(specs, link.name, child, stop))
+    proc = ctx.Process(target=child_main, name="suturesim-device",
+                       args=("suturesim.haptics.driver", "driver_main", specs, link.name, child, stop))
     proc.start()
     driver = DeviceDriver(proc, conn, stop, out)
     if not conn.poll(DRIVER_READY_TIMEOUT_S):

@@ -25,7 +25,7 @@ import time
 import msgpack
 import zmq
 
-from ..haptics.process import StopRequest, shared_flag
+from ..haptics.process import StopRequest, child_main, shared_flag
 from ..server.protocol import TOPIC_EVENT, TOPIC_FORCE, TOPIC_STATE, TOPIC_STATS
 from ..server.security import ClientCurve, SecurityError, client_curve_option
 
@@ -55,7 +55,6 @@ def describe(control: str, timeout_s: float = 2.0, curve: ClientCurve | None = N
 
 def main(argv: list[str] | None = None) -> int:
     from ..server.headless import recording_metadata
-    from ..server.recorder import recorder_main
 
     p = argparse.ArgumentParser(prog="suturesim record", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
                                 epilog=__doc__.split("\n\n", 1)[1])
@@ -103,8 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     ctx = mp.get_context("spawn")
     stop, ready = shared_flag(ctx), ctx.Event()
     counts = ctx.Array("q", 2, lock=False)   # messages written, force seq gaps: for the progress line
-    proc = ctx.Process(target=recorder_main, name="suturesim-recorder", kwargs={"curve": curve},
-                       args=(args.connect, args.out, stop, ready, meta, [TOPICS[t] for t in topics], counts))
+    proc = ctx.Process(target=child_main, name="suturesim-recorder",
+                       args=("suturesim.server.recorder", "recorder_main", args.connect, args.out, stop, ready, meta,
+                             [TOPICS[t] for t in topics], counts, False, curve))
     stopping = StopRequest(stop, (signal.SIGINT, signal.SIGTERM))   # sets ``stop``, which the recorder reads
     proc.start()
     t0 = time.monotonic()
