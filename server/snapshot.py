@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from multiprocessing.shared_memory import SharedMemory
-from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -43,7 +42,7 @@ class SnapshotScene:
     name: str
     file: str
     source: dict
-    base_dir: str | None
+    base_dir: str                # where its relative references resolved (Scenario.base_dir)
 
 
 class Snapshot:
@@ -161,13 +160,4 @@ def unlink_snapshot(name: str) -> None:
     shm.unlink()
 
 
-def scene_base_dir(scenario) -> str | None:
-    """Where ``scenario`` resolved its relative references (solver/scenario.py): its own record of it, else its
-    file's folder; None for a scene that came inline with neither."""
-    base = getattr(scenario, "base_dir", None)
-    if base is not None:
-        return str(base)
-    return None if scenario.file.startswith("<") else str(Path(scenario.file).resolve().parent)
-
-
-__all__ = ["Snapshot", "SnapshotScene", "unlink_snapshot", "scene_base_dir"]
+__all__ = ["Snapshot", "SnapshotScene", "unlink_snapshot"]

@@ -57,7 +57,7 @@ def _tree(root: Path) -> dict[str, tuple[int, int]]:
 def test_a_snapshot_gives_back_the_newest_whole_state_and_its_scene():
     sc = load_scenario("default")
     state = sc.new_state()
-    snap = Snapshot.create(SnapshotScene(sc.name, sc.file, sc.source, None), state)
+    snap = Snapshot.create(SnapshotScene(sc.name, sc.file, sc.source, sc.base_dir), state)
     try:
         state.x[3] = (1.0, 2.0, 3.0)
         state.time[0] = 1.5
