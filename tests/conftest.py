@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import zmq
 
 from suturesim.haptics.link import DeviceLink
 from suturesim.server import protocol
+from suturesim.tools import bench_loop
 
 START_TIMEOUT_S = 60.0      # a cold numba cache compiles every kernel on the first start
 REPLY_TIMEOUT_S = 3.0
@@ -40,22 +40,10 @@ DEVICE = "stylus0"          # the default scenario's grasp device (configs/scena
 
 _CTX = zmq.Context()
 
+free_ports = bench_loop.free_ports   # k distinct free loopback TCP ports (one helper for the benches and tests)
+
 
 # ------------------------------------------------------------------------------------------------- harness
-def free_ports(k: int) -> list[int]:
-    """k distinct free loopback TCP ports (bound together to port 0, then released)."""
-    socks = []
-    try:
-        for _ in range(k):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 class Daemon:
     """`suturesim serve` in a subprocess (its own session, so the finalizer can reap every child)."""
 

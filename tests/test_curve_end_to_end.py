@@ -24,7 +24,7 @@ from suturesim.solver.config import ConfigError
 from suturesim.tools import view
 from suturesim.tools.replay import main as replay_main
 
-from test_daemon_curve import free_ports
+from conftest import free_ports
 
 FLOOD = 200   # refused CURVE handshakes in the flood test
 

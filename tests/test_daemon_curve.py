@@ -3,7 +3,6 @@ gets replies and data; a client with another key pair, or none, gets nothing. Lo
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,15 +14,7 @@ import zmq.auth
 
 from suturesim.server.security import make_keys
 
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+from conftest import free_ports
 
 
 @pytest.fixture
