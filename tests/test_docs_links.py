@@ -1,6 +1,6 @@
 """The repository documents itself: every relative link in README.md and docs/*.md leads to a file inside the
-repository, and no tracked file points outside it to the first architecture draft (DESIGN.md, ../shared/...);
-docs/ARCHITECTURE.md is the architecture."""
+repository, and no tracked file points outside it to the first architecture draft (OUTSIDE below names what
+is looked for); docs/ARCHITECTURE.md is the architecture."""
 from __future__ import annotations
 
 import re
@@ -52,8 +52,8 @@ def test_relative_links_resolve_to_files_in_the_repository(doc):
 
 
 def test_the_link_finder_finds_links():
-    text = "See [a](docs/A.md#x), ![p](docs/p.png \"title\") and `[not](a-link)`.\n\n[ref]: ../shared/B.md\n"
-    assert links(text) == ["docs/A.md#x", "docs/p.png", "../shared/B.md"]
+    text = "See [a](docs/A.md#x), ![p](docs/p.png \"title\") and `[not](a-link)`.\n\n[ref]: ../other/B.md\n"
+    assert links(text) == ["docs/A.md#x", "docs/p.png", "../other/B.md"]
 
 
 @pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout")

@@ -1,7 +1,8 @@
 """Docs, code, configs and tests state facts, invariants and reasons; the history of how they came about belongs
-in git log. No tracked text file names a work session ("session 31", "stop 31", "an earlier session") or credits a
-result to a script outside the repository ("a /tmp script", "/tmp/rt/x.py"): a figure worth keeping names the
-command in the repository that reproduces it (a `suturesim bench` or `suturesim validate` case, or a test).
+in git log. No tracked text file names a work session by its number or as an earlier or later one, or credits a
+result to a script outside the repository (one under the temporary directory): a figure worth keeping names the
+command in the repository that reproduces it (a `suturesim bench` or `suturesim validate` case, or a test). The
+examples below are put together from parts, so that this file does not itself hold what it looks for.
 
 The patterns leave the other senses of the word alone: a haptic or recording session, a trainee's session,
 `start_new_session`, a session of `serve`."""
@@ -13,9 +14,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SUFFIXES = {".py", ".md", ".yaml", ".yml", ".txt", ".toml", ".cfg", ".sh"}
 
 PATTERNS = [
-    re.compile(r"\bsessions? \d+", re.I),                       # session 31, sessions 26-27
+    re.compile(r"\bsessions? \d+", re.I),                       # a session's number, or a range of them
     re.compile(r"\bsessions? \d+'s\b|\bsession \d+\b", re.I),
-    re.compile(r"\bCI stops? \d+\b|\bstops? \d+'s\b", re.I),    # "stop 31" as a work-session label
+    re.compile(r"\bCI stops? \d+\b|\bstops? \d+'s\b", re.I),    # a CI stop's number as a work-session label
     re.compile(r"\b(?:earlier|previous|later|next|this|last) (?:work )?session\b(?! of)", re.I),
     re.compile(r"\bthe session before\b", re.I),
     re.compile(r"\b(?:a|the) `?/tmp`? (?:script|build|worktree|rerun)s?\b", re.I),
@@ -53,11 +54,12 @@ def hits() -> list[str]:
 
 
 def test_the_patterns_catch_work_session_references_and_not_other_sessions():
-    history = ["(session 17 measured, for a 200-segment knot)", "since session 24's scaled drag",
-               "sessions 26-27", "Session 30, the scripted scene", "read in an earlier session",
-               "a later session", "in this session", "the session before", "CI stop 31", "stop 31's note",
-               "(a `/tmp` script, 32 000 ticks)", "credited to a /tmp script", "(`/tmp/rt/full2.py`)",
-               "measured with /tmp scripts doing the same"]
+    w, s, t = "ses" + "sion", "st" + "op", "/t" + "mp"   # a work session, a CI stop, the temporary directory
+    history = [f"({w} 17 measured, for a 200-segment knot)", f"since {w} 24's scaled drag",
+               f"{w}s 26-27", f"{w.title()} 30, the scripted scene", f"read in an earlier {w}",
+               f"a later {w}", f"in this {w}", f"the {w} before", f"CI {s} 31", f"{s} 31's note",
+               f"(a `{t}` script, 32 000 ticks)", f"credited to a {t} script", f"(`{t}/rt/full2.py`)",
+               f"measured with {t} scripts doing the same"]
     other = ["a haptic session", "a recording session", "a trainee's session", "start_new_session=True",
              "a 30 s session of serve", "the serve test asserts the whole session", "ipc:///tmp/suturesim.sock",
              "a short session's forces", "the thread comes to a stop 1 mm short", "tmp_path / 'session.mcap'"]
