@@ -25,7 +25,7 @@ import msgpack
 import numpy as np
 import zmq
 
-from ..solver.config import MAX_NAME_CHARS, ConfigError
+from ..solver.config import MAX_NAME_CHARS, ConfigError, is_name
 from ..solver.scenario import build_scenario, load_scenario_request
 from ..solver.sources import FilePolicy
 from ..solver.integrator import STAT_SUBSTEPS
@@ -344,7 +344,7 @@ class ControlHandler:
         device = _field(req, "device", str, gid if gid is not None else "")
         for key, name in (("id", gid), ("device", device)):
             # the limit a scenario's grasps have (solver/scenario.py): a name is copied into every `force`
-            if name is not None and (len(name) > MAX_NAME_CHARS or not name.isprintable()):
+            if name and not is_name(name):
                 raise RequestError(f"{key}: must be printable and at most {MAX_NAME_CHARS} characters, got "
                                    f"{len(name)}")
         try:
@@ -367,32 +367,27 @@ class ControlHandler:
             raise RequestError("record_start takes `name`, a file name in the server's recordings directory "
                                "(files.recordings_dir); paths are not accepted")
         name = _field(req, "name", str)
-        lp = self.loop
-
-        def apply(answer: tuple) -> dict:
-            _, ok, text = answer
-            if not ok:
-                raise RequestError(text)
-            lp.recording = {"path": text, "state": "recording"}
-            lp.event("record_start", path=text)
-            return {"path": text}
-
-        self.ask_supervisor(("record_start", name), apply)
+        self.ask_supervisor(("record_start", name), self._recorded("record_start", "recording"))
         return None
 
     def record_stop(self, req: dict) -> None:
+        self.ask_supervisor(("record_stop", None), self._recorded("record_stop", "stopped"))
+        return None
+
+    def _recorded(self, kind: str, state: str) -> Callable[[tuple], dict]:
+        """The reply to the supervisor's answer ("record", ok, the file's path or the reason): on success the
+        loop's `recording` becomes ``state`` (none if no file was recording) and a ``kind`` event says so."""
         lp = self.loop
 
         def apply(answer: tuple) -> dict:
             _, ok, text = answer
             if not ok:
                 raise RequestError(text)
-            lp.recording = {"path": text, "state": "stopped"} if text else {}
-            lp.event("record_stop", path=text)
+            lp.recording = {"path": text, "state": state} if text else {}
+            lp.event(kind, path=text)
             return {"path": text}
 
-        self.ask_supervisor(("record_stop", None), apply)
-        return None
+        return apply
 
     def recordings(self, req: dict) -> dict:
         """The recordings in the recordings directory: name, bytes, mtime (s since the epoch)."""

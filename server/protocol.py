@@ -37,7 +37,7 @@ import msgpack
 import numpy as np
 
 from ..haptics.safety import FLAG_CLAMPED, FLAG_FAULT, FLAG_SLEWED, FLAG_WATCHDOG  # noqa: F401 (re-exported)
-from ..solver.config import MAX_NAME_CHARS
+from ..solver.config import MAX_NAME_CHARS, is_name
 
 __all__ = [
     "SCHEMA_VERSION", "MAX_MESSAGE_BYTES",
@@ -666,7 +666,7 @@ def decode_stylus(raw: bytes) -> StylusSample:
     if type(m) is not dict:
         raise ProtocolError(f"stylus: must be a map, got {type(m).__name__}")
     device = m.get("device")
-    if type(device) is not str or not 0 < len(device) <= STYLUS_MAX_DEVICE_CHARS or not device.isprintable():
+    if not is_name(device):
         raise ProtocolError(f"stylus: device: must be a printable string of 1 to {STYLUS_MAX_DEVICE_CHARS} "
                             "characters")
     if "pos" not in m:

@@ -19,6 +19,12 @@ _REQUIRED = object()
 MAX_NAME_CHARS = 64
 
 
+def is_name(value: object) -> bool:
+    """A grasp's or device's name: a printable string of 1 to MAX_NAME_CHARS characters (the one rule for a
+    scenario's grasps, a `grasp` request and a stylus sample)."""
+    return isinstance(value, str) and 0 < len(value) <= MAX_NAME_CHARS and value.isprintable()
+
+
 class ConfigError(ValueError):
     """A configuration problem, with the file, key path and reason in its message."""
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import MAX_NAME_CHARS, ConfigError, Section, load_yaml
+from .config import MAX_NAME_CHARS, ConfigError, Section, is_name, load_yaml
 from .model import MAX_GRASPS, ContactSettings, SolverSettings, ThreadModel, ThreadState, build_model, make_state
 from .motion import MOTION_GRASP, MOTION_RELEASE, MOTION_SPIN, MOTION_TWIST, MOTION_VERTEX
 from .needle import NP_ARC, NP_MASS, NP_RADIUS, NS_Q, NS_QT, arc_point
@@ -464,7 +464,7 @@ def build_scenario(data: dict, file: str, *, policy: FilePolicy | None = None,
 def _name(sec: Section, key: str, default: str) -> str:
     """A grasp's id or device: printable, 1 to MAX_NAME_CHARS characters (it is copied into every message)."""
     value = sec.get(key, str, default)
-    if not 0 < len(value) <= MAX_NAME_CHARS or not value.isprintable():
+    if not is_name(value):
         raise sec.error(key, f"must be printable and 1 to {MAX_NAME_CHARS} characters (it is sent in every "
                              f"`force` and `state`), got {len(value)}")
     return value
