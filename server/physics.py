@@ -734,13 +734,12 @@ class PhysicsLoop:
                         t0 += (-err) % tick_ns
                         self.phase_locked = True
             substeps, step_ns = self.tick_scene(start)
-            if control.busy():
+            if control.busy() or k % SUPERVISOR_POLL_TICKS == 0:   # an answer awaited, or one said unasked
                 control.poll_supervisor()
+            if control.busy():
                 control.finish_pending()
             elif self.ctl.poll(0, poller_flags):
                 control.handle_one()
-            if k % SUPERVISOR_POLL_TICKS == 0:
-                control.poll_supervisor()
             if heartbeat is not None:
                 heartbeat[0] = k
             if self.snapshot is not None and k % SNAPSHOT_TICKS == 0:
