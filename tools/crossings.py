@@ -1,138 +1,186 @@
 """Independent checks of a thread's topology: whether two segments pass through each other between two
 states (:func:`crossings`), and how coiled a thread is (:func:`writhe`).
 
-They share nothing with the solver's contact code (solver/contact.py, contact_response.py): plain numpy over
-all pairs, used by the tests and by `suturesim validate` to check the contact response from outside. Between states x0 and x1 every vertex moves on a straight line, x(tau) = x0 + tau (x1 - x0). Two
-segments [p0, p1], [q0, q1] can only pass through each other at an instant where they are coplanar, i.e. where
-the triple product V(tau) = (p1 - p0) . ((q0 - p0) x (q1 - p0)), a cubic in tau, is zero. So: find every sign
+They share nothing with the solver's contact code (solver/contact.py, contact_response.py): a kernel of their
+own over all pairs, used by the tests and by `suturesim validate` to check the contact response from outside.
+Between states x0 and x1 every vertex moves on a straight line, x(tau) = x0 + tau (x1 - x0). Two segments
+[p0, p1], [q0, q1] can only pass through each other at an instant where they are coplanar, i.e. where the
+triple product V(tau) = (p1 - p0) . ((q0 - p0) x (q1 - p0)), a cubic in tau, is zero. So: find every sign
 change of V on [0, 1] (sampled finely, then bisected), and at each root test whether the two segments, now in
 one plane, actually meet (their distance is zero to round-off). Only pairs that could meet at all are
-examined: a pair whose distance at tau = 0 exceeds the largest motion of its vertices cannot touch.
+examined: a pair whose distance at tau = 0 exceeds the largest motion of its vertices cannot touch. The pairs
+are found by sweep and prune along x over each segment's bounding sphere grown by its motion, so a check costs
+about as much as the step it checks, not the all-pairs sum it replaces.
 """
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 SAMPLES = 64        # sign changes of V are looked for between these many instants of the interval
 TOUCH = 1e-7        # m: at a coplanar instant, segments closer than this meet
+BISECTIONS = 60     # halvings of a sign change's interval: tau to below 1e-18
 
 
-def segment_distance(p0, p1, q0, q1) -> np.ndarray:
-    """Distances (m) between segments [p0, p1] and [q0, q1], arrays (k, 3): minimum over the unit square of
-    |p0 + s d1 - q0 - t d2|, by checking the interior stationary point and the four edges."""
-    d1 = p1 - p0
-    d2 = q1 - q0
-    r = p0 - q0
-    a = np.einsum("ij,ij->i", d1, d1)
-    e = np.einsum("ij,ij->i", d2, d2)
-    b = np.einsum("ij,ij->i", d1, d2)
-    c = np.einsum("ij,ij->i", d1, r)
-    f = np.einsum("ij,ij->i", d2, r)
+@njit(cache=True, inline="always")
+def _dist(r0, r1, r2, d10, d11, d12, d20, d21, d22, s, t) -> float:
+    w0 = r0 + s * d10 - t * d20
+    w1 = r1 + s * d11 - t * d21
+    w2 = r2 + s * d12 - t * d22
+    return np.sqrt(w0 * w0 + w1 * w1 + w2 * w2)
 
-    def dist(s, t):
-        w = r + s[:, None] * d1 - t[:, None] * d2
-        return np.sqrt(np.einsum("ij,ij->i", w, w))
 
-    safe_a = np.where(a > 0, a, 1.0)
-    safe_e = np.where(e > 0, e, 1.0)
-    best = np.full(len(a), np.inf)
+@njit(cache=True)
+def _segment_distance(p0, p1, q0, q1) -> float:
+    """Distance (m) between segments [p0, p1] and [q0, q1] (3-vectors): the minimum over the unit square of
+    |p0 + s d1 - q0 - t d2|, from the interior stationary point and the four edges."""
+    d10, d11, d12 = p1[0] - p0[0], p1[1] - p0[1], p1[2] - p0[2]
+    d20, d21, d22 = q1[0] - q0[0], q1[1] - q0[1], q1[2] - q0[2]
+    r0, r1, r2 = p0[0] - q0[0], p0[1] - q0[1], p0[2] - q0[2]
+    a = d10 * d10 + d11 * d11 + d12 * d12
+    e = d20 * d20 + d21 * d21 + d22 * d22
+    b = d10 * d20 + d11 * d21 + d12 * d22
+    c = d10 * r0 + d11 * r1 + d12 * r2
+    f = d20 * r0 + d21 * r1 + d22 * r2
+    best = np.inf
     det = a * e - b * b
-    ok = det > 1e-12 * a * e
-    s_in = np.where(ok, (b * f - c * e) / np.where(ok, det, 1.0), -1.0)
-    t_in = np.where(ok, (a * f - b * c) / np.where(ok, det, 1.0), -1.0)
-    inside = ok & (s_in >= 0) & (s_in <= 1) & (t_in >= 0) & (t_in <= 1)
-    best = np.where(inside, dist(np.clip(s_in, 0, 1), np.clip(t_in, 0, 1)), best)
+    if det > 1e-12 * a * e:
+        s = (b * f - c * e) / det
+        t = (a * f - b * c) / det
+        if 0.0 <= s <= 1.0 and 0.0 <= t <= 1.0:
+            best = _dist(r0, r1, r2, d10, d11, d12, d20, d21, d22, s, t)
+    safe_a = a if a > 0.0 else 1.0
+    safe_e = e if e > 0.0 else 1.0
     for s_fix in (0.0, 1.0):                       # edges s = 0, 1: best t for that s
-        s = np.full(len(a), s_fix)
-        t = np.clip((f + b * s) / safe_e, 0, 1)
-        best = np.minimum(best, dist(s, t))
+        t = min(max((f + b * s_fix) / safe_e, 0.0), 1.0)
+        best = min(best, _dist(r0, r1, r2, d10, d11, d12, d20, d21, d22, s_fix, t))
     for t_fix in (0.0, 1.0):                       # edges t = 0, 1: best s for that t
-        t = np.full(len(a), t_fix)
-        s = np.clip((b * t - c) / safe_a, 0, 1)
-        best = np.minimum(best, dist(s, t))
+        s = min(max((b * t_fix - c) / safe_a, 0.0), 1.0)
+        best = min(best, _dist(r0, r1, r2, d10, d11, d12, d20, d21, d22, s, t_fix))
     return best
 
 
-def _triple(x0, x1, i, j, tau):
-    """V(tau) for pairs (i, j), tau (k,) or (k, m)."""
-    tau = np.asarray(tau)
-    shape = tau.shape
-
-    def at(v):
-        a = x0[v]
-        d = x1[v] - x0[v]
-        if tau.ndim == 2:
-            return a[:, None, :] + tau[..., None] * d[:, None, :]
-        return a + tau[:, None] * d
-
-    p0, p1, q0, q1 = at(i), at(i + 1), at(j), at(j + 1)
-    v = np.einsum("...k,...k->...", p1 - p0, np.cross(q0 - p0, q1 - p0))
-    return v.reshape(shape)
+@njit(cache=True)
+def _segment_distances(p0, p1, q0, q1, out) -> None:
+    for k in range(p0.shape[0]):
+        out[k] = _segment_distance(p0[k], p1[k], q0[k], q1[k])
 
 
-_PAIRS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+def segment_distance(p0: np.ndarray, p1: np.ndarray, q0: np.ndarray, q1: np.ndarray) -> np.ndarray:
+    """Distances (m) between segments [p0, p1] and [q0, q1], arrays (k, 3)."""
+    arrays = [np.ascontiguousarray(v, dtype=np.float64) for v in (p0, p1, q0, q1)]
+    out = np.empty(arrays[0].shape[0])
+    _segment_distances(*arrays, out)
+    return out
 
 
-def _pairs(m: int, exclude: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every (i, j) with j - i > exclude among m segments (cached)."""
-    key = (m, exclude)
-    if key not in _PAIRS:
-        _PAIRS[key] = np.triu_indices(m, k=exclude + 1)
-    return _PAIRS[key]
+@njit(cache=True)
+def _at(x0, x1, v, tau, out) -> None:
+    for c in range(3):
+        out[c] = x0[v, c] + tau * (x1[v, c] - x0[v, c])
+
+
+@njit(cache=True)
+def _triple(x0, x1, i, j, tau, p0, p1, q0, q1) -> float:
+    """V(tau) of segments i and j (p0 .. q1: scratch 3-vectors, left holding the four vertices at tau)."""
+    _at(x0, x1, i, tau, p0)
+    _at(x0, x1, i + 1, tau, p1)
+    _at(x0, x1, j, tau, q0)
+    _at(x0, x1, j + 1, tau, q1)
+    a0, a1, a2 = q0[0] - p0[0], q0[1] - p0[1], q0[2] - p0[2]
+    b0, b1, b2 = q1[0] - p0[0], q1[1] - p0[1], q1[2] - p0[2]
+    return ((p1[0] - p0[0]) * (a1 * b2 - a2 * b1) + (p1[1] - p0[1]) * (a2 * b0 - a0 * b2)
+            + (p1[2] - p0[2]) * (a0 * b1 - a1 * b0))
+
+
+@njit(cache=True)
+def _sign(v: float) -> float:
+    return 1.0 if v > 0.0 else (-1.0 if v < 0.0 else 0.0)
+
+
+@njit(cache=True)
+def _crossings(x0, x1, exclude, out_i, out_j, out_tau) -> int:
+    """Writes the crossings found into out_* (as many as fit) and returns how many there are."""
+    m = x0.shape[0] - 1
+    seg_move = np.empty(m)
+    mid = np.empty((m, 3))
+    half = np.empty(m)
+    lo = np.empty(m)
+    for s in range(m):
+        ma = np.sqrt(np.sum((x1[s] - x0[s]) ** 2))
+        mb = np.sqrt(np.sum((x1[s + 1] - x0[s + 1]) ** 2))
+        seg_move[s] = max(ma, mb)
+        for c in range(3):
+            mid[s, c] = 0.5 * (x0[s, c] + x0[s + 1, c])
+        half[s] = 0.5 * np.sqrt(np.sum((x0[s + 1] - x0[s]) ** 2)) + seg_move[s] + TOUCH
+        lo[s] = mid[s, 0] - half[s]
+    order = np.argsort(lo)
+    taus = np.linspace(0.0, 1.0, SAMPLES + 1)
+    v = np.empty(SAMPLES + 1)
+    p0, p1, q0, q1 = np.empty(3), np.empty(3), np.empty(3), np.empty(3)
+    count = 0
+    for a in range(m):
+        sa = order[a]
+        hi = mid[sa, 0] + half[sa]
+        for b in range(a + 1, m):
+            sb = order[b]
+            if lo[sb] > hi:
+                break
+            i, j = min(sa, sb), max(sa, sb)
+            if j - i <= exclude:
+                continue
+            # first by bounding spheres (midpoint, half length grown by the motion), then by the exact distance
+            # at tau = 0
+            reach = half[i] + half[j]
+            dm = 0.0
+            for c in range(3):
+                dm += (mid[i, c] - mid[j, c]) ** 2
+            if dm > reach * reach:
+                continue
+            if _segment_distance(x0[i], x0[i + 1], x0[j], x0[j + 1]) > seg_move[i] + seg_move[j] + TOUCH:
+                continue
+            for k in range(SAMPLES + 1):
+                v[k] = _triple(x0, x1, i, j, taus[k], p0, p1, q0, q1)
+            last = -1.0
+            for k in range(SAMPLES):
+                if _sign(v[k]) * _sign(v[k + 1]) > 0.0:
+                    continue
+                t_lo, t_hi, v_lo = taus[k], taus[k + 1], v[k]
+                for _ in range(BISECTIONS):
+                    t_mid = 0.5 * (t_lo + t_hi)
+                    v_mid = _triple(x0, x1, i, j, t_mid, p0, p1, q0, q1)
+                    if _sign(v_mid) == _sign(v_lo):
+                        t_lo, v_lo = t_mid, v_mid
+                    else:
+                        t_hi = t_mid
+                tau = 0.5 * (t_lo + t_hi)
+                _triple(x0, x1, i, j, tau, p0, p1, q0, q1)
+                # a root exactly at a sample closes two intervals: count it once
+                if _segment_distance(p0, p1, q0, q1) < TOUCH and not (last >= 0.0 and abs(last - tau) < 1e-9):
+                    if count < out_i.shape[0]:
+                        out_i[count], out_j[count], out_tau[count] = i, j, tau
+                    count += 1
+                    last = tau
+    return count
 
 
 def crossings(x0: np.ndarray, x1: np.ndarray, exclude: int = 1) -> list[tuple[int, int, float]]:
     """Every pair of segments (i, j), j - i > exclude, that passes through each other while the vertices move
-    linearly from x0 to x1 (n, 3; m), with the fraction tau of the interval where it happens."""
-    n = x0.shape[0]
-    ii, jj = _pairs(n - 1, exclude)
-    if len(ii) == 0:
+    linearly from x0 to x1 (n, 3; m), with the fraction tau of the interval where it happens; ordered by i,
+    then j, then tau."""
+    x0 = np.ascontiguousarray(x0, dtype=np.float64)
+    x1 = np.ascontiguousarray(x1, dtype=np.float64)
+    if x0.shape[0] < 2:
         return []
-    move = np.linalg.norm(x1 - x0, axis=1)
-    seg_move = np.maximum(move[:-1], move[1:])
-    # first by bounding spheres (midpoint, half length), then by the exact distance at tau = 0
-    mid = 0.5 * (x0[1:] + x0[:-1])
-    half = 0.5 * np.linalg.norm(x0[1:] - x0[:-1], axis=1) + seg_move + TOUCH
-    dm = mid[ii] - mid[jj]
-    reach = half[ii] + half[jj]
-    maybe = np.einsum("ij,ij->i", dm, dm) <= reach * reach
-    ii, jj = ii[maybe], jj[maybe]
-    if len(ii) == 0:
-        return []
-    d0 = segment_distance(x0[ii], x0[ii + 1], x0[jj], x0[jj + 1])
-    near = d0 <= seg_move[ii] + seg_move[jj] + TOUCH
-    ii, jj = ii[near], jj[near]
-    if len(ii) == 0:
-        return []
-    taus = np.linspace(0.0, 1.0, SAMPLES + 1)
-    v = _triple(x0, x1, ii, jj, np.broadcast_to(taus, (len(ii), SAMPLES + 1)))
-    found = []
-    sign = np.sign(v)
-    k_pair, k_step = np.nonzero(sign[:, :-1] * sign[:, 1:] <= 0)
-    if len(k_pair) == 0:
-        return []
-    lo = taus[k_step].copy()
-    hi = taus[k_step + 1].copy()
-    pi, pj = ii[k_pair], jj[k_pair]
-    vlo = _triple(x0, x1, pi, pj, lo)
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        vm = _triple(x0, x1, pi, pj, mid)
-        left = np.sign(vm) == np.sign(vlo)
-        lo = np.where(left, mid, lo)
-        vlo = np.where(left, vm, vlo)
-        hi = np.where(left, hi, mid)
-    tau = 0.5 * (lo + hi)
-    xa = x0[None] + tau[:, None, None] * (x1 - x0)[None]
-    k = np.arange(len(tau))
-    dist = segment_distance(xa[k, pi], xa[k, pi + 1], xa[k, pj], xa[k, pj + 1])
-    for a, b, t, d in zip(pi, pj, tau, dist):
-        # a root exactly at a sample closes two intervals: count it once
-        if d < TOUCH and not (found and found[-1][:2] == (a, b) and abs(found[-1][2] - t) < 1e-9):
-            found.append((int(a), int(b), float(t)))
-    return found
-
-
+    cap = 64
+    while True:
+        oi, oj, ot = np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap)
+        n = _crossings(x0, x1, int(exclude), oi, oj, ot)
+        if n <= cap:
+            break
+        cap = n
+    order = np.lexsort((ot[:n], oj[:n], oi[:n]))
+    return [(int(oi[k]), int(oj[k]), float(ot[k])) for k in order]
 def writhe(x: np.ndarray) -> float:
     """The writhe of the open polyline x (n, 3): the Gauss double integral over every pair of non-adjacent
     segments, each pair's term the signed solid angle its two segments subtend at each other over 4 pi
