@@ -1,7 +1,8 @@
 """The self-contact validation cases of issue 3 (tools/validate_contact.py): each checks tunnelling between
 every two consecutive substeps with tools/crossings.py. The square knot, short crumples and a reef knot held and
 let go (at Wang's scale and at a suture's) run by default; the plectoneme, the Fig. 17 load, the 30 s and
-four-hand crumples, the friction sweeps of four bends at both scales and the capstan under the `long` marker (run
+four-hand crumples, the verdicts of the friction ladders of four bends at both scales (from the runs at the
+ladders' boundary; `suturesim validate` runs the whole ladders) and the capstan under the `long` marker (run
 in CI by .ci/run)."""
 from __future__ import annotations
 
@@ -53,8 +54,15 @@ def test_a_held_reef_knot_does_not_creep_at_short_substeps():
 
 
 @pytest.mark.long
+def test_reef_knot_at_a_sutures_scale_holds_at_silks_friction_for_20_s():
+    for c in vc.suture_reef_silk_case():
+        assert c.passed, c.row()
+
+
+@pytest.mark.long
 def test_bends_at_a_sutures_scale_reef_most_secure():
-    for c in vc.suture_bend_case():
+    """The friction ladder's verdict (vc.suture_bend_case, in `suturesim validate`) from its boundary runs."""
+    for c in vc.suture_bend_boundary_case():
         assert c.passed, c.row()
 
 
@@ -91,7 +99,8 @@ def test_reef_knot_at_silk_friction_never_tunnels():
 
 @pytest.mark.long
 def test_bends_undone_as_friction_is_lowered_reef_most_secure():
-    for c in vc.bend_case():
+    """The friction ladder's verdict (vc.bend_case, in `suturesim validate`) from its boundary runs."""
+    for c in vc.bend_boundary_case():
         assert c.passed, c.row()
 
 

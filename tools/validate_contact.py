@@ -270,28 +270,33 @@ def _let_go(sc: Scenario) -> float:
     return max(float(e["release"]) for e in sc.source["timeline"] if "release" in e)
 
 
-def suture_bend_case(kinds=("reef", "granny", "grief", "thief"), start: float = 0.5, step: float = 0.1,
-                     duration: float = 20.0) -> list[Case]:
-    """The knot test at a suture's scale (reef-knot-suture.yaml): first the reef knot at the silk preset's own
-    friction (0.30 static, 0.25 kinetic), which must hold; then each bend with friction (static = kinetic)
-    lowered from ``start`` in ``step`` until it comes undone (a knot may slip a few millimetres and settle: the
-    lowest mu "held" is the lowest at which it had settled by the end). The reef knot must hold at silk's 0.3,
-    come undone when friction is lowered far enough, and be the most secure of the four."""
+def suture_reef_silk_case(duration: float = 20.0) -> list[Case]:
+    """The reef knot at a suture's scale (reef-knot-suture.yaml) at the silk preset's own friction (0.30
+    static, 0.25 kinetic): it must hold, with no crossing."""
     from ..solver.presets import load_preset
     silk = load_preset("silk-3-0")
     mu_s, mu_k = silk.friction_static, silk.friction_kinetic
     outcome, slip, creep, run = suture_bend_pull("reef", mu_s, mu_k, duration)
     let_go = _let_go(run.sc)
-    cases = [Case(f"reef knot at a suture's scale, silk's friction {mu_s:g}/{mu_k:g}: slip over "
-                  f"{duration - let_go - 0.5:g} s (mm)", slip * 1e3, "holds (creep < 1 mm in 2 s)",
-                  outcome == "holds" and not run.crossings,
-                  f"{outcome}, {creep * 1e3:.2f} mm in the last 2 s; 3-0 silk, 1 mm contact, 400 x 1.25 mm, set by "
-                  f"four ends at 0.37 N, tails let go at {let_go:g} s; {run.tunnelling()}")]
+    return [Case(f"reef knot at a suture's scale, silk's friction {mu_s:g}/{mu_k:g}: slip over "
+                 f"{duration - let_go - 0.5:g} s (mm)", slip * 1e3, "holds (creep < 1 mm in 2 s)",
+                 outcome == "holds" and not run.crossings,
+                 f"{outcome}, {creep * 1e3:.2f} mm in the last 2 s; 3-0 silk, 1 mm contact, 400 x 1.25 mm, set by "
+                 f"four ends at 0.37 N, tails let go at {let_go:g} s; {run.tunnelling()}")]
+
+
+def suture_bend_case(kinds=("reef", "granny", "grief", "thief"), start: float = 0.5, step: float = 0.1,
+                     duration: float = 20.0) -> list[Case]:
+    """The knot test at a suture's scale (reef-knot-suture.yaml): first the reef knot at the silk preset's own
+    friction (suture_reef_silk_case), which must hold; then each bend with friction (static = kinetic)
+    lowered from ``start`` in ``step`` until it comes undone (a knot may slip a few millimetres and settle: the
+    lowest mu "held" is the lowest at which it had settled by the end). The reef knot must hold at silk's 0.3,
+    come undone when friction is lowered far enough, and be the most secure of the four."""
 
     def pull(kind: str, mu: float) -> tuple[str, str]:
         outcome, slip, creep, _ = suture_bend_pull(kind, mu, duration=duration)
         return outcome, f"{outcome} ({slip * 1e3:.1f} mm, {creep * 1e3:.1f} in the last 2 s)"
-    return cases + _ladder_cases(kinds, start, step, pull, "at a suture's scale, 0.37 N")
+    return suture_reef_silk_case(duration) + _ladder_cases(kinds, start, step, pull, "at a suture's scale, 0.37 N")
 
 
 def _ladder_cases(kinds, start: float, step: float, pull, label: str) -> list[Case]:
@@ -325,6 +330,47 @@ def _ladder_cases(kinds, start: float, step: float, pull, label: str) -> list[Ca
                           else float("nan"), "reef lowest, <= 0.3" if kind == "reef" else "(reported)", ok,
                           notes[kind]))
     return cases
+
+
+def _boundary_cases(kinds, held_mu: float, undone_mu: float, pull, label: str) -> list[Case]:
+    """What _ladder_cases asserts, from the runs at its boundary only: the reef knot holds at ``held_mu`` (0.3,
+    the silk preset's) and not at ``undone_mu`` (``held_mu`` less the ladder's step), and no other bend holds
+    at ``undone_mu``. Friction only ever resists the slip (a bend that holds at mu holds at any higher mu, as
+    every ladder run has shown), so this is the ladder's verdict: the reef's lowest mu held is ``held_mu``,
+    above 0, and no other bend's is lower. ``pull(kind, mu)`` -> (outcome, note) as for _ladder_cases."""
+    reef_held, note_held = pull("reef", held_mu)
+    outcomes = {kind: pull(kind, undone_mu) for kind in kinds}
+    reef_below, note_below = outcomes["reef"]
+    cases = [Case(f"reef knot {label}: holds at mu = {held_mu:g}, not at {undone_mu:g}", held_mu,
+                  f"holds at {held_mu:g}, not at {undone_mu:g}", reef_held == "holds" and reef_below != "holds",
+                  f"{held_mu:.2f} {note_held}, {undone_mu:.2f} {note_below}")]
+    for kind in kinds:
+        if kind != "reef":
+            outcome, note = outcomes[kind]
+            cases.append(Case(f"{kind} knot {label}: not more secure than the reef", undone_mu,
+                              f"does not hold at {undone_mu:g}", outcome != "holds", f"{undone_mu:.2f} {note}"))
+    return cases
+
+
+def bend_boundary_case(kinds=("reef", "granny", "grief", "thief"), held_mu: float = 0.3, undone_mu: float = 0.2,
+                       duration: float = 5.0) -> list[Case]:
+    """bend_case's verdict from the runs at its boundary (_boundary_cases): 5 runs where the ladder takes 19."""
+
+    def pull(kind: str, mu: float) -> tuple[str, str]:
+        outcome, slip, _, _ = bend_pull(kind, mu, duration)
+        return outcome, f"{'held' if outcome == 'holds' else 'undone'} ({slip * 1e3:.0f} mm)"
+    return _boundary_cases(kinds, held_mu, undone_mu, pull, "1 N")
+
+
+def suture_bend_boundary_case(kinds=("reef", "granny", "grief", "thief"), held_mu: float = 0.3,
+                              undone_mu: float = 0.2, duration: float = 20.0) -> list[Case]:
+    """suture_bend_case's ladder verdict from the runs at its boundary (_boundary_cases): 5 runs where the
+    ladder takes 10 (the reef at silk's own friction is suture_reef_silk_case)."""
+
+    def pull(kind: str, mu: float) -> tuple[str, str]:
+        outcome, slip, creep, _ = suture_bend_pull(kind, mu, duration=duration)
+        return outcome, f"{outcome} ({slip * 1e3:.1f} mm, {creep * 1e3:.1f} in the last 2 s)"
+    return _boundary_cases(kinds, held_mu, undone_mu, pull, "at a suture's scale, 0.37 N")
 
 
 AUDOLY_SIGMA = 0.492   # Audoly et al. 2007's constant for the trefoil (Choi 2021 Eq. 25)
