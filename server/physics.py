@@ -667,9 +667,11 @@ class PhysicsLoop:
         """Run until a shutdown request or ``stop`` (anything with ``is_set()``; the daemon's is a
         haptics.process.StopRequest) is set."""
         from .control import ControlHandler
+        from .warmup import CompileProgress
 
         control = ControlHandler(self)
-        self.warm_up()
+        with CompileProgress(say, "suturesim physics"):   # a line while numba compiles (a first start)
+            self.warm_up()
         self.realtime, self.cpu, notes = set_realtime(self.cfg.loop.priority if self.cfg.loop.realtime else 0,
                                                       self.cfg.loop.cpu) if self.cfg.loop.realtime else (
             False, -1, ["realtime disabled in the config"])
