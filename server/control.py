@@ -261,7 +261,7 @@ class ControlHandler:
                 "substeps": int(st.stats[STAT_SUBSTEPS]), "n": lp.model.n_vertices,
                 "grasps": [{"id": g.id, "vertex": g.vertex, "device": g.device,
                             "force": st.grasp_force[g.slot].tolist()} for g in lp.grasps],
-                "devices": sorted(lp.device_live),
+                "devices": sorted(d.name for d in lp.devices if d.live_at is not None),
                 "stats": {**lp.last_stats, **lp.stats.summary_counters()},
                 "realtime": lp.realtime, "cpu": lp.cpu, "pid": os.getpid(), "recording": lp.recording,
                 "link": lp.link.name if lp.link is not None else None}

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from ..haptics.safety import ForceSafety, SafetyConfig
+from ..haptics.safety import SafetyConfig
 from ..solver import diagnostics
 from ..solver.forces import constraint_force_at
 from ..solver.contact_response import CS_CONTACTS, CS_COUNT, CS_OVERFLOW, CS_PENETRATION, CS_PROJECTIONS
@@ -17,90 +17,73 @@ from ..solver.suture import STATE_NAMES, SutureWatch, pad_gap
 from ..solver.tissue import PD_HALF, PF_DRAG, PF_LOCAL, PI_PAD, PI_STATE, PS_X, PUN_FREE
 from ..solver.model import ThreadState
 from . import protocol
+from .device import Device, DeviceTable
 
 
 class MessageBuilder:
-    """Encodes `state` and `force` payloads for one scenario; holds its small scratch buffers and one
-    force-safety pipeline per device (haptics/safety.py), so that `force` carries what a device is sent.
+    """Encodes `state` and `force` payloads for one scenario and holds its small scratch buffers; its force stage
+    (:meth:`compute_forces`) steps each device's force-safety pipeline (haptics/safety.py), so that `force` carries
+    what a device is sent.
 
     :param grasps: the live list of grasps (the daemon adds and removes grasps at run time); default: the
         scenario's.
-    :param safety: the safety settings (default: SafetyConfig()).
-    :param limits: device name -> nominal max continuous force (N) reported by its driver.
+    :param safety: the safety settings (default: SafetyConfig()), for a table of its own.
+    :param limits: device name -> nominal max continuous force (N) reported by its driver, for a table of its own.
     :param devices: the devices that get a `force` message every tick, in order (default: the grasps'
-        devices); a device holding no grasp is sent zero force at its last stylus pose.
+        devices); a device holding no grasp is sent zero force at its stylus's pose.
+    :param table: the devices' records (server/device.py), shared with the physics loop that feeds them poses;
+        default: a table of its own (a headless run).
     """
 
     def __init__(self, scenario: Scenario, grasps: list | None = None, safety: SafetyConfig | None = None,
-                 limits: dict[str, float] | None = None, devices: list[str] | None = None):
+                 limits: dict[str, float] | None = None, devices: list[str] | None = None,
+                 table: DeviceTable | None = None):
         self.scenario = scenario
         self.grasps = scenario.grasps if grasps is None else grasps
-        self.safety = SafetyConfig() if safety is None else safety
-        self.limits = dict(limits or {})
-        self.devices = list(dict.fromkeys(devices if devices is not None else [g.device for g in self.grasps]))
+        self.table = DeviceTable(safety, limits) if table is None else table
         self.tick = float(scenario.model.solver.tick)
         self._axial = np.zeros(3)
         self._raw = np.zeros(3)
         self._torque = np.zeros(3)
-        self.pipes: dict[str, ForceSafety] = {}
-        #: per device, after the last forces() call: the force sent (N, scene frame), axial (N), flags
-        self.force: dict[str, np.ndarray] = {}
-        self.axial_of: dict[str, float] = {}
-        self.flags: dict[str, int] = {}
-        #: per device: the stylus position (m) when it holds no grasp (set by the daemon from its poses)
-        self.pose: dict[str, np.ndarray] = {}
+        #: the devices with a `force` stream, in the order their messages go out
+        self.streams: list[Device] = []
         #: the suture's events, and the knot that `state`'s `tissue` map reports (solver/suture.py)
         self.watch = SutureWatch(scenario.model)
         self.watch.reset(scenario.initial)
         # the pads' sizes (m) never change: one list each, sent by every `state`
         self._pad_sizes = [(2.0 * scenario.model.pads[p, PD_HALF:PD_HALF + 3]).tolist()
                            for p in range(len(scenario.model.pad_ids))]
-        #: per device: where its stylus is (m), for devices whose grasps follow a live stylus (the daemon's goals)
-        self.stylus: dict[str, np.ndarray] = {}
-        #: per device holding the needle: the live stylus's last orientation (w, x, y, z) as it arrived, once it
-        #: sent one; sent with its `force`, so a recording keeps what turned the needle
-        self.quat: dict[str, np.ndarray] = {}
-        for d in self.devices:
+        for d in dict.fromkeys(devices if devices is not None else [g.device for g in self.grasps]):
             self.add_device(d)
 
+    @property
+    def devices(self) -> list[str]:
+        """The names of the devices with a `force` stream, in order."""
+        return [d.name for d in self.streams]
+
     def add_device(self, device: str) -> None:
-        """Give ``device`` a `force` stream and a safety pipeline (starting from zero force)."""
-        if device in self.pipes:
+        """Give ``device`` a `force` stream, starting from zero force (Device.restart_stream)."""
+        dev = self.table[device]
+        if dev in self.streams:
             return
-        if device not in self.devices:
-            self.devices.append(device)
-        self.pipes[device] = ForceSafety(self.safety, self.limits.get(device))
-        self.force[device] = np.zeros(3)
-        self.axial_of[device] = 0.0
-        self.flags[device] = 0
-        self.pose.setdefault(device, np.zeros(3))
+        self.streams.append(dev)
+        dev.restart_stream()
 
     def reset(self, state: ThreadState, devices: list[str]) -> None:
         """Back to how a new builder of this scenario, its grasps and ``devices`` starts, in place (a scene reset):
-        each device's `force` stream from zero force through a pipeline reset, at no stylus, no orientation kept,
-        the watch read from ``state``. Allocates only for a device it did not have."""
-        wanted = list(dict.fromkeys(devices))
-        for d in [d for d in self.devices if d not in wanted]:
-            self.remove_device(d)
-        for d in self.devices:
-            self.pipes[d].reset()
-            self.force[d].fill(0.0)
-            self.axial_of[d] = 0.0
-            self.flags[d] = 0
-            self.pose[d].fill(0.0)
-        self.stylus.clear()
-        self.quat.clear()
-        for d in wanted:
-            self.add_device(d)
-        self.devices[:] = wanted
+        each device's `force` stream from zero force through a pipeline reset, no orientation kept, the watch
+        read from ``state``. Allocates nothing but a device record the table did not have."""
+        wanted = [self.table[d] for d in dict.fromkeys(devices)]
+        for dev in wanted:
+            dev.restart_stream()
+        self.streams[:] = wanted
         self.watch.reset(state)
 
     def remove_device(self, device: str) -> None:
         """Stop ``device``'s `force` stream (a scripted stylus that let go: there is no motor to ramp down)."""
-        if device in self.pipes:
-            self.devices.remove(device)
-            for d in (self.pipes, self.force, self.axial_of, self.flags, self.pose, self.stylus, self.quat):
-                d.pop(device, None)
+        dev = self.table.get(device)
+        if dev is not None and dev in self.streams:
+            self.streams.remove(dev)
 
     def needle_device(self) -> str | None:
         """The device whose grasp holds the needle, or None."""
@@ -162,42 +145,52 @@ class MessageBuilder:
                                   radius=r, tip=list(arc_point(state.x, state.nst, NS_Q, r, arc)),
                                   torque=(-state.nst[NS_TORQUE:NS_TORQUE + 3]).tolist())
 
-    def forces(self, seq: int, state: ThreadState, extra_flags: dict[str, int] | None = None) -> list[bytes]:
-        """One `force` payload per device and per externally loaded vertex.
-
-        A device's force is the reaction of the virtual couplings it holds (minus the coupling force on the
-        thread), through its safety pipeline at this tick; its pose is its grasp's target (or its last stylus
-        pose when it holds nothing); `axial` is the magnitude of the thread's net constraint force at the
-        grasped vertex (N); `flags` are the pipeline's, OR the driver's (``extra_flags``). An externally
-        loaded vertex ("vertex<i>") reports the applied load, unshaped.
-        """
-        out = []
+    def compute_forces(self, state: ThreadState) -> None:
+        """The force stage: each streamed device's force (N, scene frame), axial force (N) and flags into its
+        record. A device's force is the reaction of the virtual couplings it holds (minus the coupling force on
+        the thread), through its safety pipeline at this tick; `axial` is the magnitude of the thread's net
+        constraint force at the grasped vertex; `flags` are the pipeline's OR the driver's."""
         t = float(state.time[0])
         raw = self._raw
-        needle_device = self.needle_device()
-        for d in self.devices:
+        for dev in self.streams:
             raw[0] = raw[1] = raw[2] = 0.0
             axial = 0.0
-            pose = self.pose[d]
             for g in self.grasps:
-                if g.device == d:
+                if g.device == dev.name:
                     raw -= state.grasp_force[g.slot]
                     axial = max(axial, self.axial(state, g.vertex))
+            dev.flags = dev.safety.step(raw, t, t, self.tick, dev.force) | dev.driver_flags
+            dev.axial = axial
+
+    def encode_forces(self, seq: int, state: ThreadState) -> list[bytes]:
+        """One `force` payload per streamed device, as the force stage left it, and one per externally loaded
+        vertex. A device's pose is its grasp's target, or its stylus's when it holds nothing (zero before any
+        pose came); the device holding the needle also sends the needle's torque on the hand and the
+        orientation that turned it. An externally loaded vertex ("vertex<i>") reports the applied load,
+        unshaped."""
+        out = []
+        t = float(state.time[0])
+        needle_device = self.needle_device()
+        for dev in self.streams:
+            pose = dev.stylus
+            for g in self.grasps:
+                if g.device == dev.name:
                     pose = state.grasp_target[g.slot]
-            flags = self.pipes[d].step(raw, t, t, self.tick, self.force[d])
-            if extra_flags:
-                flags |= extra_flags.get(d, 0)
-            self.axial_of[d] = axial
-            self.flags[d] = flags
-            torque = None
-            if d == needle_device:
+            torque = quat = None
+            if dev.name == needle_device:
                 torque = self._torque
                 np.negative(state.nst[NS_TORQUE:NS_TORQUE + 3], out=torque)   # felt: the reaction
                 if not np.all(np.isfinite(torque)):
                     torque.fill(0.0)
-            out.append(protocol.encode_force(seq, t, d, pose, self.force[d], axial, flags, self.stylus.get(d),
-                                             torque, self.quat.get(d) if d == needle_device else None))
+                quat = dev.quat if dev.has_quat else None
+            out.append(protocol.encode_force(seq, t, dev.name, pose, dev.force, dev.axial, dev.flags,
+                                             dev.stylus if dev.has_stylus else None, torque, quat))
         for v in self.scenario.force_vertices:
             axial = self.axial(state, v)
             out.append(protocol.encode_force(seq, t, f"vertex{v}", state.x[v], state.ext_force[v], axial, 0))
         return out
+
+    def forces(self, seq: int, state: ThreadState) -> list[bytes]:
+        """The force stage, then its payloads (:meth:`compute_forces`, :meth:`encode_forces`)."""
+        self.compute_forces(state)
+        return self.encode_forces(seq, state)

@@ -29,6 +29,7 @@ from ..solver.scenario import (MAX_GRASP_DAMPING, MAX_GRASP_FORCE, MAX_GRASP_STI
 from . import protocol
 from .config import ServerConfig
 from .console import say
+from .device import Device, DeviceTable
 from .messages import MessageBuilder
 from .scene import SceneRunner
 from .security import SocketSecurity
@@ -219,20 +220,14 @@ class PhysicsLoop:
         self._pose = np.zeros(3)
         self._quat = np.zeros(4)
         self.last_stats: dict = {}
-        self.device_live: dict[str, float] = {}      # device -> last time (s, monotonic) a pose arrived
         self.link_devices = list(cfg.link_devices)   # link slot i carries device link_devices[i], for the run
-        self.device_slot: dict[str, int] = {d: i for i, d in enumerate(self.link_devices)}
-        self.pose_t: dict[str, int] = {}             # device -> t_ns of the last link pose (for latency)
-        self.link_live: dict[str, bool] = {}         # device -> its driver is publishing poses
-        self.buttons: dict[str, int] = {}            # device -> the last button bitmask
-        self.driver_flags: dict[str, int] = {}       # device -> safety flags its driver reported
-        self.driver_error: dict[str, int] = {}       # device -> the last device error code reported
-        self.phase_device: str | None = None         # the live linked device whose servo clock the loop follows
+        #: every device the loop knows, one record each (server/device.py): stylus, buttons, driver, force
+        self.devices = DeviceTable(cfg.safety, dict(cfg.device_limits), self._device_settings)
+        self.linked: list[Device] = [self.devices[d] for d in self.link_devices]   # in link slot order
+        self.phase_device: Device | None = None      # the live linked device whose servo clock the loop follows
         self.phase_locked = False                    # whether the loop has taken that clock's phase yet
-        self.max_step: dict[str, float] = {}         # device -> the most its grasp target moves per tick (m)
         self.stiffness_limit = dict(cfg.device_stiffness)   # device -> its nominal max stiffness (N/m)
         self.coupling_limited: list[tuple] = []      # (device, asked, applied N/m), reported at start
-        self.goal: dict[str, np.ndarray] = {}        # device -> where its stylus is (m): its grasps follow
         self.replay = None                           # device -> haptics.replay.PoseTrack (backend replay)
         if cfg.replay:
             from .replay_poses import load_pose_tracks
@@ -246,6 +241,11 @@ class PhysicsLoop:
                                     "scenario starts afresh"
         if restore is None or self.resume_error is not None:
             self.install(load_scenario(cfg.scenario) if isinstance(cfg.scenario, str) else cfg.scenario)
+
+    def _device_settings(self, name: str) -> tuple[float, int]:
+        """A new device record's settings (DeviceTable): the most its grasps move per tick (m), its link slot."""
+        max_step = self.cfg.device_config(name).max_speed * self.cfg.loop.tick_s
+        return max_step, self.link_devices.index(name) if name in self.link_devices else -1
 
     def _bind(self, kind: int, endpoint: str, max_bytes: int | None = None) -> zmq.Socket:
         sock = self.ctx.socket(kind)
@@ -268,8 +268,7 @@ class PhysicsLoop:
         self.grasps: list[GraspSpec] = list(scenario.grasps)
         self.limit_couplings()
         devices = self.all_devices([g.device for g in self.grasps])
-        builder = MessageBuilder(scenario, self.grasps, safety=self.cfg.safety,
-                                 limits=dict(self.cfg.device_limits), devices=devices)
+        builder = MessageBuilder(scenario, self.grasps, devices=devices, table=self.devices)
         # the scene's part of every tick (server/scene.py), the one sequence `suturesim run` runs too
         self.runner = SceneRunner(stepper, builder, self.publish,
                                   max(1, int(round(1.0 / (self.cfg.loop.state_hz * self.model.solver.tick)))),
@@ -313,13 +312,12 @@ class PhysicsLoop:
                 self.coupling_limited.append((g.device, g.stiffness, k_max))
 
     def start_scene(self) -> None:
-        """What a scene's start sets beside its state: the watch read from the state, the styluses already known,
+        """What a scene's start sets beside its state: the watch read from the state, no device live in it yet,
         and every grasp of a device on a backend other than simulated waiting for its poses (its timeline
         motions removed, :meth:`drive_with_device`)."""
-        builder = self.builder
-        builder.watch.reset(self.state)
-        builder.stylus.update({d: g for d, g in self.goal.items() if d in builder.pose})
-        self.device_live.clear()
+        self.builder.watch.reset(self.state)
+        for dev in self.devices:
+            dev.live_at = None
         for g in self.grasps:
             if self.cfg.backend_of(g.device) != "simulated":  # no scripted stylus: the grasp waits for poses
                 self.drive_with_device(g)
@@ -405,20 +403,12 @@ class PhysicsLoop:
         """The stylus of ``device`` is at ``pos`` (m): its grasps follow (:meth:`follow_styluses`); if it holds
         the needle, its orientation ``quat`` (w, x, y, z, scene frame) is what the needle's rotational coupling
         turns it toward. False if the device holds no grasp."""
-        p = self.builder.pose.get(device)
-        if p is not None:
-            p[:] = pos
-        goal = self.goal.get(device)
-        if goal is None:
-            goal = self.goal[device] = np.zeros(3)
-            self.max_step[device] = self.cfg.device_config(device).max_speed * self.cfg.loop.tick_s
-        goal[:] = pos
-        if device in self.builder.pose:
-            self.builder.stylus[device] = goal
+        dev = self.devices[device]
+        dev.set_stylus(pos)
         hit = False
         for g in self.grasps:
             if g.device == device:
-                if device not in self.device_live:
+                if dev.live_at is None:
                     self.drive_with_device(g)
                 hit = True
                 if quat is not None and g.id == self.scenario.needle_grasp:
@@ -430,12 +420,10 @@ class PhysicsLoop:
                         nst[NS_WT] = nst[NS_WT + 1] = nst[NS_WT + 2] = 0.0
                         # kept as it came (normalised here, not there), so that a resimulation applying the
                         # recorded value normalises the same numbers and turns the needle bit for bit alike
-                        kept = self.builder.quat.get(device)
-                        if kept is None:
-                            kept = self.builder.quat[device] = np.empty(4)
-                        kept[:] = quat
+                        dev.quat[:] = quat
+                        dev.has_quat = True
         if hit:
-            self.device_live[device] = time.monotonic()
+            dev.live_at = time.monotonic()
         return hit
 
     def follow_styluses(self) -> None:
@@ -445,10 +433,10 @@ class PhysicsLoop:
         would whip the thread."""
         tick = self.cfg.loop.tick_s
         for g in self.grasps:
-            goal = self.goal.get(g.device)
-            if goal is None:
+            dev = self.devices.get(g.device)
+            if dev is None or not dev.has_stylus:
                 continue
-            step_max = self.max_step[g.device]
+            goal, step_max = dev.stylus, dev.max_step
             vel = self.state.grasp_vel[g.slot]
             target = self.state.grasp_target[g.slot]
             dx, dy, dz = goal[0] - target[0], goal[1] - target[1], goal[2] - target[2]
@@ -461,24 +449,24 @@ class PhysicsLoop:
         """Take every driver's newest pose: move its grasps, act on its buttons, note its safety flags."""
         if self.link is None:
             return
-        for device, slot in self.device_slot.items():
-            got = self.link.read_pose(slot, self._pose, self._quat)
+        for dev in self.linked:
+            got = self.link.read_pose(dev.link_slot, self._pose, self._quat)
             if got is None:
-                if self.link_live.get(device):
-                    self.link_live[device] = False
-                    if self.phase_device == device:
+                if dev.link_live:
+                    dev.link_live = False
+                    if self.phase_device is dev:
                         self.phase_device = None
                         self.phase_locked = False
-                    self.event("device_lost", device=device)   # its grasps hold still where they are
+                    self.event("device_lost", device=dev.name)   # its grasps hold still where they are
                 continue
             _seq, t_ns, buttons = got
-            if not self.link_live.get(device):
-                self.link_live[device] = True
+            if not dev.link_live:
+                dev.link_live = True
                 if self.phase_device is None:
-                    self.phase_device = device
+                    self.phase_device = dev
                     self.phase_locked = False
-                self.event("device", device=device, state="live")
-            self.pose_t[device] = t_ns
+                self.event("device", device=dev.name, state="live")
+            dev.pose_t_ns = t_ns
             p, q = self._pose, self._quat
             # a driver's pose is checked as a remote sample is (protocol.decode_stylus): a non-finite one, or
             # one beyond STYLUS_MAX_POS_M, is counted and dropped, and the device's grasps hold still.
@@ -488,15 +476,15 @@ class PhysicsLoop:
                     != 0.0) or p[0] * p[0] + p[1] * p[1] + p[2] * p[2] > STYLUS_MAX_POS_M * STYLUS_MAX_POS_M:
                 self.stats.stylus_rejected += 1
             else:
-                self.set_device_pose(device, p, q)
-                self.on_buttons(device, buttons, p)
-            dflags = self.link.driver_flags(slot)
-            self.driver_flags[device] = dflags & 0xFFFF
+                self.set_device_pose(dev.name, p, q)
+                self.on_buttons(dev.name, buttons, p)
+            dflags = self.link.driver_flags(dev.link_slot)
+            dev.driver_flags = dflags & 0xFFFF
             code = dflags >> 16
-            if code != self.driver_error.get(device, 0):
-                self.driver_error[device] = code
+            if code != dev.driver_error:
+                dev.driver_error = code
                 if code:
-                    self.event("device_error", device=device, code=code)
+                    self.event("device_error", device=dev.name, code=code)
 
     def read_replay_poses(self) -> None:
         """The replay backend: each replayed device's recorded pose (and orientation, if it sent one) at the end
@@ -508,10 +496,11 @@ class PhysicsLoop:
 
     def on_buttons(self, device: str, buttons: int, pos: np.ndarray) -> None:
         """The grasp button: pressed, grasp the nearest free vertex within reach; released, let go."""
-        prev = self.buttons.get(device, 0)
+        dev = self.devices[device]
+        prev = dev.buttons
         if buttons == prev:
             return
-        self.buttons[device] = buttons
+        dev.buttons = buttons
         dc = self.cfg.device_config(device)
         mask = dc.grasp_button
         if buttons & mask and not prev & mask:
@@ -575,8 +564,6 @@ class PhysicsLoop:
         st.grasp_force[spec.slot] = 0.0
         self.grasps.append(spec)
         self.builder.add_device(device)
-        if device in self.goal:
-            self.builder.stylus[device] = self.goal[device]
         self.event("grasp", id=spec.id, vertex=vertex, device=spec.device, stiffness=stiffness, damping=damping,
                    max_force=max_force)
         return spec
@@ -591,7 +578,8 @@ class PhysicsLoop:
                 st.grasp_vel[g.slot] = 0.0
                 self.grasps.remove(g)
                 if g.device not in self.all_devices([h.device for h in self.grasps]):
-                    self.builder.remove_device(g.device)
+                    self.builder.remove_device(g.device)   # a scripted hand: no stream, no stylus, no record
+                    self.devices.drop(g.device)
                 self.event("release", id=gid, device=g.device)
                 return True
         return False
@@ -619,7 +607,8 @@ class PhysicsLoop:
             dc = cfg.device_config(sample.device)
             # a device the server knows (a grasp's, or configured: it has a force stream), on the remote backend,
             # from its bound client if it has one: a made-up name cannot take free grasp slots with its button
-            if sample.device not in self.builder.pose or (dc.backend or cfg.device) != "remote" or (
+            dev = self.devices.get(sample.device)
+            if dev is None or dev not in self.builder.streams or (dc.backend or cfg.device) != "remote" or (
                     dc.client_key is not None and _user_id(frame) != dc.client_key):
                 self.stats.stylus_rejected += 1
                 continue
@@ -652,15 +641,14 @@ class PhysicsLoop:
         """Each linked device's force as published (after its safety pipeline) to the link."""
         if self.link is None:
             return
-        b = self.builder
-        for device, slot in self.device_slot.items():
-            f = b.force.get(device)
-            if f is None:
+        streams = self.builder.streams
+        for dev in self.linked:
+            if dev not in streams:
                 continue
-            axial = b.axial_of[device]
+            axial = dev.axial
             if not math.isfinite(axial):  # the force itself is finite (the pipeline's NaN guard)
                 axial = 0.0
-            self.link.write_force(slot, f, axial, b.flags[device], self.seq, t_ns, self.pose_t.get(device, 0))
+            self.link.write_force(dev.link_slot, dev.force, axial, dev.flags, self.seq, t_ns, dev.pose_t_ns)
 
     # -- the loop ---------------------------------------------------------------------------------------
     def run(self, stop=None, on_ready=None) -> None:
@@ -723,7 +711,7 @@ class PhysicsLoop:
             self.seq += 1
             self.read_link_poses()
             if self.phase_device is not None:
-                lag = start - self.pose_t[self.phase_device]
+                lag = start - self.phase_device.pose_t_ns
                 if 0 <= lag < 4 * tick_ns:   # a fresh pose; a stale one says nothing about the servo's phase
                     # positive: this tick started too long after the pose (wrapped into half a tick either way)
                     err = (lag - PHASE_TARGET_NS + tick_ns // 2) % tick_ns - tick_ns // 2
@@ -767,7 +755,7 @@ class PhysicsLoop:
         self.drain_stylus()
         self.follow_styluses()
         self._tick_start_ns = start_ns
-        return self.runner.tick(self.seq, self.paused, self.driver_flags)
+        return self.runner.tick(self.seq, self.paused)
 
     def _diverged(self, exc: SolverDivergence) -> None:
         self.fault_reset(str(exc))

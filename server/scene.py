@@ -58,9 +58,9 @@ class SceneRunner:
         self.publish(protocol.TOPIC_EVENT, protocol.encode_event(self.seq, float(self.stepper.state.time[0]), kind,
                                                                  **details))
 
-    def tick(self, seq: int, paused: bool = False, extra_flags: dict[str, int] | None = None) -> tuple[int, int]:
+    def tick(self, seq: int, paused: bool = False) -> tuple[int, int]:
         """Tick ``seq``: the solver step (none while ``paused``), the grasps' motion for the tick cleared, the
-        watch's events, and unless ``publish`` is None each device's `force` (its flags OR ``extra_flags``) and,
+        watch's events, and unless ``publish`` is None each device's `force` (its flags OR its driver's) and,
         on its ticks, `state`. Returns (substeps, step time ns)."""
         self.seq = seq
         t_step = time.monotonic_ns()
@@ -81,7 +81,7 @@ class SceneRunner:
         publish = self.publish
         if publish is None:
             return substeps, step_ns
-        payloads = builder.forces(seq, state, extra_flags)
+        payloads = builder.forces(seq, state)
         if self.before_publish is not None:
             self.before_publish()
         for payload in payloads:

@@ -470,7 +470,11 @@ def _check_stream(sc, states, builder, refs, slots, extra_flags=None, corrupt=No
         if corrupt is not None:
             st = st.copy()
             corrupt(k, st)
-        payloads = builder.forces(k, st, extra_flags)
+        for d, f in (extra_flags or {}).items():     # what a driver reports on the link, into its record
+            dev = builder.table.get(d)
+            if dev is not None:
+                dev.driver_flags = f
+        payloads = builder.forces(k, st)
         msgs = [protocol.decode_force(p) for p in payloads]
         assert [m["device"] for m in msgs] == ["stylus0", "stylus1"]
         t = float(st.time[0])
@@ -533,7 +537,7 @@ def test_builder_extra_flags_go_to_that_device_only(knot_run):
     sc, states, slots = knot_run
     builder = MessageBuilder(sc)
     refs = {d: ForceSafety(SafetyConfig()) for d in slots}
-    extra = {"stylus1": FLAG_WATCHDOG | 0x100, "stylus7": FLAG_FAULT}   # an unknown device is ignored
+    extra = {"stylus1": FLAG_WATCHDOG | 0x100, "stylus7": FLAG_FAULT}   # a device without a stream has no record
     got = _check_stream(sc, states[:100], builder, refs, slots, extra_flags=extra)
     assert np.all(got["stylus1"][1] & (FLAG_WATCHDOG | 0x100) == (FLAG_WATCHDOG | 0x100))
     assert not np.any(got["stylus0"][1] & (FLAG_WATCHDOG | 0x100 | FLAG_FAULT))
