@@ -178,6 +178,7 @@ class ControlHandler:
             if p.what == "scene build":   # its worker is dead or stuck: a new one for the next build
                 self.worker.terminate()
                 self.worker = self._new_worker()
+                self.loop.place_helper_threads()   # its threads inherited the loop's CPU and priority
             self.loop.stats.control_errors += 1
             self._send({"ok": False, "error": why})
             return

@@ -139,14 +139,32 @@ def wait_until(deadline_ns: int, spin_ns: int) -> None:
         pass
 
 
-def raise_helper_threads(priority: int) -> list[str]:
-    """Every other Python thread of this process to SCHED_FIFO at ``priority`` (below the loop's). A helper
-    holding the GIL must not be preempted by an ordinary process on its CPU while the loop waits for the GIL (a
-    priority inversion: the loop then stalls for the other process's time slice, milliseconds). Returns notes."""
+def place_helper_threads(priority: int | None, loop_cpu: int = -1) -> list[str]:
+    """Every other Python thread of this process (the control worker pool's handlers) to SCHED_FIFO at
+    ``priority`` (below the loop's; None: left as it is) and off the loop's CPU ``loop_cpu`` (-1: not pinned). A helper holding the GIL
+    must not be preempted by an ordinary process on its CPU while the loop waits for the GIL (a priority
+    inversion: the loop then stalls for the other process's time slice, milliseconds); and one sharing the
+    loop's CPU stalled it by 5 to 40 ms around each scene build (60 rejected `set`s: 25 to 160 overruns; off its
+    CPU: none, tests/test_daemon.py). A thread the loop starts inherits its CPU and priority, so the loop calls
+    this again after starting one (a new worker pool). Returns notes."""
     notes = []
     me = threading.current_thread()
+    others: set[int] = set()
+    if loop_cpu >= 0:
+        try:
+            others = set(os.sched_getaffinity(0)) | set(range(os.cpu_count() or 1))
+            others.discard(loop_cpu)
+        except (OSError, AttributeError):
+            others = set()
     for t in threading.enumerate():
         if t is me or t.native_id is None:
+            continue
+        try:
+            if others:
+                os.sched_setaffinity(t.native_id, others)
+        except (OSError, AttributeError, ValueError) as exc:
+            notes.append(f"helper thread {t.name} not kept off the loop's CPU ({exc.__class__.__name__}: {exc})")
+        if priority is None:
             continue
         try:
             os.sched_setscheduler(t.native_id, os.SCHED_FIFO, os.sched_param(priority))
@@ -385,6 +403,11 @@ class PhysicsLoop:
         self.builder.watch.warm_up(backup)
         self.builder.state(0, backup)
         self.builder.forces(0, backup)
+
+    def place_helper_threads(self) -> list[str]:
+        """The process's other threads off the loop's CPU, at SCHED_FIFO just below it if the loop has it
+        (place_helper_threads); at start and whenever the loop starts a thread. Returns notes."""
+        return place_helper_threads(max(1, self.cfg.loop.priority - 1) if self.realtime else None, self.cpu)
 
     def drive_with_device(self, grasp: GraspSpec) -> None:
         """A live device now drives ``grasp``: its scripted timeline motions stop (the model is rebuilt
@@ -663,8 +686,7 @@ class PhysicsLoop:
         self.realtime, self.cpu, notes = set_realtime(self.cfg.loop.priority if self.cfg.loop.realtime else 0,
                                                       self.cfg.loop.cpu) if self.cfg.loop.realtime else (
             False, -1, ["realtime disabled in the config"])
-        if self.realtime:
-            notes += raise_helper_threads(max(1, self.cfg.loop.priority - 1))
+        notes += self.place_helper_threads()
         for note in notes:
             say(f"suturesim physics: {note}")
         gc.collect()
@@ -823,7 +845,7 @@ def physics_main(cfg: ServerConfig, link_name: str | None, ready, stop, conn=Non
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when to stop
     stop = StopRequest(stop)
     # a control worker pool thread (control.py) that is running may hold the GIL at most this long before the
-    # loop gets it back; one that is not running cannot drop it at all, hence raise_helper_threads
+    # loop gets it back; one that is not running cannot drop it at all, hence place_helper_threads
     sys.setswitchinterval(5e-5)
     try:
         loop = PhysicsLoop(cfg, link_name, supervisor=conn, heartbeat=heartbeat, restore=restore)

@@ -335,6 +335,24 @@ class TestSharedDaemon:
         final = shared.status()
         assert final["scenario"] == "default" and [g["id"] for g in final["grasps"]] == ["right"]
 
+    def test_the_loops_helper_threads_stay_off_its_cpu(self, shared):
+        """The physics process's other SCHED_FIFO threads (the control worker pool's handlers) may not run on the
+        loop's CPU: sharing it, they stalled the loop 5 to 40 ms around each scene build
+        (server/physics.py place_helper_threads)."""
+        st = shared.status()
+        cpu, pid = st["cpu"], st["pid"]
+        if cpu < 0 or not st["realtime"]:
+            pytest.skip("the loop has no CPU of its own or no SCHED_FIFO here")
+        helpers = []
+        for task in glob.glob(f"/proc/{pid}/task/[0-9]*"):
+            tid = int(task.rsplit("/", 1)[1])
+            stat = open(f"{task}/stat").read()
+            if tid == pid or int(stat[stat.rindex(")") + 2:].split()[38]) != os.SCHED_FIFO:
+                continue
+            helpers.append((tid, os.sched_getaffinity(tid)))
+        assert helpers, "the worker pool's handler threads are raised to SCHED_FIFO beside the loop"
+        assert all(cpu not in cpus for _, cpus in helpers), (cpu, helpers)
+
     def test_invalid_set_and_load_requests_do_not_overrun(self, shared):
         # judged as the fuzz is: a stall of the host's (CI once saw 9 overruns in the 238 ticks these requests
         # took) makes the ticks after it late while they catch up; the requests must add no overrun of their own
@@ -850,3 +868,4 @@ def test_a_daemon_line_is_written_whole(monkeypatch):
     console.say("suturesim: serving 'default'")
     console.say("suturesim: a fault", err=True)
     assert out.writes == ["suturesim: serving 'default'\n"] and err.writes == ["suturesim: a fault\n"]
+
