@@ -15,11 +15,13 @@ import pytest
 
 from suturesim.server import protocol
 from suturesim.server.headless import run_scenario
+from suturesim.server.messages import MessageBuilder
 from suturesim.server.recording import read_messages
+from suturesim.server.scene import SceneRunner
 from suturesim.solver.integrator import Stepper
 from suturesim.solver.needle import needle_inside
 from suturesim.solver.scenario import load_scenario
-from suturesim.solver.suture import SutureWatch, pad_gap
+from suturesim.solver.suture import pad_gap
 from suturesim.solver.tissue import PI_STATE, PUN_ACTIVE, TP_RADIUS, count_inside
 from suturesim.tools.crossings import crossings
 from conftest import Daemon, overruns_past_catch_up, serve_and_record
@@ -28,20 +30,26 @@ CLI = [sys.executable, "-m", "suturesim.server.cli"]
 
 
 def play(trace: bool = False, scene: str = "simple-interrupted-suture", duration: float | None = None):
-    """Run the whole scene (or ``duration`` seconds of it); yield (stepper, state, events so far) after every
-    tick."""
+    """Run the whole scene (or ``duration`` seconds of it) through the tick sequence `serve` and `run` use
+    (server/scene.py SceneRunner, publishing nothing); yield (stepper, substeps, model, state, events so far)
+    after every tick."""
     sc = load_scenario(scene, None if duration is None else {"duration": duration})
-    model, state = sc.model, sc.new_state()
-    stepper = Stepper(model, state)
+    runner, events = _runner(sc)
+    stepper, model, state = runner.stepper, sc.model, runner.state
     if trace:
         stepper.trace = np.zeros((model.solver.retry_substeps + 1, state.x.shape[0], 3))
-    watch = SutureWatch(model)
-    watch.reset(state)
-    events: list[tuple[float, str, dict]] = []
-    for _ in range(int(round(sc.duration / model.solver.tick))):
-        n = stepper.tick()
-        watch.check(state, lambda kind, **d: events.append((float(state.time[0]), kind, d)))
+    for tick in range(1, int(round(sc.duration / model.solver.tick)) + 1):
+        n, _ = runner.tick(tick)
         yield stepper, n, model, state, events
+
+
+def _runner(sc) -> tuple[SceneRunner, list[tuple[float, str, dict]]]:
+    """A SceneRunner of ``sc`` that publishes nothing and collects the watch's events (t, kind, details)."""
+    state = sc.new_state()
+    events: list[tuple[float, str, dict]] = []
+    runner = SceneRunner(Stepper(sc.model, state), MessageBuilder(sc), None, 1,
+                         event=lambda kind, **d: events.append((float(state.time[0]), kind, d)))
+    return runner, events
 
 
 MAPS_TICK = 2700   # the thread through all four punctures (2.61-3.81 s: docs/PHYSICS.md Sec. 9)
@@ -53,17 +61,12 @@ def scripted_suture():
     times at which the needle or the thread was inside a pad but through its punctures, the wound's gap (m) at
     the times the tests read, the crack (m), stepper, model, the state at the end, the events, and
     MessageBuilder's tissue and needle maps and `state` message at tick MAPS_TICK)."""
-    from suturesim.server.messages import MessageBuilder
     sc = load_scenario("simple-interrupted-suture")
-    model, state = sc.model, sc.new_state()
-    stepper = Stepper(model, state)
-    watch = SutureWatch(model)
-    watch.reset(state)
-    events: list[tuple[float, str, dict]] = []
+    runner, events = _runner(sc)
+    stepper, model, state = runner.stepper, sc.model, runner.state
     inside, gaps, maps = [], {}, None
     for tick in range(1, int(round(sc.duration / model.solver.tick)) + 1):
-        stepper.tick()
-        watch.check(state, lambda kind, **d: events.append((float(state.time[0]), kind, d)))
+        runner.tick(tick)
         # neither the needle nor the thread is ever inside a pad except through its punctures
         needle = needle_inside(state.x, model.rest_length, model.needle_par, state.nst, model.tissue_par, model.pads,
                                state.pst, state.pun_i, state.pun_f, 0.0, 24)
