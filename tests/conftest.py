@@ -43,6 +43,16 @@ _CTX = zmq.Context()
 free_ports = bench_loop.free_ports   # k distinct free loopback TCP ports (one helper for the benches and tests)
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """The costliest long tests first (``@pytest.mark.long(cost=seconds)``; the rest keep their order): xdist
+    hands tests out in this order as workers free up, so with the longest started first the two workers finish
+    together instead of one running the longest alone at the end."""
+    def cost(item) -> float:
+        m = item.get_closest_marker("long")
+        return float(m.kwargs.get("cost", 0.0)) if m is not None else 0.0
+    items.sort(key=lambda item: -cost(item))
+
+
 # ------------------------------------------------------------------------------------------------- harness
 class Daemon:
     """`suturesim serve` in a subprocess (its own session, so the finalizer can reap every child)."""

@@ -44,7 +44,7 @@ def test_reef_knot_at_a_sutures_scale_holds_at_silks_friction_and_comes_undone_b
     assert gone == "undone" and slip2 > vc.SUTURE_UNDONE, slip2
 
 
-@pytest.mark.long
+@pytest.mark.long(cost=250)
 def test_a_held_reef_knot_does_not_creep_at_short_substeps():
     # the same knot at 64 substeps a tick (h = 16 us): with friction's tolerance fixed at 0.5 um the rounds
     # stopped after the first, the knot jittered at 6 mm/s and slid 2.8 mm in these 4 s (18 mm by 20 s); with
@@ -117,13 +117,13 @@ def test_polygon_friction_gives_a_coarse_wrap_the_capstan_of_a_rope():
         assert c.passed, c.row()
 
 
-@pytest.mark.long
+@pytest.mark.long(cost=425)
 def test_choi_trefoil_audoly_law_and_speed_independence():
     for c in vc.choi_n1_case():
         assert c.passed, c.row()
 
 
-@pytest.mark.long
+@pytest.mark.long(cost=340)
 def test_choi_overhand_knots_of_n_3_and_4_snap_through_and_n_2_does_not():
     for c in vc.choi_inversion_case():
         assert c.passed, c.row()
