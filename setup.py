@@ -3,7 +3,8 @@ build directory, every numba kernel the shipped scenes reach is compiled there (
 machine code is installed beside the code and the first `suturesim serve` after `pip install .` loads it
 instead of compiling for a minute. The cache is keyed by the source's hash, the numba version and the CPU:
 installed on another machine or beside another numba, it is ignored and the kernels compile at the first start
-(which says so)."""
+(which says so). SUTURESIM_NO_PRECOMPILE=1 in the environment skips the step (a wheel built for other
+machines)."""
 import os
 import subprocess
 import sys
