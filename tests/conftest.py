@@ -409,7 +409,8 @@ class LoopTiming:
                 overruns_past_catch_up(stats, overrun_events), stats, overrun_events)
 
 
-def wait_for(cond, timeout: float, step: float = 0.05, what: str = "condition"):
+def wait_for(cond, timeout: float, what: str = "condition", step: float = 0.05):
+    """``cond()`` once it is true, polled every ``step`` s; AssertionError naming ``what`` after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:
         value = cond()

@@ -31,6 +31,7 @@ from suturesim.server import protocol
 from suturesim.server.cli import build_parser, main
 from suturesim.tools import view
 from suturesim.tools.view import FrameBuffer
+from conftest import wait_for
 
 START_TIMEOUT_S = 30.0      # a subprocess importing numpy/zmq/websockets on a loaded 2-core machine
 PAGE_TIMEOUT_S = 20.0
@@ -144,17 +145,6 @@ class ViewProcess:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(5)
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------------------------ the bridge, no browser
