@@ -9,6 +9,7 @@ checked: 45 000 pairs per substep would take hours).
 """
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -292,11 +293,20 @@ def suture_bend_case(kinds=("reef", "granny", "grief", "thief"), start: float = 
     lowered from ``start`` in ``step`` until it comes undone (a knot may slip a few millimetres and settle: the
     lowest mu "held" is the lowest at which it had settled by the end). The reef knot must hold at silk's 0.3,
     come undone when friction is lowered far enough, and be the most secure of the four."""
-
-    def pull(kind: str, mu: float) -> tuple[str, str]:
-        outcome, slip, creep, _ = suture_bend_pull(kind, mu, duration=duration)
-        return outcome, f"{outcome} ({slip * 1e3:.1f} mm, {creep * 1e3:.1f} in the last 2 s)"
+    pull = functools.partial(_suture_bend_outcome, duration=duration)
     return suture_reef_silk_case(duration) + _ladder_cases(kinds, start, step, pull, "at a suture's scale, 0.37 N")
+
+
+def _suture_bend_outcome(kind: str, mu: float, duration: float) -> tuple[str, str]:
+    """suture_bend_pull's outcome of ``kind`` at ``mu`` for ``duration`` s, and a note of it for a ladder's row."""
+    outcome, slip, creep, _ = suture_bend_pull(kind, mu, duration=duration)
+    return outcome, f"{outcome} ({slip * 1e3:.1f} mm, {creep * 1e3:.1f} in the last 2 s)"
+
+
+def _bend_outcome(kind: str, mu: float, duration: float) -> tuple[str, str]:
+    """bend_pull's outcome of ``kind`` at ``mu`` for ``duration`` s, and a note of it for a ladder's row."""
+    outcome, slip, _, _ = bend_pull(kind, mu, duration)
+    return outcome, f"{'held' if outcome == 'holds' else 'undone'} ({slip * 1e3:.0f} mm)"
 
 
 def _ladder_cases(kinds, start: float, step: float, pull, label: str) -> list[Case]:
@@ -355,10 +365,7 @@ def _boundary_cases(kinds, held_mu: float, undone_mu: float, pull, label: str) -
 def bend_boundary_case(kinds=("reef", "granny", "grief", "thief"), held_mu: float = 0.3, undone_mu: float = 0.2,
                        duration: float = 5.0) -> list[Case]:
     """bend_case's verdict from the runs at its boundary (_boundary_cases): 5 runs where the ladder takes 19."""
-
-    def pull(kind: str, mu: float) -> tuple[str, str]:
-        outcome, slip, _, _ = bend_pull(kind, mu, duration)
-        return outcome, f"{'held' if outcome == 'holds' else 'undone'} ({slip * 1e3:.0f} mm)"
+    pull = functools.partial(_bend_outcome, duration=duration)
     return _boundary_cases(kinds, held_mu, undone_mu, pull, "1 N")
 
 
@@ -366,10 +373,7 @@ def suture_bend_boundary_case(kinds=("reef", "granny", "grief", "thief"), held_m
                               undone_mu: float = 0.2, duration: float = 20.0) -> list[Case]:
     """suture_bend_case's ladder verdict from the runs at its boundary (_boundary_cases): 5 runs where the
     ladder takes 10 (the reef at silk's own friction is suture_reef_silk_case)."""
-
-    def pull(kind: str, mu: float) -> tuple[str, str]:
-        outcome, slip, creep, _ = suture_bend_pull(kind, mu, duration=duration)
-        return outcome, f"{outcome} ({slip * 1e3:.1f} mm, {creep * 1e3:.1f} in the last 2 s)"
+    pull = functools.partial(_suture_bend_outcome, duration=duration)
     return _boundary_cases(kinds, held_mu, undone_mu, pull, "at a suture's scale, 0.37 N")
 
 
@@ -660,8 +664,5 @@ def bend_case(kinds=("reef", "granny", "grief", "thief"), start: float = 0.9, st
     lowered from ``start`` in ``step`` until the knot comes undone. Reports the lowest mu at which it held; the
     reef knot must hold at the silk preset's 0.3 and come undone when friction is lowered far enough, and must
     be the most secure of the four (the thesis: reef > granny > thief ~ grief)."""
-
-    def pull(kind: str, mu: float) -> tuple[str, str]:
-        outcome, slip, _, _ = bend_pull(kind, mu, duration)
-        return outcome, f"{'held' if outcome == 'holds' else 'undone'} ({slip * 1e3:.0f} mm)"
+    pull = functools.partial(_bend_outcome, duration=duration)
     return _ladder_cases(kinds, start, step, pull, "1 N")
