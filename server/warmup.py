@@ -29,7 +29,7 @@ __all__ = ["CompileProgress", "compile_shipped_scenes"]
 class CompileProgress(numba_event.Listener):
     """A context manager that counts numba compilations (cache misses only: loading a cached kernel is no
     compilation) and, once the first one starts, prints a line through ``say`` then one every ``every_s`` seconds
-    while any is still going on, and a summary at exit."""
+    until the context exits, and a summary then."""
 
     def __init__(self, say: Callable[[str], None], what: str = "suturesim", every_s: float = 5.0):
         super().__init__()
@@ -38,13 +38,11 @@ class CompileProgress(numba_event.Listener):
         self.every_s = every_s
         self.compiled = 0          # kernels whose compilation finished (nested ones included)
         self.started_at: float | None = None
-        self._depth = 0
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._install = None
 
     def on_start(self, event) -> None:
-        self._depth += 1
         if self.started_at is None:
             self.started_at = time.monotonic()
             self.say(f"{self.what}: compiling numba kernels (once after an install or upgrade of suturesim or "
@@ -53,7 +51,6 @@ class CompileProgress(numba_event.Listener):
             self._thread.start()
 
     def on_end(self, event) -> None:
-        self._depth -= 1
         self.compiled += 1
 
     def _report(self) -> None:
