@@ -141,21 +141,16 @@ def wait_until(deadline_ns: int, spin_ns: int) -> None:
 
 def place_helper_threads(priority: int | None, loop_cpu: int = -1) -> list[str]:
     """Every other Python thread of this process (the control worker pool's handlers) to SCHED_FIFO at
-    ``priority`` (below the loop's; None: left as it is) and off the loop's CPU ``loop_cpu`` (-1: not pinned). A helper holding the GIL
-    must not be preempted by an ordinary process on its CPU while the loop waits for the GIL (a priority
-    inversion: the loop then stalls for the other process's time slice, milliseconds); and one sharing the
-    loop's CPU stalled it by 5 to 40 ms around each scene build (60 rejected `set`s: 25 to 160 overruns; off its
-    CPU: none, tests/test_daemon.py). A thread the loop starts inherits its CPU and priority, so the loop calls
-    this again after starting one (a new worker pool). Returns notes."""
+    ``priority`` (below the loop's; None: left as it is) and off the loop's CPU ``loop_cpu`` (-1: not pinned).
+    A helper holding the GIL must not be preempted by an ordinary process on its CPU while the loop waits for the
+    GIL (a priority inversion: the loop then stalls for the other process's time slice, milliseconds); and one
+    sharing the loop's CPU stalled it by 5 to 40 ms around each scene build (60 rejected `set`s: 25 to 160
+    overruns; off its CPU: none, tests/test_daemon.py). A thread the loop starts inherits its CPU and priority,
+    so the loop calls this again after starting one (a new worker pool). Returns notes."""
     notes = []
     me = threading.current_thread()
-    others: set[int] = set()
-    if loop_cpu >= 0:
-        try:
-            others = set(os.sched_getaffinity(0)) | set(range(os.cpu_count() or 1))
-            others.discard(loop_cpu)
-        except (OSError, AttributeError):
-            others = set()
+    # every CPU but the loop's (the process's own affinity is the loop's CPU alone once it is pinned)
+    others = set(range(os.cpu_count() or 1)) - {loop_cpu} if loop_cpu >= 0 else set()
     for t in threading.enumerate():
         if t is me or t.native_id is None:
             continue
