@@ -71,8 +71,10 @@ class Daemon:
         self.stdout: list[str] = []
         self.stderr: list[str] = []
         self._lines = threading.Condition()
-        for stream, sink in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr)):
-            threading.Thread(target=self._pump, args=(stream, sink), daemon=True).start()
+        self._pumps = [threading.Thread(target=self._pump, args=(stream, sink), daemon=True)
+                       for stream, sink in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr))]
+        for t in self._pumps:
+            t.start()
         self._req: zmq.Socket | None = None
 
     def _pump(self, stream, sink: list[str]) -> None:
@@ -152,10 +154,16 @@ class Daemon:
 
     # -- lifecycle --------------------------------------------------------------------------------------
     def wait_exit(self, timeout: float) -> int | None:
+        """The exit code, or None after ``timeout`` s. Once it has exited, stdout and stderr hold what it printed
+        last: the pump threads have read its pipes to the end (bounded: a child that outlives it may hold them
+        open)."""
         try:
-            return self.proc.wait(timeout)
+            code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             return None
+        for t in self._pumps:
+            t.join(2.0)
+        return code
 
     @staticmethod
     def children_of(pid: int) -> list[int]:
