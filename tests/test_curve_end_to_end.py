@@ -34,6 +34,9 @@ def _cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
+# under -n one worker runs the module: its tests share the module's CURVE daemon
+pytestmark = pytest.mark.xdist_group("curve-e2e")
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A CURVE daemon recording itself from start-up (`serve --record`), its keys, and one allowed and one
@@ -306,6 +309,7 @@ def _lateness_p99(sub: zmq.Socket, n: int) -> list[float]:
     return out
 
 
+@pytest.mark.timed   # the loop's lateness p99 during the flood
 def test_a_flood_of_refused_handshakes_leaves_the_loop_alone(server):
     realtime = _request(server, {"cmd": "status"}, server["curve"])["realtime"]
     ctx = zmq.Context()

@@ -140,7 +140,9 @@ BAD_REQUESTS = {
 }
 
 
+@pytest.mark.xdist_group("daemon-shared")   # one worker starts the class's daemon (under -n)
 class TestSharedDaemon:
+    @pytest.mark.timed   # message rates and the loop's period against the wall clock
     def test_topic_rates_sequence_and_schema(self, shared):
         sub = Sub(shared.pub)
         try:
@@ -184,6 +186,7 @@ class TestSharedDaemon:
             assert s["overruns"] <= s["ticks"], s
         assert np.all(np.diff([s["ticks"] for s in stats]) > 0)
 
+    @pytest.mark.timed   # ticks counted over 0.1 s of wall time
     def test_status_fields(self, shared):
         a = shared.status()
         time.sleep(0.1)
@@ -198,7 +201,9 @@ class TestSharedDaemon:
         assert b["seq"] - a["seq"] >= 50 and b["t"] > a["t"]
 
     def test_status_stats_has_the_stats_topic_keys(self, shared):
-        assert {"lateness_us", "period_us", "step_us"} <= set(shared.status()["stats"])
+        # the loop summarises its first second a second after its first tick: wait for it (the daemon may be new)
+        wait_for(lambda: {"lateness_us", "period_us", "step_us"} <= set(shared.status()["stats"]), 5.0,
+                 what="status stats with the stats topic's keys")
 
     def test_bad_requests_get_error_replies(self, shared):
         errors0 = shared.status()["stats"]["control_errors"]
@@ -218,6 +223,7 @@ class TestSharedDaemon:
         finally:
             assert shared.status()["ok"] is True    # either way it keeps answering
 
+    @pytest.mark.timed   # overruns and lateness p99 under the fuzz
     def test_fuzz_control_and_stylus(self, shared):
         rng = random.Random(20240604)
         timing = LoopTiming(shared)   # the loop's timing meanwhile
@@ -353,6 +359,7 @@ class TestSharedDaemon:
         assert helpers, "the worker pool's handler threads are raised to SCHED_FIFO beside the loop"
         assert all(cpu not in cpus for _, cpus in helpers), (cpu, helpers)
 
+    @pytest.mark.timed   # overruns
     def test_invalid_set_and_load_requests_do_not_overrun(self, shared):
         # judged as the fuzz is: a stall of the host's (CI once saw 9 overruns in the 238 ticks these requests
         # took) makes the ticks after it late while they catch up; the requests must add no overrun of their own
@@ -403,6 +410,7 @@ def restored(_restored_holder):
     return d
 
 
+@pytest.mark.xdist_group("daemon-restored")   # one worker starts the class's daemon (under -n)
 class TestStateRestored:
     """Commands whose tests put back what they changed (pause then resume, grasp then release, reset then resume,
     record_start then record_stop, load then load `default`) and a signal that changes nothing (SIGUSR1) share
@@ -410,6 +418,7 @@ class TestStateRestored:
     left otherwise (a failed test) is replaced before the next. The recording tests wait for their own lines of
     the daemon's output (count_lines: the ones before)."""
 
+    @pytest.mark.timed   # states counted and scene time advanced over wall-clock windows
     def test_pause_and_resume(self, restored, subscribe):
         sub = subscribe(restored)
         t_running = [s["t"] for s in sub.states(0.2)]
@@ -427,6 +436,7 @@ class TestStateRestored:
         assert resumed[0] >= paused[-1]["t"] and resumed[-1] - resumed[0] > 0.15
         assert restored.status()["paused"] is False
 
+    @pytest.mark.timed   # forces counted over 0.5 s of wall time
     def test_grasp_and_release(self, restored, subscribe):
         sub = subscribe(restored)
         reply = restored.ok({"cmd": "grasp", "vertex": 50, "device": "left", "id": "g-left", "stiffness": 500.0})
@@ -493,6 +503,7 @@ class TestStateRestored:
         assert restored.status()["t"] == 0.0
         restored.ok({"cmd": "resume"})       # as it was, for the class's next test
 
+    @pytest.mark.timed   # forces and states recorded over 1 s of wall time
     def test_record_start_and_stop(self, restored, subscribe, tmp_path):
         out = Path(restored.data_home) / "suturesim" / "recordings" / "rec.mcap"
         sub = subscribe(restored, (protocol.TOPIC_EVENT,))
@@ -515,6 +526,7 @@ class TestStateRestored:
         assert np.all(np.diff([f["seq"] for f in forces]) == 1)
         assert restored.status()["ok"] is True
 
+    @pytest.mark.timed   # states counted over 0.5 s of wall time
     def test_load_switches_scenario(self, restored, subscribe):
         hanging = load_scenario("wang2017-hanging")
         assert not hanging.grasps and not hanging.force_vertices
@@ -587,6 +599,7 @@ def remote_shared():
     yield from serving_daemon("--device", "remote")
 
 
+@pytest.mark.xdist_group("daemon-remote")   # one worker starts the class's daemon (under -n)
 class TestRemoteStylus:
     """One daemon whose devices are remote styluses for the two stylus tests (each counts from the stats it finds);
     torn down when the class is done, as TestSharedDaemon's."""
@@ -635,6 +648,7 @@ class TestRemoteStylus:
         assert stats["stylus_accepted"] - stats0["stylus_accepted"] == 0, (stats0, stats)
 
 
+@pytest.mark.timed   # ticks counted over 2 s of wall time
 def test_extreme_grasp_parameters_do_not_kill_the_physics_process(daemon, subscribe):
     sub = subscribe(daemon, (protocol.TOPIC_EVENT,))
     time.sleep(1.0)   # let the thread fall and swing first
@@ -650,6 +664,7 @@ def test_extreme_grasp_parameters_do_not_kill_the_physics_process(daemon, subscr
 
 
 # ==================================================================================== signals and faults
+@pytest.mark.timed   # the exit within 2 s
 def test_sigterm_exits_zero_and_zeroes_the_forces(daemon, subscribe):
     link = find_link(daemon)
     try:
@@ -675,6 +690,7 @@ def test_sigterm_exits_zero_and_zeroes_the_forces(daemon, subscribe):
             link.close()
 
 
+@pytest.mark.timed   # the forces zeroed within 2 s
 def test_killed_physics_process_faults_and_restarts(daemon, subscribe):
     link = find_link(daemon)
     try:
@@ -715,6 +731,7 @@ def _stop_timed(d: Daemon, within: float) -> float:
     return elapsed
 
 
+@pytest.mark.timed   # the stop's duration, both bounds
 def test_a_physics_process_that_does_not_stop_is_killed_and_the_server_exits_zero(daemon):
     """A physics process stuck anywhere (here stopped with SIGSTOP, holding whatever it held) delays the stop by
     server/supervisor.py's STOP_TIMEOUT_S (1.5 s), no more, and the supervisor says what it killed. The stop
@@ -728,6 +745,7 @@ def test_a_physics_process_that_does_not_stop_is_killed_and_the_server_exits_zer
         daemon.output()
 
 
+@pytest.mark.timed   # the stop's duration, both bounds
 def test_a_recorder_that_does_not_finish_is_killed_and_said_so(tmp_path):
     """A recorder that writes nothing after the stop is killed after RECORDER_IDLE_S (5 s) and the supervisor
     names the file it left without a summary; the server still exits 0. (One that is still writing its queue

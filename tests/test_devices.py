@@ -136,6 +136,7 @@ def pulled_past_reach(r: "Rig") -> bool:
     return any(m["pose"][0] > 0.465 for m in r.forces())
 
 
+@pytest.mark.timed   # pose-to-force latency p99, a step at the motors within 2.3 ms
 def test_openhaptics_pull_taut_forces_match_clamp_and_latency(rig):
     r = rig().serve()
     wait_for(lambda: pulled_past_reach(r), 20.0, what="the stylus past the thread's reach")
@@ -200,6 +201,7 @@ def test_buttons_release_and_grasp_are_events(rig):
 
 
 # --------------------------------------------------------------------------------------------------- faults
+@pytest.mark.timed   # servo frames counted over wall time after the error
 def test_unmapped_hd_error_keeps_the_servo_running(rig):
     # HD_EXCEEDED_MAX_FORCE_IMPULSE: pyOpenHaptics' get_error has no entry for it (KeyError, callback DONE)
     r = rig(fault="error:0x0202@4.0").serve()
@@ -232,6 +234,7 @@ def test_no_openhaptics_runtime_is_a_clear_message(rig):
     assert "OpenHaptics runtime not found" in err and "--device simulated" in err
 
 
+@pytest.mark.timed   # the ramp to zero within 62 ms, servo frames counted
 def test_physics_stalled_force_ramps_to_zero(rig):
     r = rig().serve()
     wait_for(lambda: pulled_past_reach(r), 20.0, what="the stylus past the thread's reach")
@@ -255,6 +258,7 @@ def test_physics_stalled_force_ramps_to_zero(rig):
     assert mags[t_f > t_stop + 400_000_000].max() > 0.8                  # and back once physics runs again
 
 
+@pytest.mark.timed   # motors off within 1 s of the kill
 def test_server_killed_device_sees_zero_force(rig):
     r = rig().serve()
     wait_for(lambda: pulled_past_reach(r), 20.0, what="the stylus past the thread's reach")
@@ -286,6 +290,7 @@ def test_stuck_servo_callback_stops_the_device_and_the_server_runs_on(rig):
 
 
 # --------------------------------------------------------------------------------------------------- replay
+@pytest.mark.timed   # forces counted over 1.5 s of wall time
 def test_replay_backend_plays_recorded_stylus_poses(tmp_path):
     """`--device replay`: the stylus follows the recording's poses tick by tick (scene time to scene time)."""
     rec = tmp_path / "scripted.mcap"
@@ -321,6 +326,7 @@ def test_replay_without_a_recording_is_a_config_error(tmp_path):
     assert done.returncode != 0 and "replay" in done.stderr and "recording" in done.stderr, done.stderr
 
 
+@pytest.mark.timed   # the hands' scripted pull, felt at the motors within the test's wall-clock window
 def test_two_openhaptics_devices_each_get_their_own_force(rig):
     """Two Touch devices (one HD scheduler) hold the two ends of the two-hand scene; the same scripted hand path,
     mirrored by the second device's transform, pulls them apart: each device's motors get its own stream."""

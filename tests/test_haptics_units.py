@@ -491,6 +491,7 @@ def _check_stream(sc, states, builder, refs, slots, extra_flags=None, corrupt=No
     return {d: (np.array(f), np.array(fl)) for d, (f, fl) in got.items()}
 
 
+@pytest.mark.xdist_group("knot-run")   # one worker runs the module's knot_run (under -n)
 def test_builder_each_device_gets_its_own_grasp_through_its_own_pipeline(knot_run):
     sc, states, slots = knot_run
     builder = MessageBuilder(sc)
@@ -502,6 +503,7 @@ def test_builder_each_device_gets_its_own_grasp_through_its_own_pipeline(knot_ru
     assert f0[-1, 0] < -1.0 and f1[-1, 0] > 1.0
 
 
+@pytest.mark.xdist_group("knot-run")   # one worker runs the module's knot_run (under -n)
 def test_builder_nan_faults_only_that_device(knot_run):
     sc, states, slots = knot_run
     # from a fresh pipeline a NaN grasp force gives exactly zero with FLAG_FAULT
@@ -533,6 +535,7 @@ def test_builder_nan_faults_only_that_device(knot_run):
     assert np.linalg.norm(got["stylus0"][0][-1]) > 1.0
 
 
+@pytest.mark.xdist_group("knot-run")   # one worker runs the module's knot_run (under -n)
 def test_builder_extra_flags_go_to_that_device_only(knot_run):
     sc, states, slots = knot_run
     builder = MessageBuilder(sc)
@@ -543,6 +546,7 @@ def test_builder_extra_flags_go_to_that_device_only(knot_run):
     assert not np.any(got["stylus0"][1] & (FLAG_WATCHDOG | 0x100 | FLAG_FAULT))
 
 
+@pytest.mark.xdist_group("knot-run")   # one worker runs the module's knot_run (under -n)
 def test_builder_device_limit_clamps_that_device_only(knot_run):
     sc, states, slots = knot_run
     builder = MessageBuilder(sc, limits={"stylus0": 1.0})

@@ -142,6 +142,9 @@ def kinds(log: np.ndarray) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------------------ fixtures
+# under -n one worker runs the module: its tests share the module's emulator build and pyOpenHaptics session
+pytestmark = pytest.mark.xdist_group("hd-emulator")
+
 @pytest.fixture(scope="module")
 def lib_dir(tmp_path_factory) -> Path:
     return build_emulator(tmp_path_factory.mktemp("hd-emulator"))
@@ -230,6 +233,7 @@ def test_without_ld_library_path_pyopenhaptics_import_fails(tmp_path):
 
 
 # ----------------------------------------------------------------------------------- the pyOpenHaptics session
+@pytest.mark.timed   # the servo's rate
 def test_callback_runs_at_1khz_on_its_own_thread(session):
     res, _, proc = session
     count, elapsed = res["n1"] - res["n0"], res["t1"] - res["t0"]
@@ -363,6 +367,7 @@ def test_fault_missing(lib_dir, tmp_path):
     assert np.all(log["code"][1::2] == HD_INVALID_HANDLE) and np.all(log["code"][0::2] == HD_COMM_CONFIG_ERROR)
 
 
+@pytest.mark.timed   # servo ticks counted over wall-clock sleeps
 def test_fault_error_ends_pyopenhaptics_callback(lib_dir, tmp_path):
     res, proc = run_child(
         """
@@ -407,6 +412,7 @@ def test_fault_error_ends_pyopenhaptics_callback(lib_dir, tmp_path):
     assert np.sum(log["kind"] == LOG_FORCE) == res["late"]
 
 
+@pytest.mark.timed   # servo ticks counted over wall-clock sleeps, the stop within 0.5 s
 def test_fault_stuck(lib_dir, tmp_path):
     res, _ = run_child(
         """
@@ -618,6 +624,7 @@ def test_api_devices_frames_parameters_errors(lib_dir, tmp_path):
     assert LOG_SCHED_STOP not in kinds(log)  # hdStopScheduler without a running scheduler logs nothing
 
 
+@pytest.mark.timed   # servo ticks counted over wall-clock sleeps
 def test_api_scheduler_semantics(lib_dir, tmp_path):
     res, _ = run_child(
         API_SETUP + textwrap.dedent("""

@@ -167,6 +167,9 @@ def test_a_scene_must_tick_with_the_loop():
 _CTX = zmq.Context()
 
 
+# under -n one worker runs the module: its tests share the module's remote-stylus daemon
+pytestmark = pytest.mark.xdist_group("inbound")
+
 @pytest.fixture(scope="module")
 def remote():
     yield from serving_daemon("--device", "remote")
@@ -198,6 +201,7 @@ def test_daemon_refuses_with_the_reason(remote, req, words):
     _status_within(remote)
 
 
+@pytest.mark.timed   # overruns during the flood
 def test_daemon_flood_keeps_the_tick(remote):
     """2000 hostile 60 KiB requests (from a DEALER, so none waits for its reply) and 2000 60 KiB stylus samples,
     as fast as they go: `status` answers within 1 s after, few ticks overran, and every force published

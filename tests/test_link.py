@@ -201,6 +201,7 @@ def test_steady_state_does_not_accumulate_memory(link):
     assert grown < 4096, grown
 
 
+@pytest.mark.timed   # a call's wall time
 def test_per_call_cost(link):
     n = 50_000
     f, out = np.array([1.0, 2.0, 3.0]), np.zeros(3)
@@ -233,6 +234,7 @@ def _force_writer(name, n, ready):
     link.close()
 
 
+@pytest.mark.timed   # the reader must overlap the writer: both processes need a CPU at once
 def test_concurrent_writer_never_yields_a_torn_read():
     ctx = mp.get_context("spawn")
     with DeviceLink.create(1) as link:

@@ -193,6 +193,7 @@ def test_recordings_are_new_files_in_the_recordings_directory_only(tmp_path):
         d.close()
 
 
+@pytest.mark.timed   # the loop's worst lateness
 def test_many_bad_record_requests_do_not_stall_the_loop(tmp_path):
     """Each recording request is answered off the tick (the supervisor's recording thread, one request out at a
     time): 60 refusals in a row, and no tick of the loop is held back (a tick that waited on the supervisor

@@ -167,6 +167,7 @@ def test_unknown_topic_and_bad_multipart():
         P.decode_multipart([payload])
 
 
+@pytest.mark.timed   # a call's wall time
 def test_large_state_encodes_fast():
     import time
     a = _state_args(n=2000)

@@ -136,6 +136,7 @@ CHILD = textwrap.dedent("""
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+@pytest.mark.timed   # what was flushed within 1.5 s of the kill
 def test_sigkill_loses_at_most_the_last_second(tmp_path):
     path = tmp_path / "killed.mcap"
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE, text=True)

@@ -37,6 +37,7 @@ def session(tmp_path_factory):
     return serve_and_record(tmp_path_factory.mktemp("session"), 5.0)
 
 
+@pytest.mark.xdist_group("replay-session")   # one worker records the module's session (under -n)
 def test_serve_record_is_complete_with_metadata(session):
     seqs = force_seqs(session)["stylus0"]
     assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) > 4000     # every seq from the first tick
@@ -47,6 +48,7 @@ def test_serve_record_is_complete_with_metadata(session):
     assert {"suturesim", "numpy", "numba", "python"} <= set(meta["versions"]) and meta["machine"]["platform"]
 
 
+@pytest.mark.xdist_group("replay-session")   # one worker records the module's session (under -n)
 def test_resimulate_is_exact_then_reports_a_changed_parameter(session):
     done = subprocess.run([*CLI, "replay", str(session), "--to", "resimulate"], capture_output=True, text=True,
                           timeout=120)
@@ -58,6 +60,7 @@ def test_resimulate_is_exact_then_reports_a_changed_parameter(session):
     assert "DIFFERENT" in changed.stdout and "first difference at seq 1" in changed.stdout
 
 
+@pytest.mark.timed   # each message's lateness against its log time
 def test_replay_publish_is_byte_exact_and_on_time(session):
     recorded = list(read_messages(session))
     pub = f"tcp://127.0.0.1:{free_ports(1)[0]}"
@@ -94,6 +97,7 @@ def test_replay_publish_is_byte_exact_and_on_time(session):
     assert np.percentile(np.abs(dev), 50) <= 0.5, np.percentile(np.abs(dev), [50, 99, 100])
 
 
+@pytest.mark.timed   # a 4x replay's wall time
 def test_replay_publish_seek_and_speed(session, tmp_path):
     recorded = list(read_messages(session))
     base = recorded[0][2]
@@ -122,6 +126,7 @@ def running():
     yield from serving_daemon()
 
 
+@pytest.mark.xdist_group("replay-running")   # one worker starts the class's daemon (under -n)
 class TestRecordARunningServer:
     """`suturesim record` on one running server (the default scene and its scripted stylus), torn down when the
     class is done: recording it, or killing the recorder, changes nothing of the server's."""
@@ -145,6 +150,7 @@ class TestRecordARunningServer:
         r = subprocess.run([*CLI, "replay", str(out), "--to", "resimulate"], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0 and "EXACT" in r.stdout and f"starts at seq {seqs[0]}" in r.stdout, r.stdout
 
+    @pytest.mark.timed   # what was flushed within 1.5 s of the kill
     def test_record_sigkill_leaves_a_readable_file(self, running, tmp_path):
         d = running
         out = tmp_path / "killed.mcap"
@@ -166,6 +172,7 @@ class TestRecordARunningServer:
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
 
 
+@pytest.mark.timed   # servo frames against recorded ticks, within 10 %
 def test_replay_to_device_plays_the_recorded_force_on_the_emulator(session, tmp_path):
     lib = emu.build_emulator(tmp_path / "emu")
     log = tmp_path / "emu.bin"
@@ -205,6 +212,7 @@ def test_thirty_second_session_replays_byte_for_byte_and_resimulates_exactly(tmp
     test_replay_publish_is_byte_exact_and_on_time(path)
 
 
+@pytest.mark.timed   # what was flushed within 1.5 s of the kill
 def test_serve_sigkill_leaves_a_readable_recording_and_no_process(tmp_path):
     out = tmp_path / "killed-serve.mcap"
     d = Daemon("--record", str(out))

@@ -295,6 +295,7 @@ def test_config_defaults_valid_and_device_limit_checked():
 
 # ------------------------------------------------------------------------------------------------- cost
 
+@pytest.mark.timed   # a call's wall time
 def test_per_call_cost():
     fs = ForceSafety(SafetyConfig(), device_max_force_n=3.3)
     out = np.zeros(3)

@@ -83,6 +83,7 @@ def scripted_suture():
     return inside, gaps, 3.0 * model.tissue_par[TP_RADIUS], stepper, model, state, events, maps
 
 
+@pytest.mark.xdist_group("suture-scripted")   # one worker runs the module's scripted_suture (under -n)
 def test_the_scripted_suture_closes_the_wound(scripted_suture):
     inside, gaps, crack, stepper, model, state, events, _ = scripted_suture
     assert inside == [], inside[:10]   # (t, needle inside, thread inside) at every tick: never
@@ -146,6 +147,7 @@ def needle_tie():
     return events, gaps, 3.0 * model.tissue_par[TP_RADIUS], stepper, state
 
 
+@pytest.mark.xdist_group("suture-needle-tie")   # one worker runs the module's needle_tie (under -n)
 def test_a_needle_tie_ties_the_second_throw_of_a_surgeons_knot(needle_tie):
     """The tail wound round the needle's wire and the needle driven through the wind: the strand's end passes
     through a loop of the tail the other way round from the first throw, and the knot read from the thread is
@@ -161,6 +163,7 @@ def test_a_needle_tie_ties_the_second_throw_of_a_surgeons_knot(needle_tie):
     assert stepper.past_budget == 0 and stepper.retries <= 50
 
 
+@pytest.mark.xdist_group("suture-needle-tie")   # one worker runs the module's needle_tie (under -n)
 def test_the_surgeons_knot_holds_the_wound_closed_when_the_hands_let_go(needle_tie):
     """Both throws cinched along the tissue, which seats them on the wound: the double throw holds the wound
     closed with both strands slack while the second throw is tied (15.8-22.7 s), the cinch keeps it closed,
@@ -196,6 +199,7 @@ def _keys_sorted(obj) -> bool:
     return type(obj) in (float, int, str, bool, type(None))
 
 
+@pytest.mark.xdist_group("suture-scripted")   # one worker runs the module's scripted_suture (under -n)
 def test_state_tissue_and_needle_maps_are_built_in_sorted_order(scripted_suture):
     """MessageBuilder sends its tissue and needle maps as SortedMaps (no copy into sorted order): every key of
     every map inside them in order, and nothing but msgpack's own types, mid-suture with all four punctures (at

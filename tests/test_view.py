@@ -152,6 +152,7 @@ def _force(seq: int, t: float, device: str, fz: float) -> dict:
     return protocol.decode_force(protocol.encode_force(seq, t, device, [0, 0, 0], [0, 0, fz], abs(fz), 0))
 
 
+@pytest.mark.timed   # the bridge's wall time
 def test_frame_buffer_drops_stale_frames():
     """10000 force + 100 state messages with no drain: the buffer stays bounded and holds the newest state."""
     forces = [_force(i, i * 1e-3, f"stylus{i % 2}", -1.0 - (i % 7) * 0.1) for i in range(10_000)]
@@ -317,6 +318,9 @@ def test_ctrl_c_stops_cleanly():
 
 
 # ------------------------------------------------------------------------------------------- end to end
+# under -n one worker runs the module: its tests share the module's daemons and browser
+pytestmark = pytest.mark.xdist_group("view")
+
 @pytest.fixture(scope="module")
 def live():
     """A fake publisher and `suturesim view` connected to it."""
