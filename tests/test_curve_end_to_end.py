@@ -37,6 +37,7 @@ def _cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
 # under -n one worker runs the module: its tests share the module's CURVE daemon
 pytestmark = pytest.mark.xdist_group("curve-e2e")
 
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A CURVE daemon recording itself from start-up (`serve --record`), its keys, and one allowed and one

@@ -145,6 +145,7 @@ def kinds(log: np.ndarray) -> list[int]:
 # under -n one worker runs the module: its tests share the module's emulator build and pyOpenHaptics session
 pytestmark = pytest.mark.xdist_group("hd-emulator")
 
+
 @pytest.fixture(scope="module")
 def lib_dir(tmp_path_factory) -> Path:
     return build_emulator(tmp_path_factory.mktemp("hd-emulator"))

@@ -170,6 +170,7 @@ _CTX = zmq.Context()
 # under -n one worker runs the module: its tests share the module's remote-stylus daemon
 pytestmark = pytest.mark.xdist_group("inbound")
 
+
 @pytest.fixture(scope="module")
 def remote():
     yield from serving_daemon("--device", "remote")

@@ -66,6 +66,7 @@ def _write_synthetic(path, n_ticks: int = 300) -> None:
 # under -n one worker runs the module: its tests share the module's recordings
 pytestmark = pytest.mark.xdist_group("plot-export")
 
+
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
     path = tmp_path_factory.mktemp("synthetic") / "synthetic.mcap"

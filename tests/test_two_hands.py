@@ -18,6 +18,7 @@ GRASP_OF = {"stylus0": "right", "stylus1": "left"}
 # under -n one worker runs the module: its tests share the module's headless run
 pytestmark = pytest.mark.xdist_group("two-hands")
 
+
 @pytest.fixture(scope="module")
 def knot(tmp_path_factory):
     """Run the whole scene (14 s simulated, a few s wall) once; per device arrays indexed by seq - 1."""

@@ -321,6 +321,7 @@ def test_ctrl_c_stops_cleanly():
 # under -n one worker runs the module: its tests share the module's daemons and browser
 pytestmark = pytest.mark.xdist_group("view")
 
+
 @pytest.fixture(scope="module")
 def live():
     """A fake publisher and `suturesim view` connected to it."""
