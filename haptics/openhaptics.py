@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .servo import Servo
+from .servo import Servo, latency_histogram
 
 STALL_S = 0.05          # no servo callback for this long: the scheduler is stuck, and the device is stopped
 MAX_CONSECUTIVE_EXCEPTIONS = 100   # a callback failing this many times in a row stops the servo deliberately
@@ -366,8 +366,8 @@ class OpenHapticsDriver:
             cb = dev.callback_ns[:n] / 1000.0
             out[dev.spec.name] = {
                 "latency_us": _percentiles(lat), "callback_us": _percentiles(cb), "callbacks": dev.n_callbacks,
-                # forces by latency, in 1 ms bins: [0, 1), [1, 2), ..., [9, 10), >= 10 ms
-                "latency_hist_ms": np.bincount(np.minimum(lat // 1000.0, 10).astype(int), minlength=11).tolist(),
+                # forces by the nearest whole number of servo periods of their latency: 0, 1, ..., 9, >= 10
+                "latency_hist_periods": latency_histogram(lat),
                 "errors": {error_name(c): k for c, k in dev.errors.items()}, "exceptions": dev.exceptions,
                 "last_exception": dev.last_exception}
         return out

@@ -27,6 +27,8 @@ BACKSTOP_SLEW_FACTOR = 3.0
 LATENCY_CAPACITY = 1 << 16     # samples kept for the pose-to-force latency and callback-time statistics
 STATS_AFTER_S = 1.0            # timings are kept from this long after the first fresh force: the start-up of
                                # the physics process (loading every kernel) is not the servo's steady state
+SERVO_PERIOD_US = 1000.0       # the servo callback's period: the HD scheduler's 1 kHz, which the driver keeps
+HIST_BINS = 11                 # latency histogram: 0 to 9 servo periods, and 10 or more
 
 
 def backstop_config(cfg: SafetyConfig) -> SafetyConfig:
@@ -119,3 +121,12 @@ class Servo:
         k = self.n_latency & (LATENCY_CAPACITY - 1)
         return np.concatenate([self.latency_ns[k:], self.latency_ns[:k]]) / 1000.0
 
+
+def latency_histogram(latency_us: np.ndarray, period_us: float = SERVO_PERIOD_US) -> list[int]:
+    """Forces by the whole number of servo periods nearest their pose-to-force latency: bin k holds latencies
+    in [k - 1/2, k + 1/2) periods, the last bin everything from HIST_BINS - 1.5 periods up. A latency is the
+    time between two servo callbacks, a whole number of periods apart up to their wake-up jitter, so a force
+    one period after its pose lands in bin 1 whether its callback woke a little early or a little late; bins
+    cut at whole periods would split those forces about evenly between the first two bins."""
+    k = np.floor(np.asarray(latency_us, dtype=float) / period_us + 0.5)
+    return np.bincount(np.clip(k, 0, HIST_BINS - 1).astype(int), minlength=HIST_BINS).tolist()

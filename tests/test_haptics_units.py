@@ -336,6 +336,16 @@ def test_servo_latency_default_waits_one_second(link):
     np.testing.assert_array_equal(servo.latencies_us(), [300.0, 300.0])
 
 
+def test_latency_histogram_counts_whole_servo_periods():
+    # one period after the pose, the next callback woken a little early or late: all in the one-period bin,
+    # not split at 1000 us between the first two bins
+    one = [999.0, 1000.0, 1000.4, 970.0, 1034.0, 1499.0]
+    two = [1500.0, 2004.0, 1996.0]
+    hist = servo_mod.latency_histogram(np.array(one + two + [3100.0, 9400.0, 9500.0, 61000.0, 120.0]))
+    assert hist == [1, 6, 3, 1, 0, 0, 0, 0, 0, 1, 2]
+    assert len(servo_mod.latency_histogram(np.array([]))) == servo_mod.HIST_BINS
+
+
 # --------------------------------------------------------------------------------------------- PoseTrack
 def test_pose_track_sample_and_hold():
     t = np.array([0.1, 0.2, 0.2, 0.5])

@@ -58,7 +58,7 @@ def hand_script(seconds: float) -> list[tuple]:
 class HapticsResult:
     seconds: float
     latency: dict          # µs: count, p50, p99, max (driver-measured)
-    latency_hist: list     # forces per 1 ms bin: [0,1), ..., [9,10), >= 10 ms
+    latency_hist: list     # forces by the nearest whole number of servo periods: 0, 1, ..., 9, >= 10
     callback: dict         # µs: count, p50, p99, max
     forces: int            # forces the emulator applied
     max_force: float       # N, largest magnitude applied
@@ -103,7 +103,7 @@ def measure_haptics(quick: bool, log: Callable[[str], None]) -> HapticsResult:
     period = np.diff(f["t_ns"]) / 1000.0
     q = np.percentile
     return HapticsResult(
-        seconds=seconds, latency=stats.get("latency_us", {}), latency_hist=stats.get("latency_hist_ms", []),
+        seconds=seconds, latency=stats.get("latency_us", {}), latency_hist=stats.get("latency_hist_periods", []),
         callback=stats.get("callback_us", {}), forces=int(f.size),
         max_force=float(np.nanmax(mags)) if mags.size else 0.0, clamp=clamp,
         nonfinite=int((~np.isfinite(vec)).any(axis=1).sum()),
@@ -116,6 +116,8 @@ def render_haptics(r: HapticsResult) -> list[str]:
     if r.skipped:
         return out + [f"Skipped: {r.skipped}", ""]
     lat, cb, per = r.latency, r.callback, r.period_us
+    late = sum(r.latency_hist[2:])
+    late_pct = 100.0 * late / max(1, sum(r.latency_hist))
 
     def us(d: dict, k: str) -> str:
         return f"{d[k]:.0f}" if k in d else "-"
@@ -131,7 +133,9 @@ def render_haptics(r: HapticsResult) -> list[str]:
             f"{us(cb, 'max')} | |",
             f"| period between forces at the motors (emulator log) | {r.forces} | {us(per, 'p50')} | "
             f"{us(per, 'p99')} | {us(per, 'max')} | 1000 |", "",
-            f"Latency histogram (forces per 1 ms bin, 0-1, 1-2, ... ms, last bin ≥ 10 ms): {r.latency_hist}.", "",
+            "Latency histogram (forces by the nearest whole number of servo periods, 0, 1, 2, ..., 9, last bin "
+            f"≥ 10; a period is 1 ms): {r.latency_hist}; {late} forces ({late_pct:.2f} %) two periods or more "
+            "after their pose.", "",
             f"Forces applied: {r.forces}, largest {r.max_force:.4f} N against a clamp of {r.clamp:g} N (the "
             f"emulator's nominal max continuous force), {r.nonfinite} non-finite; HD errors: "
             f"{r.errors or 'none'}.", "",
