@@ -42,7 +42,13 @@ CATCH_UP_TICKS = 50            # further behind than this, the schedule is re-an
 # is ready for the servo's next callback (pose-to-force = one servo period) instead of, at an unlucky phase,
 # the one after it. The loop takes the phase at once when a device links, then follows its drift by at most
 # PHASE_STEP_NS per tick (0.5 % of a 1 ms tick).
-PHASE_TARGET_NS = 100_000
+# A pose's time is its callback's start, and the pose is on the link only once the callback has read the device
+# and mapped it (tens of µs, over 100 µs when the driver's CPU is busy): a tick that starts before that reads the
+# pose of the period before, and its force is two periods after the pose it answers. The force must in turn be
+# on the link before the next callback reads it, so the tick (step, forces, link) has the period less this
+# target: 0.2 ms leaves the pose's callback 0.2 ms and the tick 0.8 ms (a tick's p99 is 0.2 to 0.4 ms in the
+# shipped scenes, docs/BENCHMARKS.md).
+PHASE_TARGET_NS = 200_000
 PHASE_STEP_NS = 5_000
 SNAPSHOT_TICKS = 500           # the scene's state is copied to its snapshot this often (twice a second at 1 kHz)
 SUPERVISOR_POLL_TICKS = 16     # what the supervisor says unasked (a failed recording) is read this often

@@ -27,6 +27,7 @@ from typing import Callable
 import numpy as np
 
 from ..haptics import emulator as emu
+from ..server.physics import PHASE_TARGET_NS
 from .bench_loop import Server
 
 CONFIG = """\
@@ -141,6 +142,7 @@ def render_haptics(r: HapticsResult) -> list[str]:
             f"{r.errors or 'none'}.", "",
             "Latency is the time from the servo callback that read a pose to the first servo callback that reads "
             "a force computed from it: one servo period when the physics tick fits between two callbacks. The "
-            "physics loop phase-locks its ticks to 0.1 ms after the device's poses (server/physics.py), so it "
-            "does. The first second of forces is left out (the physics process is still coming up).", ""]
+            f"physics loop phase-locks its ticks to {PHASE_TARGET_NS / 1e6:g} ms after the device's poses "
+            "(server/physics.py), so it does while neither process is held up. The first second of forces is "
+            "left out (the physics process is still coming up).", ""]
     return out
