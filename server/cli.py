@@ -93,6 +93,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line: one subcommand per job (`suturesim --help`)."""
     parser = argparse.ArgumentParser(
         prog="suturesim",
         description="Real-time haptic suturing server: an inextensible Kirchhoff rod (Wang et al. 2017) "
@@ -100,6 +101,53 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
+    _add_serve(sub)
+
+    p = sub.add_parser("keys", help="make a CURVE key pair for binding beyond loopback", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_keys)
+
+    p = sub.add_parser("run", help="run a scenario headless, as fast as possible",
+                       description="Run a scenario headless as fast as the machine allows and print a summary "
+                                   "ending in the final state's SHA-256 digest (equal digests: the same run bit "
+                                   "for bit); optionally record the state (at the scenario's rate) and force "
+                                   "(every tick) topics to an MCAP file.")
+    p.add_argument("scenario", help="a shipped scenario name (see `suturesim scenarios`) or a YAML file")
+    p.add_argument("--duration", type=float, help="simulated seconds (default: the scenario's duration)")
+    p.add_argument("--record", metavar="OUT.mcap", help="record the published messages to this MCAP file")
+    p.set_defaults(func=_cmd_run)
+
+    _add_view(sub)
+
+    p = sub.add_parser("validate", help="run the validation cases (Wang et al. 2017 Sec. 6) and print a table",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("bench", help="run the benchmarks and print a table", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("record", help="record a running server to MCAP (lossless, with its scenario)",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_record)
+
+    p = sub.add_parser("replay", help="replay a recording: republish it, resimulate it, or play it on a device",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_replay)
+
+    _add_plot(sub)
+    _add_export(sub)
+
+    p = sub.add_parser("scenarios", help="list the shipped scenarios and thread presets")
+    p.set_defaults(func=_cmd_scenarios)
+    return parser
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    """`suturesim serve`: the daemon and its endpoints."""
     p = sub.add_parser("serve", help="the daemon: a 1 kHz physics process publishing over ZeroMQ",
                        description="Run the real-time server: the physics process steps the scenario at 1 kHz, "
                                    "publishes state/force/stats/event on --pub, answers control requests on "
@@ -126,19 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow binding non-loopback addresses without CURVE authentication (trusted networks only)")
     p.set_defaults(func=_cmd_serve)
 
-    p = sub.add_parser("keys", help="make a CURVE key pair for binding beyond loopback", add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=_cmd_keys)
 
-    p = sub.add_parser("run", help="run a scenario headless, as fast as possible",
-                       description="Run a scenario headless as fast as the machine allows and print a summary; "
-                                   "optionally record the state (at the scenario's rate) and force (every tick) "
-                                   "topics to an MCAP file.")
-    p.add_argument("scenario", help="a shipped scenario name (see `suturesim scenarios`) or a YAML file")
-    p.add_argument("--duration", type=float, help="simulated seconds (default: the scenario's duration)")
-    p.add_argument("--record", metavar="OUT.mcap", help="record the published messages to this MCAP file")
-    p.set_defaults(func=_cmd_run)
-
+def _add_view(sub: argparse._SubParsersAction) -> None:
+    """`suturesim view`: the live web page."""
     p = sub.add_parser("view", help="a live web page of a server: the thread in 3D, forces, loop statistics",
                        description="Serve a local web page that shows a running server live: the thread in 3D "
                                    "coloured by tension (drag to orbit, wheel to zoom), its grasps and contacts, "
@@ -169,25 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "server's client_keys_dir); needs --server-key")
     p.set_defaults(func=_cmd_view)
 
-    p = sub.add_parser("validate", help="run the validation cases (Wang et al. 2017 Sec. 6) and print a table",
-                       add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=_cmd_validate)
 
-    p = sub.add_parser("bench", help="run the benchmarks and print a table", add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=_cmd_bench)
-
-    p = sub.add_parser("record", help="record a running server to MCAP (lossless, with its scenario)",
-                       add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=_cmd_record)
-
-    p = sub.add_parser("replay", help="replay a recording: republish it, resimulate it, or play it on a device",
-                       add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=_cmd_replay)
-
+def _add_plot(sub: argparse._SubParsersAction) -> None:
+    """`suturesim plot`: a recording drawn to PNG."""
     p = sub.add_parser("plot", help="plot a recording to PNG: forces, tension along the thread, loop lateness",
                        description="Draw one PNG of an MCAP recording: (a) each device's |force| and axial force "
                                    "(N) against scene time (s); (b) the tension (N) along the thread against arc "
@@ -204,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="devices whose forces to draw (default: every device in the recording)")
     p.set_defaults(func=_cmd_plot)
 
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    """`suturesim export`: a recording as CSV files or NPZ."""
     p = sub.add_parser("export", help="export a recording as CSV files or one NPZ archive, numbers exact",
                        description="Decode an MCAP recording into tables for analysis elsewhere: --csv DIR "
                                    "writes force.csv, state.csv (one row per message, wide: x{i}_x/_y/_z "
@@ -220,10 +245,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topics", metavar="T,...",
                    help="topics to export, comma-separated (default all: state,force,stats,event)")
     p.set_defaults(func=_cmd_export)
-
-    p = sub.add_parser("scenarios", help="list the shipped scenarios and thread presets")
-    p.set_defaults(func=_cmd_scenarios)
-    return parser
 
 
 def _cmd_record(args: argparse.Namespace) -> int:

@@ -2,6 +2,7 @@
 messages as the daemon, optionally recorded to MCAP (`state` at the scenario's rate, `force` every tick)."""
 from __future__ import annotations
 
+import hashlib
 import platform
 import sys
 import time
@@ -12,6 +13,7 @@ import yaml
 
 from ..solver import diagnostics
 from ..solver.integrator import STAT_MAX_RESIDUAL, SolverDivergence, Stepper
+from ..solver.model import ThreadState
 from ..solver.scenario import Scenario
 from . import protocol
 from .messages import MessageBuilder
@@ -33,6 +35,7 @@ class RunSummary:
     messages: int
     ticks_redone: int = 0      # ticks the Stepper ran again (past the substep budget if need be)
     ticks_past_budget: int = 0  # of those, ticks kept with more substeps than solver.max_substeps
+    digest: str = ""           # state_digest of the final state
 
     @property
     def real_time_factor(self) -> float:
@@ -48,7 +51,23 @@ class RunSummary:
             f"{e['kinetic']:.6g}, elastic {e['elastic']:.6g}, gravity {e['gravity']:.6g}",
             f"{'finite' if self.finite else 'NOT FINITE'}; {self.ticks_redone} ticks redone "
             f"({self.ticks_past_budget} past the substep budget); {self.messages} messages recorded",
+            f"state digest {self.digest}",
         ]
+
+
+# what a run's outcome is: the thread's positions over its last substep, tensions, twist, the grasps' forces, the
+# pads, the punctures and the needle (not the solver's scratch, whose layout may change without the physics)
+DIGEST_FIELDS = ("x", "x_prev", "tension", "twist", "grasp_force", "pst", "pun_i", "pun_f", "nst")
+
+
+def state_digest(state: ThreadState) -> str:
+    """SHA-256 (hex) of the final state's DIGEST_FIELDS, their bytes as stored (float64, int64): two runs of a
+    scenario ended in the same state bit for bit exactly when their digests are equal (across versions and
+    machines, as long as the scene builds the same thread)."""
+    h = hashlib.sha256()
+    for name in DIGEST_FIELDS:
+        h.update(np.ascontiguousarray(getattr(state, name)).tobytes())
+    return h.hexdigest()
 
 
 def recording_metadata(name: str, file: str, source: dict) -> dict[str, dict[str, str]]:
@@ -133,4 +152,4 @@ def run_scenario(scenario: Scenario, duration: float | None = None, record: str 
                       substeps_min=sub_min if ticks else 0, substeps_max=sub_max, max_residual=max_res,
                       max_tension_n=max_t, final_energy_j=diagnostics.energies(model, state), finite=finite,
                       messages=messages, ticks_redone=runner.stepper.retries,
-                      ticks_past_budget=runner.stepper.past_budget)
+                      ticks_past_budget=runner.stepper.past_budget, digest=state_digest(state))
