@@ -397,7 +397,7 @@ def apply_friction(x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h: float,
 def floor_reach(step: float, min_gap: float) -> float:
     """The reach (m) floor_pairs lists pairs for while no vertex has moved more than ``step`` (m) in the substep:
     twice the move, plus FLOOR_MARGIN of ``min_gap`` twice over (one for the round-off of a frozen gap, with
-    room; one that the move may grow by before the pairs are listed again, integrator.substep)."""
+    room; one that the move may grow by before the pairs are listed again, integrator.contact_rounds)."""
     return 2.0 * step + 2.0 * FLOOR_MARGIN * min_gap
 
 

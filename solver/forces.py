@@ -44,7 +44,7 @@ def accumulate_forces(x: np.ndarray, x_prev: np.ndarray, edges: np.ndarray, elen
                       twist_k: float, force: np.ndarray, twist_grad: np.ndarray) -> None:
     """Write the non-constraint force (N) on every vertex into ``force`` and dTheta/dx (rad/m), the gradient of
     the end-to-end twist angle, into ``twist_grad`` (left at zero when twist_k is 0). The twist force itself,
-    -twist_k theta dTheta/dx, is added by the integrator once theta is known (integrator.substep).
+    -twist_k theta dTheta/dx, is added by the integrator once theta is known (integrator.add_forces).
 
     edges, elen: the edges of x and their lengths (edge_vectors). h: step (s), for the velocities
     (x - x_prev)/h of the drag and the bending rate of the dissipation.

@@ -1,21 +1,26 @@
 """The explicit discrete variational integrator with exact inextensibility (Wang 2017 Eq. 7, 9; App. B, D).
 
-One substep of length h:
-  1. the timeline moves kinematic vertices, grasp targets and the input twist over [t, t+h];
-  2. forces at x^k (solver/forces.py);
-  3. prediction xbar = 2 x^k - x^{k-1} + h^2 M^-1 F (Eq. 9 without the constraint term, Eq. D.1); a grasped
-     vertex takes its virtual-coupling spring-damper implicitly (backward Euler on the spring), which only
-     changes its xbar and its effective inverse mass, so any coupling stiffness is stable;
-  4. multipliers (solver/constraints.py) and x^{k+1} = xbar + constraint displacement (Eq. D.3);
-  5. tensions T_j = alpha_j |e_j| / h^2 (N; Eq. 8), the accumulated twist (Eq. C.5 written as the change of
-     the twist along the actual displacement, so that twist force and twist energy stay consistent), and the
-     force each grasp applies to the thread.
+One substep of length h is a sequence of stage kernels (`substep`), each over grouped views of the model and
+state (Rod, Timeline, Settings, Body, Grasps, Work, Contact, Tissue, Needle; built by `advance_state`):
+  1. drive: the timeline moves kinematic vertices, grasp targets and the input twist over [t, t+h]; live grasp
+     targets follow their ramp; the pads move; the needle turns;
+  2. add_forces: forces at x^k (solver/forces.py), the twist's, self-contact's penalty;
+  3. predict: xbar = 2 x^k - x^{k-1} + h^2 M^-1 F (Eq. 9 without the constraint term, Eq. D.1);
+  4. couple_grasps: a grasped vertex takes its virtual-coupling spring-damper implicitly (backward Euler on the
+     spring), which only changes its xbar and its effective inverse mass, so any coupling stiffness is stable;
+  5. solve: multipliers (solver/constraints.py) and x^{k+1} = xbar + constraint displacement (Eq. D.3);
+  6. contact_rounds and 7. tissue_rounds: the no-crossing floor, friction, the pads and the needle, each
+     followed by the constraints again;
+  8. commit: tensions T_j = alpha_j |e_j| / h^2 (N; Eq. 8), the accumulated twist (Eq. C.5 written as the
+     change of the twist along the actual displacement, so that twist force and twist energy stay consistent),
+     and the force each grasp applies to the thread.
 
 `advance` runs n substeps in one call (one dispatch per tick); `tick` picks n from the stability bound.
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -90,10 +95,11 @@ def constraint_displace(xbar: np.ndarray, w_eff: np.ndarray, alpha: np.ndarray, 
 
 @njit(cache=True, error_model="numpy")
 def solve_again(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_iters, alpha, alpha_extra,
-                new_edges, lo, di, up, rhs, cp):
+                new_edges, again_len, again_compliance, di, rhs, cp):
     """Solve the constraints again after xbar was moved (a floor, a pad), add the displacement to xbar and
-    the extra multipliers to alpha. Returns (iterations, residual). ``lo``, ``di``, ``up``, ``rhs`` and ``cp``
-    are scratch (m,): ``lo`` and ``up`` carry the extra solve's lengths and compliances."""
+    the extra multipliers to alpha. Returns (iterations, residual). ``again_len`` and ``again_compliance``
+    (m,) receive the extra solve's target lengths (m) and compliances (1/N); ``di``, ``rhs`` and ``cp`` (m,)
+    are the tridiagonal solve's scratch."""
     # An extensible segment's target length follows its whole tension, alpha + alpha_extra, but
     # solve_multipliers reads only the multiplier it solves for: solved from zero, the extra solve pulled each
     # stretched segment back to its rest length and doubled its tension (the Choi rod's end force read twice
@@ -105,62 +111,193 @@ def solve_again(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_
     for j in range(alpha.shape[0]):
         alpha_extra[j] = 0.0
         l_a = rest[j] * (1.0 + compliance[j] * alpha[j] * elen[j] * inv_h2)
-        lo[j] = l_a
-        up[j] = compliance[j] * rest[j] / l_a if l_a > 0.0 else compliance[j]
-    it, residual = solve_multipliers(xbar, edges, elen, w_eff, lo, up, h, method, tol, max_iters,
-                                     alpha_extra, new_edges, di, rhs, cp)
+        again_len[j] = l_a
+        again_compliance[j] = compliance[j] * rest[j] / l_a if l_a > 0.0 else compliance[j]
+    it, residual = solve_multipliers(xbar, edges, elen, w_eff, again_len, again_compliance, h, method, tol,
+                                     max_iters, alpha_extra, new_edges, di, rhs, cp)
     constraint_displace(xbar, w_eff, alpha_extra, edges)
     for j in range(alpha.shape[0]):
         alpha[j] += alpha_extra[j]
     return it, residual
 
 
-@njit(cache=True, error_model="numpy")
-def substep(h: float, t: float,
-            rest, mass, inv_mass, kinematic, hinge_k, k_d, drag_quad, drag_lin, compliance, gravity, twist_k,
-            mot_kind, mot_index, mot_t0, mot_t1, mot_vel, method, tol, max_iters,
-            x, x_prev, tension, tension_in, split, twist, kin_target, ext_force,
-            grasp_vertex, grasp_k, grasp_c, grasp_fmax, grasp_target, grasp_target_prev, grasp_vel, grasp_force,
-            grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
-            lo, di, up, rhs, cp,
-            contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa,
-            cand_near, fp_kept, contact_k, contact_k_act, turn, alpha_extra, cstats, cscratch,
-            tissue_on, tpar, pads, pst, pun_i, pun_f, needle_on, npar, nst):
-    """Advance the state by one substep h (s) starting at time t (s). Returns (iterations, residual).
-    With ``split``, ``tension_in`` gets the part of the tensions the velocities make (for the local mass
-    scaling, constraints.inertial_tension); otherwise zeros.
-    With ``contact_on``, the first ``n_cand`` pairs of the neighbour list get the contact response
-    (solver/contact_response.py) and ``cstats`` its per-tick statistics; ``cand_near`` (P,) is scratch for
-    the pairs the floor visits, ``fp_kept`` (P,) for the floor forces a substep the guard undoes gives back.
-    With ``tissue_on``, the pads move, the punctures act on the thread and the thread is kept out of the pads
-    (solver/tissue.py). With ``needle_on``, vertex 0 is a needle's swage and the needle turns, pierces and is
-    held by the tissue (solver/needle.py)."""
-    n = x.shape[0]
-    m = n - 1
-    g_count = grasp_vertex.shape[0]
-    for g in range(g_count):
-        for d in range(3):
-            grasp_target_prev[g, d] = grasp_target[g, d]
-            grasp_target[g, d] += grasp_vel[g, d] * h  # a live device's pose, ramped across the tick
-    apply_motions(t, h, mot_kind, mot_index, mot_t0, mot_t1, mot_vel, kin_target, grasp_target, twist, nst,
-                  grasp_k, grasp_c, grasp_fmax)
-    if tissue_on:
-        step_pads(h, pads, pst, PAD_CRACK * tpar[TP_RADIUS], tpar[TP_EDGE_MU])
-    held = False
-    if needle_on:
-        held = needle_held(grasp_vertex, grasp_k)
-        needle_turn(h, npar, nst, x, held, gravity)
+# ---- the step's grouped views -------------------------------------------------------------------------------
+# A stage reads and writes whole groups; advance_state builds them once per call as views of the model's arrays
+# and the state's packed buffers (ThreadState.packed). A field added to ThreadState reaches the stages by being
+# added to its group here and in advance_state.
 
+class Rod(NamedTuple):
+    """The thread as the step reads it (ThreadModel): fixed during a run."""
+    rest: np.ndarray            # (m,) m, rest lengths
+    mass: np.ndarray            # (n,) kg
+    base_inv_mass: np.ndarray   # (n,) 1/kg, unscaled; 0 for kinematic vertices
+    kinematic: np.ndarray       # (n,) int8, 1 = position prescribed
+    hinge_k: np.ndarray         # (n,) J
+    k_d: float                  # J*s, bending dissipation
+    drag_quad: np.ndarray       # (n,) N*s^2/m^2
+    drag_lin: np.ndarray        # (n,) N*s/m
+    compliance: np.ndarray      # (m,) 1/N
+    gravity: np.ndarray         # (3,) m/s^2
+    twist_k: float              # N*m
+    bend_gersh: np.ndarray      # (n,) N/m
+
+
+class Timeline(NamedTuple):
+    """The scripted motions (solver/motion.py): kind, index, start and end (s), velocity (m/s or rad/s)."""
+    kind: np.ndarray
+    index: np.ndarray
+    t0: np.ndarray
+    t1: np.ndarray
+    vel: np.ndarray
+
+
+class Settings(NamedTuple):
+    """How the step solves (SolverSettings)."""
+    method: int                 # 1 Newton, 0 contraction
+    tol: float                  # max |psi_j| / l_j^2
+    max_iters: int
+    target: float               # h * omega the mass scaling aims for
+    keep_energy: bool           # a scaled vertex keeps its kinetic energy (else its velocity)
+    local: bool                 # local mass scaling (else whole-thread)
+
+
+class Body(NamedTuple):
+    """The thread's carried state: what a substep starts from and ends with."""
+    x: np.ndarray               # (n,3) m
+    x_prev: np.ndarray          # (n,3) m, one substep earlier
+    inv_mass: np.ndarray        # (n,) 1/kg, this tick's (mass-scaled where needed)
+    tension: np.ndarray         # (m,) N
+    tension_in: np.ndarray      # (m,) N, the part the velocities make
+    tension_floor: np.ndarray   # (m,) N, the least tension the mass scaling counts
+    twist: np.ndarray           # (2,) rad
+    kin_target: np.ndarray      # (n,3) m
+    ext_force: np.ndarray       # (n,3) N
+    stats: np.ndarray           # (10,) STAT_*
+
+
+class Grasps(NamedTuple):
+    """The virtual couplings of styluses (or scripted hands) to vertices, one row each."""
+    vertex: np.ndarray          # (G,) int64, -1 = free
+    k: np.ndarray               # (G,) N/m
+    c: np.ndarray               # (G,) N*s/m
+    fmax: np.ndarray            # (G,) N
+    target: np.ndarray          # (G,3) m, now
+    target_prev: np.ndarray     # (G,3) m, one substep earlier
+    vel: np.ndarray             # (G,3) m/s, a live device's ramp across the tick
+    force: np.ndarray           # (G,3) N, on the thread
+    sat: np.ndarray             # (G,) int8, 1 while at fmax
+
+
+class Work(NamedTuple):
+    """A substep's scratch, one buffer per purpose (written before read within a substep)."""
+    force: np.ndarray           # (n,3) N
+    twist_grad: np.ndarray      # (n,3) rad/m, dTheta/dx (its last value is read by the next substep)
+    xbar: np.ndarray            # (n,3) m, the prediction, then the new positions
+    w_eff: np.ndarray           # (n,) 1/kg, inverse masses with the couplings folded in
+    edges: np.ndarray           # (m,3) m
+    elen: np.ndarray            # (m,) m
+    new_edges: np.ndarray       # (m,3) m
+    alpha: np.ndarray           # (m,) multipliers
+    alpha_extra: np.ndarray     # (m,) multipliers of a solve again
+    tri_lo: np.ndarray          # (m,) the tridiagonal solves' rows and right-hand side
+    tri_di: np.ndarray
+    tri_up: np.ndarray
+    tri_rhs: np.ndarray
+    tri_cp: np.ndarray
+    again_len: np.ndarray       # (m,) m, a solve again's target lengths (solve_again)
+    again_compliance: np.ndarray  # (m,) 1/N, and compliances
+    closest: np.ndarray         # (3,) closest points of two segments (contact.segment_closest)
+    fold: np.ndarray            # (n,) each hinge's stiffening factor (stability.hinge_factors)
+
+
+class Contact(NamedTuple):
+    """Self-contact (solver/contact_response.py): settings, the neighbour list and its rebuild's scratch."""
+    on: bool
+    par: np.ndarray             # contact_response.CP_*
+    exclude: int
+    cand_i: np.ndarray          # (P,) the neighbour list, as ThreadState describes it
+    cand_j: np.ndarray
+    cand_s: np.ndarray
+    cand_t: np.ndarray
+    cand_d: np.ndarray
+    cand_n: np.ndarray
+    cand_f: np.ndarray
+    cand_fp: np.ndarray
+    cand_fa: np.ndarray
+    cand_near: np.ndarray       # (P,) the pairs the floor visits this round
+    fp_kept: np.ndarray         # (P,) N, the floor forces at the rounds' start (a substep the guard undid gets them)
+    x_ref: np.ndarray           # (n,3) m, where the list was built
+    k: np.ndarray               # (n,) N/m, springs that may act this tick
+    k_act: np.ndarray           # (n,) N/m, springs that acted in the last substep
+    turn: np.ndarray            # (n,) rad
+    stats: np.ndarray           # (9,) CS_*
+    grid_head: np.ndarray       # a rebuild's scratch (contact_response.rebuild_neighbours)
+    grid_next: np.ndarray
+    grid_cells: np.ndarray
+    grid_scratch: np.ndarray
+    old_j: np.ndarray
+    old_n: np.ndarray
+    old_fp: np.ndarray
+    old_next: np.ndarray
+    seg_head: np.ndarray
+
+
+class Tissue(NamedTuple):
+    """Tissue pads and punctures (solver/tissue.py)."""
+    on: bool
+    par: np.ndarray             # tissue.TP_*
+    pads: np.ndarray            # (P, tissue.PD_COUNT)
+    pst: np.ndarray             # (P, tissue.PS_COUNT)
+    pun_i: np.ndarray           # (MAX_PUNCTURES, tissue.PI_COUNT) int64
+    pun_f: np.ndarray           # (MAX_PUNCTURES, tissue.PF_COUNT)
+
+
+class Needle(NamedTuple):
+    """A needle swaged to vertex 0 (solver/needle.py)."""
+    on: bool
+    par: np.ndarray             # needle.NP_*
+    nst: np.ndarray             # needle.NS_*
+
+
+# ---- the stages of a substep, in the order substep runs them --------------------------------------------------
+
+@njit(cache=True, error_model="numpy")
+def drive(h: float, t: float, rod: Rod, tl: Timeline, body: Body, gr: Grasps, ts: Tissue, nd: Needle) -> bool:
+    """Stage 1: move what is driven over [t, t+h] (s): live grasp targets along their ramp, the timeline's
+    motions, the tissue pads, the needle's turn. Returns whether a grasp holds the needle."""
+    for g in range(gr.vertex.shape[0]):
+        for d in range(3):
+            gr.target_prev[g, d] = gr.target[g, d]
+            gr.target[g, d] += gr.vel[g, d] * h  # a live device's pose, ramped across the tick
+    apply_motions(t, h, tl.kind, tl.index, tl.t0, tl.t1, tl.vel, body.kin_target, gr.target, body.twist, nd.nst,
+                  gr.k, gr.c, gr.fmax)
+    if ts.on:
+        step_pads(h, ts.pads, ts.pst, PAD_CRACK * ts.par[TP_RADIUS], ts.par[TP_EDGE_MU])
+    held = False
+    if nd.on:
+        held = needle_held(gr.vertex, gr.k)
+        needle_turn(h, nd.par, nd.nst, body.x, held, rod.gravity)
+    return held
+
+
+@njit(cache=True, error_model="numpy")
+def add_forces(h: float, n_cand: int, rod: Rod, body: Body, wk: Work, ct: Contact) -> None:
+    """Stage 2: the forces at x^k (N) into ``wk.force``: bending, dissipation, drag, gravity, external, twist
+    (solver/forces.py) and, with contact on, the penalty of the first ``n_cand`` listed pairs."""
+    x = body.x
+    x_prev = body.x_prev
+    twist_grad = wk.twist_grad
+    n = x.shape[0]
     # the twist gradient of the previous substep, along the displacement it was applied to
     g_prev = 0.0
-    if twist_k != 0.0:
+    if rod.twist_k != 0.0:
         for i in range(n):
             for d in range(3):
                 g_prev += twist_grad[i, d] * (x[i, d] - x_prev[i, d])
-    edge_vectors(x, edges, elen)
-    accumulate_forces(x, x_prev, edges, elen, h, mass, inv_mass, hinge_k, k_d, drag_quad, drag_lin, gravity,
-                      ext_force, twist_k, force, twist_grad)
-    if twist_k != 0.0:
+    edge_vectors(x, wk.edges, wk.elen)
+    accumulate_forces(x, x_prev, wk.edges, wk.elen, h, rod.mass, body.inv_mass, rod.hinge_k, rod.k_d,
+                      rod.drag_quad, rod.drag_lin, rod.gravity, body.ext_force, rod.twist_k, wk.force, twist_grad)
+    if rod.twist_k != 0.0:
         # Theta advanced over the last substep with the gradient at its start; now that the gradient at its end
         # is known, complete the trapezoidal rule 1/2 (g^k + g^{k+1}) . (x^{k+1} - x^k): the twist energy then
         # stays bounded instead of drifting at first order in h (docs/PHYSICS.md Sec. 2)
@@ -168,204 +305,305 @@ def substep(h: float, t: float,
         for i in range(n):
             for d in range(3):
                 g_new += twist_grad[i, d] * (x[i, d] - x_prev[i, d])
-        twist[0] += 0.5 * (g_new - g_prev)
+        body.twist[0] += 0.5 * (g_new - g_prev)
         # uniform twist (Wang 2017 Eq. 3, App. C): E_t = twist_k theta^2 / 2, F = -twist_k theta dTheta/dx
-        ft = -twist_k * twist[0]
+        ft = -rod.twist_k * body.twist[0]
         for i in range(n):
             for d in range(3):
-                force[i, d] += ft * twist_grad[i, d]
-    if contact_on:
-        touching, pen = penalty_forces(x, x_prev, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n,
-                                       cand_f, cand_fp, cand_fa, cscratch, force, contact_k,
-                                       contact_k_act, turn)
-        if touching > cstats[CS_CONTACTS]:
-            cstats[CS_CONTACTS] = touching
-        if pen > cstats[CS_PENETRATION]:
-            cstats[CS_PENETRATION] = pen
+                wk.force[i, d] += ft * twist_grad[i, d]
+    if ct.on:
+        touching, pen = penalty_forces(x, x_prev, ct.par, n_cand, ct.cand_i, ct.cand_j, ct.cand_s, ct.cand_t,
+                                       ct.cand_d, ct.cand_n, ct.cand_f, ct.cand_fp, ct.cand_fa, wk.closest,
+                                       wk.force, ct.k, ct.k_act, ct.turn)
+        if touching > ct.stats[CS_CONTACTS]:
+            ct.stats[CS_CONTACTS] = touching
+        if pen > ct.stats[CS_PENETRATION]:
+            ct.stats[CS_PENETRATION] = pen
 
+
+@njit(cache=True, error_model="numpy")
+def predict(h: float, rod: Rod, body: Body, wk: Work, ts: Tissue, nd: Needle) -> None:
+    """Stage 3: the unconstrained prediction into ``wk.xbar`` (m) and the inverse masses into ``wk.w_eff``;
+    kinematic vertices at their targets with w = 0; the punctures' drag (tissue.puncture_predict)."""
+    x = body.x
+    x_prev = body.x_prev
+    xbar = wk.xbar
+    inv_mass = body.inv_mass
     h2 = h * h
     # Eq. D.1 in displacement form, x + (x - x_prev) + h^2 F / m, which rounds at the size of the step rather
     # than of the position: the discrete momentum then stays at round-off over 10^6 steps
-    for i in range(n):
-        if kinematic[i] == 1:
+    for i in range(x.shape[0]):
+        if rod.kinematic[i] == 1:
             for d in range(3):
-                xbar[i, d] = kin_target[i, d]
-            w_eff[i] = 0.0
+                xbar[i, d] = body.kin_target[i, d]
+            wk.w_eff[i] = 0.0
         else:
             for d in range(3):
-                xbar[i, d] = x[i, d] + ((x[i, d] - x_prev[i, d]) + h2 * force[i, d] * inv_mass[i])
-            w_eff[i] = inv_mass[i]
-    if tissue_on:
-        puncture_predict(h, x, xbar, w_eff, tpar, pst, pun_i, pun_f, 1 if needle_on else 0)
-    for g in range(g_count):
-        v = grasp_vertex[g]
-        if v < 0 or kinematic[v] == 1:
+                xbar[i, d] = x[i, d] + ((x[i, d] - x_prev[i, d]) + h2 * wk.force[i, d] * inv_mass[i])
+            wk.w_eff[i] = inv_mass[i]
+    if ts.on:
+        puncture_predict(h, x, xbar, wk.w_eff, ts.par, ts.pst, ts.pun_i, ts.pun_f, 1 if nd.on else 0)
+
+
+@njit(cache=True, error_model="numpy")
+def couple_grasps(h: float, rod: Rod, body: Body, gr: Grasps, wk: Work) -> None:
+    """Stage 4: each grasp's virtual coupling (a spring-damper to its target, N/m and N*s/m) folded into its
+    vertex's prediction and effective inverse mass; a coupling past its force limit pulls with the limit."""
+    x = body.x
+    x_prev = body.x_prev
+    xbar = wk.xbar
+    w_eff = wk.w_eff
+    h2 = h * h
+    for g in range(gr.vertex.shape[0]):
+        v = gr.vertex[g]
+        if v < 0 or rod.kinematic[v] == 1:
             continue
-        k = grasp_k[g]
-        c = grasp_c[g]
+        k = gr.k[g]
+        c = gr.c[g]
+        p = gr.target
+        p0 = gr.target_prev
         # spring-damper force if the vertex did not move this substep: decides whether the coupling saturates
-        fx = k * (grasp_target[g, 0] - x[v, 0]) + c * ((grasp_target[g, 0] - grasp_target_prev[g, 0]) - (x[v, 0] - x_prev[v, 0])) / h
-        fy = k * (grasp_target[g, 1] - x[v, 1]) + c * ((grasp_target[g, 1] - grasp_target_prev[g, 1]) - (x[v, 1] - x_prev[v, 1])) / h
-        fz = k * (grasp_target[g, 2] - x[v, 2]) + c * ((grasp_target[g, 2] - grasp_target_prev[g, 2]) - (x[v, 2] - x_prev[v, 2])) / h
+        fx = k * (p[g, 0] - x[v, 0]) + c * ((p[g, 0] - p0[g, 0]) - (x[v, 0] - x_prev[v, 0])) / h
+        fy = k * (p[g, 1] - x[v, 1]) + c * ((p[g, 1] - p0[g, 1]) - (x[v, 1] - x_prev[v, 1])) / h
+        fz = k * (p[g, 2] - x[v, 2]) + c * ((p[g, 2] - p0[g, 2]) - (x[v, 2] - x_prev[v, 2])) / h
         fmag = math.sqrt(fx * fx + fy * fy + fz * fz)
-        if fmag > grasp_fmax[g]:
+        if fmag > gr.fmax[g]:
             # saturated: a constant pull of fmax toward the target (explicit, no stiffness left to destabilise)
-            sc = grasp_fmax[g] / fmag
-            grasp_force[g, 0] = fx * sc
-            grasp_force[g, 1] = fy * sc
-            grasp_force[g, 2] = fz * sc
+            sc = gr.fmax[g] / fmag
+            gr.force[g, 0] = fx * sc
+            gr.force[g, 1] = fy * sc
+            gr.force[g, 2] = fz * sc
             for d in range(3):
-                xbar[v, d] += h2 * grasp_force[g, d] * w_eff[v]
-            grasp_sat[g] = 1
+                xbar[v, d] += h2 * gr.force[g, d] * w_eff[v]
+            gr.sat[g] = 1
         else:
             # backward Euler on the coupling: m (x1 - xbar)/h^2 = k (p1 - x1) + c ((p1 - p0) - (x1 - x))/h,
             # solved for x1; it only shrinks the vertex's effective inverse mass, so any stiffness is stable
             m_v = 1.0 / w_eff[v]
             m_eff = m_v + h2 * k + h * c
             for d in range(3):
-                xbar[v, d] = (m_v * xbar[v, d] + h2 * k * grasp_target[g, d]
-                              + h * c * (grasp_target[g, d] - grasp_target_prev[g, d] + x[v, d])) / m_eff
+                xbar[v, d] = (m_v * xbar[v, d] + h2 * k * p[g, d] + h * c * (p[g, d] - p0[g, d] + x[v, d])) / m_eff
             w_eff[v] = 1.0 / m_eff
-            grasp_sat[g] = 0
+            gr.sat[g] = 0
 
+
+@njit(cache=True, error_model="numpy")
+def solve(h: float, split: bool, n_cand: int, rod: Rod, sv: Settings, body: Body, wk: Work, ct: Contact) -> tuple:
+    """Stage 5: the multipliers warm-started from the tensions, friction on the prediction first (contact on),
+    then x^{k+1} = xbar + the constraint displacement in ``wk.xbar`` (Wang 2017 Eq. D.3). With ``split``, the
+    part of the tensions the velocities make into ``body.tension_in`` (constraints.inertial_tension), else
+    zeros. Returns (iterations, residual)."""
+    x = body.x
+    xbar = wk.xbar
+    w_eff = wk.w_eff
+    alpha = wk.alpha
+    elen = wk.elen
+    h2 = h * h
     # warm start from the previous tensions (alpha = h^2 T / |e|)
-    for j in range(m):
-        alpha[j] = h2 * tension[j] / elen[j] if w_eff[j] + w_eff[j + 1] > 0.0 else 0.0
-
-    if contact_on:
-        stick, _ = apply_friction(x, xbar, w_eff, h, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_n, cand_f,
-                                  cand_fa)
-        cstats[CS_STICKING] = stick
-
-    iters, residual = solve_multipliers(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_iters,
-                                        alpha, new_edges, di, rhs, cp)
+    for j in range(alpha.shape[0]):
+        alpha[j] = h2 * body.tension[j] / elen[j] if w_eff[j] + w_eff[j + 1] > 0.0 else 0.0
+    if ct.on:
+        stick, _ = apply_friction(x, xbar, w_eff, h, ct.par, n_cand, ct.cand_i, ct.cand_j, ct.cand_s, ct.cand_t,
+                                  ct.cand_n, ct.cand_f, ct.cand_fa)
+        ct.stats[CS_STICKING] = stick
+    iters, residual = solve_multipliers(xbar, wk.edges, elen, w_eff, rod.rest, rod.compliance, h, sv.method,
+                                        sv.tol, sv.max_iters, alpha, wk.new_edges, wk.tri_di, wk.tri_rhs, wk.tri_cp)
     # which part of the tensions the velocities make, for the next substep's (local) mass scaling; without
     # it, none: all counts as static, which never makes a vertex too light
     if split:
-        inertial_tension(x, x_prev, inv_mass, w_eff, edges, elen, new_edges, rest, compliance, alpha, h, lo, di,
-                         up, rhs, cp, tension_in)
+        inertial_tension(x, body.x_prev, body.inv_mass, w_eff, wk.edges, elen, wk.new_edges, rod.rest,
+                         rod.compliance, alpha, h, wk.tri_lo, wk.tri_di, wk.tri_up, wk.tri_rhs, wk.tri_cp,
+                         body.tension_in)
     else:
-        tension_in[:] = 0.0
-    # x^{k+1} = xbar + constraint displacement (Eq. D.3), built in xbar
-    constraint_displace(xbar, w_eff, alpha, edges)
-    reverted = 0
-    if contact_on:
-        # the no-crossing floor, then the constraints again: a few rounds meet both (contact_response.py)
-        # friction again after each solve (the solve's slide along the edges is slip), until both settle
-        raised = 0
-        for c in range(n_cand):
-            fp_kept[c] = cand_fp[c]
-        rounds, settled = friction_rounds(int(cpar[CP_ROUNDS]), cpar[CP_MIN_GAP], cpar[CP_SETTLE], h)
-        # the floor visits only the pairs it can reach (contact_response.floor_pairs), listed again whenever the
-        # substep's largest move may have brought another within reach; a round then costs the ~10 pairs near
-        # the floor in a held knot, not the ~280 listed (docs/PHYSICS.md Sec. 9)
-        reach = -1.0
-        n_near = 0
-        for _ in range(rounds):
-            step = largest_step(xbar, x)
-            if 2.0 * step + FLOOR_MARGIN * cpar[CP_MIN_GAP] > reach:
-                reach = floor_reach(step, cpar[CP_MIN_GAP])
-                n_near = floor_pairs(cpar, n_cand, cand_d, cand_fp, reach, cand_near)
-            raised = enforce_min_gap(xbar, w_eff, h, cpar, cand_near, n_near, cand_i, cand_j, cand_s, cand_t, cand_d,
-                                     cand_n, cand_fp)
-            stick, slid = apply_friction(x, xbar, w_eff, h, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_n,
-                                         cand_f, cand_fa)
-            if raised == 0 and slid <= settled:
-                break
-            cstats[CS_PROJECTIONS] += raised
-            it2, residual = solve_again(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_iters,
-                                        alpha, alpha_extra, new_edges, lo, di, up, rhs, cp)
-            iters += it2
-        if raised > 0:
-            reverted = guard_crossings(x, xbar, kinematic, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_n)
-            cstats[CS_REVERTED] += reverted
-            if reverted > 0:
-                # the floor forces go back with the thread: its rounds pushed a motion that was thrown away, and
-                # kept, a thread undone every substep summed them without bound (tests/test_self_contact.py::
-                # test_a_substep_the_guard_undid_keeps_the_tensions_and_floor_forces_before_it)
-                for c in range(n_cand):
-                    cand_fp[c] = fp_kept[c]
-    if tissue_on:
-        # the needle's tip pierces; vertices that entered a pad go back out of it, the needle is held by the
-        # tissue; then the constraints again (tissue.collide_pads, needle.needle_constraints)
-        if needle_on:
-            needle_pierce(xbar, npar, nst, pads, pst, pun_i, pun_f, held)
-        for _ in range(int(tpar[TP_ROUNDS])):
-            moved = collide_pads(h, x, xbar, w_eff, rest, tpar, pads, pst, pun_i, pun_f, 1 if needle_on else 0)
-            if needle_on:
-                moved += needle_constraints(h, x, xbar, w_eff, rest, npar, nst, tpar, pads, pst, pun_i, pun_f, held,
-                                            cscratch)
-                # and against its own thread (a thread and its needle are both solid)
-                moved += needle_thread(h, x, xbar, w_eff, npar, nst, tpar, pst, cscratch)
-            if moved == 0:
-                break
-            it2, residual = solve_again(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_iters,
-                                        alpha, alpha_extra, new_edges, lo, di, up, rhs, cp)
-            iters += it2
-        if needle_on:
-            needle_pierce(xbar, npar, nst, pads, pst, pun_i, pun_f, held)   # where the tissue's pushes took the tip
-        puncture_forces(h, x, xbar, kinematic, tpar, pst, pun_i, pun_f, 1 if needle_on else 0)
+        body.tension_in[:] = 0.0
+    constraint_displace(xbar, w_eff, alpha, wk.edges)
+    return iters, residual
 
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _solve_again(h: float, rod: Rod, sv: Settings, wk: Work) -> tuple:
+    return solve_again(wk.xbar, wk.edges, wk.elen, wk.w_eff, rod.rest, rod.compliance, h, sv.method, sv.tol,
+                       sv.max_iters, wk.alpha, wk.alpha_extra, wk.new_edges, wk.again_len, wk.again_compliance,
+                       wk.tri_di, wk.tri_rhs, wk.tri_cp)
+
+
+@njit(cache=True, error_model="numpy")
+def contact_rounds(h: float, n_cand: int, rod: Rod, sv: Settings, body: Body, wk: Work, ct: Contact,
+                   iters: int, residual: float) -> tuple:
+    """Stage 6: rounds of the no-crossing floor, friction and the constraints again until both settle
+    (contact_response.py), then the crossing guard. ``iters`` and ``residual`` are the solve's so far.
+    Returns (vertices the guard put back, iterations, residual)."""
+    x = body.x
+    xbar = wk.xbar
+    w_eff = wk.w_eff
+    raised = 0
+    for c in range(n_cand):
+        ct.fp_kept[c] = ct.cand_fp[c]
+    min_gap = ct.par[CP_MIN_GAP]
+    rounds, settled = friction_rounds(int(ct.par[CP_ROUNDS]), min_gap, ct.par[CP_SETTLE], h)
+    # the floor visits only the pairs it can reach (contact_response.floor_pairs), listed again whenever the
+    # substep's largest move may have brought another within reach; a round then costs the ~10 pairs near
+    # the floor in a held knot, not the ~280 listed (docs/PHYSICS.md Sec. 9)
+    reach = -1.0
+    n_near = 0
+    for _ in range(rounds):
+        step = largest_step(xbar, x)
+        if 2.0 * step + FLOOR_MARGIN * min_gap > reach:
+            reach = floor_reach(step, min_gap)
+            n_near = floor_pairs(ct.par, n_cand, ct.cand_d, ct.cand_fp, reach, ct.cand_near)
+        raised = enforce_min_gap(xbar, w_eff, h, ct.par, ct.cand_near, n_near, ct.cand_i, ct.cand_j, ct.cand_s,
+                                 ct.cand_t, ct.cand_d, ct.cand_n, ct.cand_fp)
+        # friction again after each solve: the solve's slide along the edges is slip
+        _, slid = apply_friction(x, xbar, w_eff, h, ct.par, n_cand, ct.cand_i, ct.cand_j, ct.cand_s, ct.cand_t,
+                                 ct.cand_n, ct.cand_f, ct.cand_fa)
+        if raised == 0 and slid <= settled:
+            break
+        ct.stats[CS_PROJECTIONS] += raised
+        it2, residual = _solve_again(h, rod, sv, wk)
+        iters += it2
+    reverted = 0
+    if raised > 0:
+        reverted = guard_crossings(x, xbar, rod.kinematic, ct.par, n_cand, ct.cand_i, ct.cand_j, ct.cand_s,
+                                   ct.cand_t, ct.cand_n)
+        ct.stats[CS_REVERTED] += reverted
+        if reverted > 0:
+            # the floor forces go back with the thread: its rounds pushed a motion that was thrown away, and
+            # kept, a thread undone every substep summed them without bound (tests/test_self_contact.py::
+            # test_a_substep_the_guard_undid_keeps_the_tensions_and_floor_forces_before_it)
+            for c in range(n_cand):
+                ct.cand_fp[c] = ct.fp_kept[c]
+    return reverted, iters, residual
+
+
+@njit(cache=True, error_model="numpy")
+def tissue_rounds(h: float, held: bool, rod: Rod, sv: Settings, body: Body, wk: Work, ts: Tissue, nd: Needle,
+                  iters: int, residual: float) -> tuple:
+    """Stage 7: the needle's tip pierces; vertices that entered a pad go back out of it, the needle is held by
+    the tissue and kept off its own thread, and the constraints are solved again, for up to the tissue's rounds
+    (tissue.collide_pads, needle.needle_constraints, needle.needle_thread); then the punctures' forces.
+    Returns (iterations, residual) with the rounds' added."""
+    x = body.x
+    xbar = wk.xbar
+    w_eff = wk.w_eff
+    with_needle = 1 if nd.on else 0
+    if nd.on:
+        needle_pierce(xbar, nd.par, nd.nst, ts.pads, ts.pst, ts.pun_i, ts.pun_f, held)
+    for _ in range(int(ts.par[TP_ROUNDS])):
+        moved = collide_pads(h, x, xbar, w_eff, rod.rest, ts.par, ts.pads, ts.pst, ts.pun_i, ts.pun_f, with_needle)
+        if nd.on:
+            moved += needle_constraints(h, x, xbar, w_eff, rod.rest, nd.par, nd.nst, ts.par, ts.pads, ts.pst,
+                                        ts.pun_i, ts.pun_f, held, wk.closest)
+            # and against its own thread (a thread and its needle are both solid)
+            moved += needle_thread(h, x, xbar, w_eff, nd.par, nd.nst, ts.par, ts.pst, wk.closest)
+        if moved == 0:
+            break
+        it2, residual = _solve_again(h, rod, sv, wk)
+        iters += it2
+    if nd.on:
+        needle_pierce(xbar, nd.par, nd.nst, ts.pads, ts.pst, ts.pun_i, ts.pun_f, held)  # where the pushes took the tip
+    puncture_forces(h, x, xbar, rod.kinematic, ts.par, ts.pst, ts.pun_i, ts.pun_f, with_needle)
+    return iters, residual
+
+
+@njit(cache=True, error_model="numpy")
+def commit(h: float, reverted: int, rod: Rod, body: Body, gr: Grasps, wk: Work, ts: Tissue, nd: Needle) -> None:
+    """Stage 8: x^{k+1} becomes x and x^k x_prev; the twist along the displacement; tensions
+    T_j = alpha_j |e_j| / h^2 (N; Wang 2017 Eq. 8) unless the guard undid the substep; the punctures located on
+    the thread; the needle's substep finished; the force (N) each grasp applied."""
+    x = body.x
+    x_prev = body.x_prev
+    xbar = wk.xbar
     # the twist change along the displacement, and the shift of the history
     dtheta = 0.0
-    for i in range(n):
+    for i in range(x.shape[0]):
         for d in range(3):
             xn = xbar[i, d]
-            dtheta += twist_grad[i, d] * (xn - x[i, d])
+            dtheta += wk.twist_grad[i, d] * (xn - x[i, d])
             x_prev[i, d] = x[i, d]
             x[i, d] = xn
-    twist[0] += dtheta
+    body.twist[0] += dtheta
     # a substep the guard undid keeps the tensions of the one before: its multipliers belong to a motion that
     # was thrown away. Read as tensions they fed the mass scaling, which made the masses larger, which made the
     # next undone solve's multipliers larger (the push it answered, times the mass, over h^2): a knot held under
     # too few contact rounds, undone every substep, read 22 kN at 2 N of pull and diverged (docs/PHYSICS.md Sec. 7)
     if reverted == 0:
-        for j in range(m):
-            tension[j] = alpha[j] * elen[j] / h2
-    if tissue_on:
-        locate_punctures(h, x, rest, pst, pun_i, pun_f, False, needle_on, npar[NP_WIRE] + tpar[TP_RADIUS])
-    if needle_on:
-        needle_finish(h, nst)
-
-    for g in range(g_count):
-        v = grasp_vertex[g]
+        h2 = h * h
+        for j in range(body.tension.shape[0]):
+            body.tension[j] = wk.alpha[j] * wk.elen[j] / h2
+    if ts.on:
+        locate_punctures(h, x, rod.rest, ts.pst, ts.pun_i, ts.pun_f, False, nd.on, nd.par[NP_WIRE] + ts.par[TP_RADIUS])
+    if nd.on:
+        needle_finish(h, nd.nst)
+    for g in range(gr.vertex.shape[0]):
+        v = gr.vertex[g]
         if v < 0:
             continue
-        if grasp_sat[g] == 1:
-            continue  # grasp_force already holds the applied pull
+        if gr.sat[g] == 1:
+            continue  # gr.force already holds the applied pull
         for d in range(3):
-            grasp_force[g, d] = grasp_k[g] * (grasp_target[g, d] - x[v, d]) + grasp_c[g] * (
-                (grasp_target[g, d] - grasp_target_prev[g, d]) - (x[v, d] - x_prev[v, d])) / h
+            gr.force[g, d] = gr.k[g] * (gr.target[g, d] - x[v, d]) + gr.c[g] * (
+                (gr.target[g, d] - gr.target_prev[g, d]) - (x[v, d] - x_prev[v, d])) / h
+
+
+@njit(cache=True, error_model="numpy")
+def substep(h: float, t: float, split: bool, n_cand: int, rod: Rod, tl: Timeline, sv: Settings, body: Body,
+            gr: Grasps, wk: Work, ct: Contact, ts: Tissue, nd: Needle) -> tuple:
+    """Advance the state by one substep h (s) starting at time t (s): the stages in order. Returns
+    (iterations, residual). ``split``: the tensions' inertial part is computed (stage 5). With contact on, the
+    first ``n_cand`` pairs of the neighbour list get the contact response and ``ct.stats`` its statistics; with
+    the tissue on, the pads move, the punctures act and the thread is kept out of the pads (solver/tissue.py);
+    with the needle on, vertex 0 is a needle's swage (solver/needle.py)."""
+    held = drive(h, t, rod, tl, body, gr, ts, nd)
+    add_forces(h, n_cand, rod, body, wk, ct)
+    predict(h, rod, body, wk, ts, nd)
+    couple_grasps(h, rod, body, gr, wk)
+    iters, residual = solve(h, split, n_cand, rod, sv, body, wk, ct)
+    reverted = 0
+    if ct.on:
+        reverted, iters, residual = contact_rounds(h, n_cand, rod, sv, body, wk, ct, iters, residual)
+    if ts.on:
+        iters, residual = tissue_rounds(h, held, rod, sv, body, wk, ts, nd, iters, residual)
+    commit(h, reverted, rod, body, gr, wk, ts, nd)
     return iters, residual
 
 
 @njit(cache=True, error_model="numpy")
-def advance(n_sub: int, h: float, t: float,
-            rest, mass, inv_mass, kinematic, hinge_k, k_d, drag_quad, drag_lin, compliance, gravity, twist_k,
-            mot_kind, mot_index, mot_t0, mot_t1, mot_vel, method, tol, max_iters,
-            x, x_prev, tension, tension_in, twist, kin_target, ext_force,
-            grasp_vertex, grasp_k, grasp_c, grasp_fmax, grasp_target, grasp_target_prev, grasp_vel, grasp_force,
-            grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
-            lo, di, up, rhs, cp, stats,
-            scale, base_inv_mass, bend_gersh, tension_floor, tension_margin, target, keep_energy, local,
-            contact_on, cpar, cexclude, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa,
-            cand_near, x_ref,
-            contact_k, contact_k_act, turn, alpha_extra, cstats, grid_head, grid_next, grid_cells, grid_scratch, old_j, old_n, old_fp,
-            old_next, seg_head, fold, trace, tissue_on, tpar, pads, pst, pun_i, pun_f, needle_on, npar, nst):
-    """Run n_sub substeps of h (s) from time t (s); write iteration statistics into ``stats``.
+def refresh_neighbours(n_cand: int, body: Body, ct: Contact) -> int:
+    """Before a substep: rebuild the neighbour list if a vertex has moved more than half its skin since it was
+    built (a Verlet list: every pair within the contact distance is then in it). Returns the pairs listed."""
+    x = body.x
+    # the list's skin grows with the motion: a thread whipping at metres per second moves a millimetre a
+    # substep, more than a suture's skin, and a pair further than the skin could cross within one substep
+    step_max = largest_step(x, body.x_prev)
+    skin = max(ct.par[CP_SKIN], 8.0 * step_max)
+    # stale against the skin the list was built with; a rebuild takes the skin of now
+    if skin > ct.stats[CS_SKIN] or neighbours_stale(x, ct.x_ref, ct.stats[CS_SKIN], step_max):
+        rebuild_neighbours(x, ct.par, skin, ct.exclude, ct.grid_head, ct.grid_next, ct.grid_cells, ct.grid_scratch,
+                           ct.cand_i, ct.cand_j, ct.cand_s, ct.cand_t, ct.cand_d, ct.cand_n, ct.cand_fp, ct.old_j,
+                           ct.old_n, ct.old_fp, ct.old_next, ct.seg_head, ct.x_ref, ct.stats)
+        return int(ct.stats[CS_COUNT])
+    return n_cand
 
-    With ``scale``, ``inv_mass`` is rewritten before every substep from ``base_inv_mass`` by selective mass
-    scaling (stability.scale_masses) with the tensions of the substep before, so the scaling follows a tension
-    that rises within the tick (a thread snapping taut); ``local`` chooses its reading of the stiffness
-    (SolverSettings.mass_scaling), and ``tension_floor`` (N per segment) the least tension it counts.
 
-    With ``contact_on``, the neighbour list is rebuilt before any substep at which a vertex has moved more than
-    half its skin since it was built (a Verlet list: every pair within the contact distance is then in it), and
-    ``cstats`` gets the tick's contact statistics (contact_response.CS_*).
+@njit(cache=True, error_model="numpy")
+def advance(n_sub: int, h: float, t: float, scale: bool, tension_margin: float, trace, rod: Rod, tl: Timeline,
+            sv: Settings, body: Body, gr: Grasps, wk: Work, ct: Contact, ts: Tissue, nd: Needle) -> None:
+    """Run n_sub substeps of h (s) from time t (s); write iteration statistics into ``body.stats`` (STAT_*).
+
+    With ``scale``, ``body.inv_mass`` is rewritten before every substep from ``rod.base_inv_mass`` by selective
+    mass scaling (stability.scale_masses) with the tensions of the substep before, so the scaling follows a
+    tension that rises within the tick (a thread snapping taut); ``sv.local`` chooses its reading of the
+    stiffness (SolverSettings.mass_scaling), ``body.tension_floor`` (N per segment) the least tension it counts,
+    ``tension_margin`` how much the tensions may grow within the tick.
+
+    With contact on, the neighbour list is refreshed before every substep (refresh_neighbours) and ``ct.stats``
+    gets the tick's contact statistics (contact_response.CS_*).
 
     ``trace`` (k, n, 3), if k >= n_sub, gets the positions after every substep (tests follow every state the
     integrator went through); pass a (0, n, 3) array otherwise."""
-    if contact_on:
+    x = body.x
+    cstats = ct.stats
+    if ct.on:
         cstats[CS_REBUILDS] = 0.0
         cstats[CS_CONTACTS] = 0.0
         cstats[CS_PENETRATION] = 0.0
@@ -379,41 +617,20 @@ def advance(n_sub: int, h: float, t: float,
     n_scaled = 0
     worst = 1.0
     n_cand = int(cstats[CS_COUNT])
-    skin = cpar[CP_SKIN]
-    split = scale and local
+    split = scale and sv.local
     for s in range(n_sub):
-        # the list's skin grows with the motion: a thread whipping at metres per second moves a millimetre a
-        # substep, more than a suture's skin, and a pair further than the skin could cross within one substep
-        stale = False
-        if contact_on:
-            step_max = largest_step(x, x_prev)
-            skin = max(cpar[CP_SKIN], 8.0 * step_max)
-            # stale against the skin the list was built with; a rebuild takes the skin of now
-            stale = skin > cstats[CS_SKIN] or neighbours_stale(x, x_ref, cstats[CS_SKIN], step_max)
-        if stale:
-            rebuild_neighbours(x, cpar, skin, cexclude, grid_head, grid_next, grid_cells, grid_scratch,
-                               cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_fp, old_j, old_n, old_fp,
-                               old_next, seg_head, x_ref, cstats)
-            n_cand = int(cstats[CS_COUNT])
+        if ct.on:
+            n_cand = refresh_neighbours(n_cand, body, ct)
         if scale:
             # the hinges' fold is read every substep: they can fold within a tick (a whip), and stiffen fast
-            ns, f = scale_masses(mass, base_inv_mass, bend_gersh, rest, tension, tension_in, tension_floor,
-                                 tension_margin, h, target, contact_k, inv_mass, x, x_prev, keep_energy, local,
-                                 fold)
+            ns, f = scale_masses(rod.mass, rod.base_inv_mass, rod.bend_gersh, rod.rest, body.tension,
+                                 body.tension_in, body.tension_floor, tension_margin, h, sv.target, ct.k,
+                                 body.inv_mass, x, body.x_prev, sv.keep_energy, sv.local, wk.fold)
             if ns > n_scaled:
                 n_scaled = ns
             if f > worst:
                 worst = f
-        it, res = substep(h, t + s * h, rest, mass, inv_mass, kinematic, hinge_k, k_d, drag_quad, drag_lin,
-                          compliance, gravity, twist_k, mot_kind, mot_index, mot_t0, mot_t1, mot_vel, method, tol,
-                          max_iters, x, x_prev, tension, tension_in, split, twist, kin_target, ext_force,
-                          grasp_vertex, grasp_k, grasp_c, grasp_fmax, grasp_target, grasp_target_prev,
-                          grasp_vel, grasp_force, grasp_sat, force, twist_grad, xbar, w_eff, edges, elen, new_edges, alpha,
-                          lo, di, up, rhs, cp,
-                          contact_on, cpar, n_cand, cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_f,
-                          cand_fp, cand_fa, cand_near, old_fp, contact_k, contact_k_act, turn, alpha_extra, cstats,
-                          grid_scratch,
-                          tissue_on, tpar, pads, pst, pun_i, pun_f, needle_on, npar, nst)
+        it, res = substep(h, t + s * h, split, n_cand, rod, tl, sv, body, gr, wk, ct, ts, nd)
         if trace.shape[0] > s:
             for i in range(x.shape[0]):
                 for d in range(3):
@@ -423,16 +640,18 @@ def advance(n_sub: int, h: float, t: float,
             max_it = it
         if res > max_res or not math.isfinite(res):
             max_res = res
-    stats[0] = it
-    stats[1] = res
-    stats[2] = n_sub
-    stats[3] = max_it
-    stats[4] = max_res
-    stats[5] = total
-    stats[7] = n_scaled
-    stats[8] = worst
-    # the springs that acted, not those that may act next tick (contact_k), which set the next tick's substeps
-    stats[9] = omega_bound(x, inv_mass, bend_gersh, rest, tension, 1.0, contact_k_act, fold, local)
+    stats = body.stats
+    stats[STAT_ITERS] = it
+    stats[STAT_RESIDUAL] = res
+    stats[STAT_SUBSTEPS] = n_sub
+    stats[STAT_MAX_ITERS] = max_it
+    stats[STAT_MAX_RESIDUAL] = max_res
+    stats[STAT_TOTAL_ITERS] = total
+    stats[STAT_SCALED] = n_scaled
+    stats[STAT_MASS_FACTOR] = worst
+    # the springs that acted, not those that may act next tick (ct.k), which set the next tick's substeps
+    stats[STAT_OMEGA_END] = omega_bound(x, body.inv_mass, rod.bend_gersh, rod.rest, body.tension, 1.0, ct.k_act,
+                                        wk.fold, sv.local)
 
 
 @njit(cache=True, error_model="numpy")
@@ -445,22 +664,23 @@ def rescale_history(x: np.ndarray, x_prev: np.ndarray, ratio: float) -> None:
 
 _NO_TRACE = np.zeros((0, 0, 3))
 
-# rows of ThreadState.packed's layout that the step reads
+# rows of ThreadState.packed's layout that the step reads (module constants: numba reads them at compile time)
 (_X, _X_PREV, _TENSION, _TENSION_IN, _TENSION_FLOOR, _TWIST, _KIN_TARGET, _EXT_FORCE, _GRASP_VERTEX, _GRASP_K,
  _GRASP_C, _GRASP_FMAX, _GRASP_TARGET, _GRASP_TARGET_PREV, _GRASP_VEL, _GRASP_FORCE, _GRASP_SAT, _STATS,
  _INV_MASS_TICK, _CAND_I, _CAND_J, _CAND_S, _CAND_T, _CAND_D, _CAND_N, _CAND_F, _CAND_FP, _CAND_FA, _CAND_NEAR,
- _X_REF,
- _CONTACT_K, _CONTACT_K_ACT, _TURN, _FOLD, _CONTACT_STATS, _GRID_HEAD, _GRID_NEXT, _GRID_CELLS, _GRID_SCRATCH,
- _ALPHA_EXTRA, _OLD_J, _OLD_N, _OLD_FP, _OLD_NEXT, _SEG_HEAD, _PST, _PUN_I, _PUN_F, _NST, _FORCE, _TWIST_GRAD,
- _XBAR, _W_EFF, _EDGES, _ELEN, _NEW_EDGES, _ALPHA, _TRI_LO, _TRI_DI, _TRI_UP, _TRI_RHS, _TRI_CP) = (
+ _FP_KEPT, _X_REF, _CONTACT_K, _CONTACT_K_ACT, _TURN, _FOLD, _CONTACT_STATS, _GRID_HEAD, _GRID_NEXT, _GRID_CELLS,
+ _GRID_SCRATCH, _ALPHA_EXTRA, _OLD_J, _OLD_N, _OLD_FP, _OLD_NEXT, _SEG_HEAD, _PST, _PUN_I, _PUN_F, _NST, _FORCE,
+ _TWIST_GRAD, _XBAR, _W_EFF, _EDGES, _ELEN, _NEW_EDGES, _ALPHA, _TRI_LO, _TRI_DI, _TRI_UP, _TRI_RHS, _TRI_CP,
+ _AGAIN_LEN, _AGAIN_COMPLIANCE, _CLOSEST) = (
     STATE_FIELDS.index(name) for name in (
         "x", "x_prev", "tension", "tension_in", "tension_floor", "twist", "kin_target", "ext_force", "grasp_vertex",
         "grasp_k", "grasp_c", "grasp_fmax", "grasp_target", "grasp_target_prev", "grasp_vel", "grasp_force",
         "grasp_sat", "stats", "inv_mass_tick", "cand_i", "cand_j", "cand_s", "cand_t", "cand_d", "cand_n", "cand_f",
-        "cand_fp", "cand_fa", "cand_near", "x_ref", "contact_k", "contact_k_act", "turn", "fold", "contact_stats",
-        "grid_head", "grid_next", "grid_cells", "grid_scratch", "alpha_extra", "old_j", "old_n", "old_fp", "old_next",
-        "seg_head", "pst", "pun_i", "pun_f", "nst", "force", "twist_grad", "xbar", "w_eff", "edges", "elen",
-        "new_edges", "alpha", "tri_lo", "tri_di", "tri_up", "tri_rhs", "tri_cp"))
+        "cand_fp", "cand_fa", "cand_near", "fp_kept", "x_ref", "contact_k", "contact_k_act", "turn", "fold",
+        "contact_stats", "grid_head", "grid_next", "grid_cells", "grid_scratch", "alpha_extra", "old_j", "old_n",
+        "old_fp", "old_next", "seg_head", "pst", "pun_i", "pun_f", "nst", "force", "twist_grad", "xbar", "w_eff",
+        "edges", "elen", "new_edges", "alpha", "tri_lo", "tri_di", "tri_up", "tri_rhs", "tri_cp", "again_len",
+        "again_compliance", "closest"))
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -488,43 +708,45 @@ def advance_state(n_sub: int, h: float, t: float, scale: bool, tension_margin: f
                   rest, mass, inv_mass, kinematic, hinge_k, k_d, drag_quad, drag_lin, compliance, gravity, twist_k,
                   mot_kind, mot_index, mot_t0, mot_t1, mot_vel, method, tol, max_iters, bend_gersh,
                   target, keep_energy, local, contact_on, cpar, cexclude,
-                  tissue_on, tpar, pads, needle_on, npar, cf, sf, ci, si, cb, lay):
-    """advance() on a packed state (ThreadState.packed: the buffers ``cf``, ``sf`` (float64), ``ci``, ``si``
-    (int64), ``cb`` (int8) and their ``layout``): the fields are rebuilt here as views, so the call from Python
-    unboxes six arrays for the state rather than 61. The model's arrays and settings come as model_args gives
-    them (``inv_mass`` also serves as the unscaled masses the scaling starts from)."""
-    advance(n_sub, h, t, rest, mass, _vector(cf, sf, lay, _INV_MASS_TICK), kinematic, hinge_k, k_d, drag_quad,
-            drag_lin, compliance, gravity, twist_k, mot_kind, mot_index, mot_t0, mot_t1, mot_vel, method, tol,
-            max_iters,
-            _matrix(cf, sf, lay, _X), _matrix(cf, sf, lay, _X_PREV), _vector(cf, sf, lay, _TENSION),
-            _vector(cf, sf, lay, _TENSION_IN), _vector(cf, sf, lay, _TWIST), _matrix(cf, sf, lay, _KIN_TARGET),
-            _matrix(cf, sf, lay, _EXT_FORCE),
-            _vector(ci, si, lay, _GRASP_VERTEX), _vector(cf, sf, lay, _GRASP_K), _vector(cf, sf, lay, _GRASP_C),
-            _vector(cf, sf, lay, _GRASP_FMAX), _matrix(cf, sf, lay, _GRASP_TARGET),
-            _matrix(cf, sf, lay, _GRASP_TARGET_PREV),
-            _matrix(cf, sf, lay, _GRASP_VEL), _matrix(cf, sf, lay, _GRASP_FORCE),
-            _vector(cb, cb, lay, _GRASP_SAT),
-            _matrix(cf, sf, lay, _FORCE), _matrix(cf, sf, lay, _TWIST_GRAD), _matrix(cf, sf, lay, _XBAR),
-            _vector(cf, sf, lay, _W_EFF), _matrix(cf, sf, lay, _EDGES), _vector(cf, sf, lay, _ELEN),
-            _matrix(cf, sf, lay, _NEW_EDGES), _vector(cf, sf, lay, _ALPHA),
-            _vector(cf, sf, lay, _TRI_LO), _vector(cf, sf, lay, _TRI_DI), _vector(cf, sf, lay, _TRI_UP),
-            _vector(cf, sf, lay, _TRI_RHS), _vector(cf, sf, lay, _TRI_CP), _vector(cf, sf, lay, _STATS),
-            scale, inv_mass, bend_gersh, _vector(cf, sf, lay, _TENSION_FLOOR), tension_margin, target, keep_energy,
-            local,
-            contact_on, cpar, cexclude,
-            _vector(ci, si, lay, _CAND_I), _vector(ci, si, lay, _CAND_J), _vector(cf, sf, lay, _CAND_S),
-            _vector(cf, sf, lay, _CAND_T), _vector(cf, sf, lay, _CAND_D), _matrix(cf, sf, lay, _CAND_N),
-            _vector(cf, sf, lay, _CAND_F), _vector(cf, sf, lay, _CAND_FP), _matrix(cf, sf, lay, _CAND_FA),
-            _vector(ci, si, lay, _CAND_NEAR), _matrix(cf, sf, lay, _X_REF),
-            _vector(cf, sf, lay, _CONTACT_K), _vector(cf, sf, lay, _CONTACT_K_ACT), _vector(cf, sf, lay, _TURN),
-            _vector(cf, sf, lay, _ALPHA_EXTRA), _vector(cf, sf, lay, _CONTACT_STATS),
-            _vector(ci, si, lay, _GRID_HEAD), _vector(ci, si, lay, _GRID_NEXT), _matrix(ci, si, lay, _GRID_CELLS),
-            _vector(cf, sf, lay, _GRID_SCRATCH), _vector(ci, si, lay, _OLD_J), _matrix(cf, sf, lay, _OLD_N),
-            _vector(cf, sf, lay, _OLD_FP), _vector(ci, si, lay, _OLD_NEXT), _vector(ci, si, lay, _SEG_HEAD),
-            _vector(cf, sf, lay, _FOLD), trace,
-            tissue_on, tpar, pads, _matrix(cf, sf, lay, _PST), _matrix(ci, si, lay, _PUN_I),
-            _matrix(cf, sf, lay, _PUN_F),
-            needle_on, npar, _vector(cf, sf, lay, _NST))
+                  tissue_on, tpar, pads, needle_on, npar, cf, sf, ci, si, cb, lay) -> None:
+    """advance() on a model's arrays and settings as model_args gives them and a packed state
+    (ThreadState.packed: the buffers ``cf``, ``sf`` (float64), ``ci``, ``si`` (int64), ``cb`` (int8) and their
+    ``lay``out). The groups the stages read are built here as views.
+
+    The arguments stay flat at this one call from Python: the dispatcher types arrays and plain scalars on its
+    fast path, while a NamedTuple argument is typed in Python on every call (several microseconds a tick)."""
+    rod = Rod(rest, mass, inv_mass, kinematic, hinge_k, k_d, drag_quad, drag_lin, compliance, gravity, twist_k,
+              bend_gersh)
+    tl = Timeline(mot_kind, mot_index, mot_t0, mot_t1, mot_vel)
+    sv = Settings(method, tol, max_iters, target, keep_energy, local)
+    body = Body(_matrix(cf, sf, lay, _X), _matrix(cf, sf, lay, _X_PREV), _vector(cf, sf, lay, _INV_MASS_TICK),
+                _vector(cf, sf, lay, _TENSION), _vector(cf, sf, lay, _TENSION_IN),
+                _vector(cf, sf, lay, _TENSION_FLOOR), _vector(cf, sf, lay, _TWIST), _matrix(cf, sf, lay, _KIN_TARGET),
+                _matrix(cf, sf, lay, _EXT_FORCE), _vector(cf, sf, lay, _STATS))
+    gr = Grasps(_vector(ci, si, lay, _GRASP_VERTEX), _vector(cf, sf, lay, _GRASP_K), _vector(cf, sf, lay, _GRASP_C),
+                _vector(cf, sf, lay, _GRASP_FMAX), _matrix(cf, sf, lay, _GRASP_TARGET),
+                _matrix(cf, sf, lay, _GRASP_TARGET_PREV), _matrix(cf, sf, lay, _GRASP_VEL),
+                _matrix(cf, sf, lay, _GRASP_FORCE), _vector(cb, cb, lay, _GRASP_SAT))
+    wk = Work(_matrix(cf, sf, lay, _FORCE), _matrix(cf, sf, lay, _TWIST_GRAD), _matrix(cf, sf, lay, _XBAR),
+              _vector(cf, sf, lay, _W_EFF), _matrix(cf, sf, lay, _EDGES), _vector(cf, sf, lay, _ELEN),
+              _matrix(cf, sf, lay, _NEW_EDGES), _vector(cf, sf, lay, _ALPHA), _vector(cf, sf, lay, _ALPHA_EXTRA),
+              _vector(cf, sf, lay, _TRI_LO), _vector(cf, sf, lay, _TRI_DI), _vector(cf, sf, lay, _TRI_UP),
+              _vector(cf, sf, lay, _TRI_RHS), _vector(cf, sf, lay, _TRI_CP), _vector(cf, sf, lay, _AGAIN_LEN),
+              _vector(cf, sf, lay, _AGAIN_COMPLIANCE), _vector(cf, sf, lay, _CLOSEST), _vector(cf, sf, lay, _FOLD))
+    ct = Contact(contact_on, cpar, cexclude,
+                 _vector(ci, si, lay, _CAND_I), _vector(ci, si, lay, _CAND_J), _vector(cf, sf, lay, _CAND_S),
+                 _vector(cf, sf, lay, _CAND_T), _vector(cf, sf, lay, _CAND_D), _matrix(cf, sf, lay, _CAND_N),
+                 _vector(cf, sf, lay, _CAND_F), _vector(cf, sf, lay, _CAND_FP), _matrix(cf, sf, lay, _CAND_FA),
+                 _vector(ci, si, lay, _CAND_NEAR), _vector(cf, sf, lay, _FP_KEPT), _matrix(cf, sf, lay, _X_REF),
+                 _vector(cf, sf, lay, _CONTACT_K), _vector(cf, sf, lay, _CONTACT_K_ACT), _vector(cf, sf, lay, _TURN),
+                 _vector(cf, sf, lay, _CONTACT_STATS), _vector(ci, si, lay, _GRID_HEAD),
+                 _vector(ci, si, lay, _GRID_NEXT), _matrix(ci, si, lay, _GRID_CELLS),
+                 _vector(cf, sf, lay, _GRID_SCRATCH), _vector(ci, si, lay, _OLD_J), _matrix(cf, sf, lay, _OLD_N),
+                 _vector(cf, sf, lay, _OLD_FP), _vector(ci, si, lay, _OLD_NEXT), _vector(ci, si, lay, _SEG_HEAD))
+    ts = Tissue(tissue_on, tpar, pads, _matrix(cf, sf, lay, _PST), _matrix(ci, si, lay, _PUN_I),
+                _matrix(cf, sf, lay, _PUN_F))
+    nd = Needle(needle_on, npar, _vector(cf, sf, lay, _NST))
+    advance(n_sub, h, t, scale, tension_margin, trace, rod, tl, sv, body, gr, wk, ct, ts, nd)
 
 
 def model_args(model: ThreadModel) -> tuple:

@@ -189,6 +189,8 @@ class ThreadState:
     cand_fa: np.ndarray           # (P,3) m, the change friction made to the pair's relative point this substep
     cand_near: np.ndarray         # (P,) int64, the pairs the no-crossing floor may act on in a substep
                                   # (contact_response.floor_pairs)
+    fp_kept: np.ndarray           # (P,) N, the floor forces at a substep's contact rounds' start (a substep the
+                                  # crossing guard undoes gives them back)
     x_ref: np.ndarray             # (n,3) m, positions the list was built at (inf: build before the next substep)
     contact_k: np.ndarray         # (n,) N/m, Gershgorin row sums of the contact springs that may act within the
                                   # coming tick (stability bound and mass scaling before it)
@@ -203,7 +205,7 @@ class ThreadState:
     alpha_extra: np.ndarray       # (n-1,) multipliers of the re-solve after the no-crossing floor
     old_j: np.ndarray             # (P,) int64, scratch of a neighbour-list rebuild (contact_response.py)
     old_n: np.ndarray
-    old_fp: np.ndarray            # (P,) also the floor forces a substep the guard undoes gives back
+    old_fp: np.ndarray
     old_next: np.ndarray
     seg_head: np.ndarray          # (n-1,) int64
     # tissue (solver/tissue.py)
@@ -225,6 +227,9 @@ class ThreadState:
     tri_up: np.ndarray
     tri_rhs: np.ndarray
     tri_cp: np.ndarray
+    again_len: np.ndarray         # (n-1,) m, the target lengths of a solve again (integrator.solve_again)
+    again_compliance: np.ndarray  # (n-1,) 1/N, and its compliances
+    closest: np.ndarray           # (3,) the closest points of two segments (contact.segment_closest)
 
     def __post_init__(self) -> None:
         self._carry, self._scratch, self._layout = _pack(self)
@@ -246,7 +251,7 @@ class ThreadState:
         buffers every field is a view of, and where each lies in them, one row per field in STATE_FIELDS order
         (buffer BUF_*, offset, rows, columns; 1 column for a vector). A kernel handed these rebuilds the fields
         as views (integrator.advance_state): six arguments instead of one per array (numba unboxes each array
-        argument on every call, about 0.1 us each, and the step reads 61 of the state's). TickCopy copies the
+        argument on every call, about 0.1 us each, and the step reads 65 of the state's). TickCopy copies the
         carried buffers whole."""
         cf, ci, cb = self._carry
         sf, si = self._scratch
@@ -262,7 +267,8 @@ class ThreadState:
 # to run a tick again leaves them out, and takes of the neighbour list only the pairs its count covers (with
 # both, the copy is about 0.1 MB rather than 0.4 MB for 80 segments, and a quarter of the time).
 TICK_SCRATCH = frozenset(("grid_head", "grid_next", "grid_cells", "grid_scratch", "old_j", "old_n", "old_fp",
-                          "old_next", "seg_head", "turn", "fold", "cand_near"))
+                          "old_next", "seg_head", "turn", "fold", "cand_near", "fp_kept", "again_len",
+                          "again_compliance", "closest"))
 NEIGHBOUR_LIST = ("cand_i", "cand_j", "cand_s", "cand_t", "cand_d", "cand_n", "cand_f", "cand_fp", "cand_fa")
 
 
@@ -434,10 +440,10 @@ def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
         inv_mass_tick=model.inv_mass.copy(),
         force=z(n, 3), twist_grad=z(n, 3), xbar=z(n, 3), w_eff=z(n), edges=z(ns, 3), elen=z(ns),
         new_edges=z(ns, 3), alpha=z(ns), tri_lo=z(ns), tri_di=z(ns), tri_up=z(ns), tri_rhs=z(ns),
-        tri_cp=z(ns),
+        tri_cp=z(ns), again_len=z(ns), again_compliance=z(ns), closest=z(3),
         cand_i=np.zeros(cap, np.int64), cand_j=np.zeros(cap, np.int64), cand_s=z(cap), cand_t=z(cap),
         cand_d=z(cap), cand_n=z(cap, 3), cand_f=z(cap), cand_fp=z(cap), cand_fa=z(cap, 3),
-        cand_near=np.zeros(cap, np.int64), x_ref=np.full((n, 3), np.inf),
+        cand_near=np.zeros(cap, np.int64), fp_kept=z(cap), x_ref=np.full((n, 3), np.inf),
         contact_k=z(n), contact_k_act=z(n), turn=z(n), fold=z(n), contact_stats=z(9), grid_head=np.zeros(2 * ns + 1, np.int64),
         grid_next=np.zeros(ns, np.int64), grid_cells=np.zeros((ns, 3), np.int64), grid_scratch=z(3),
         alpha_extra=z(ns), old_j=np.zeros(cap, np.int64), old_n=z(cap, 3), old_fp=z(cap),

@@ -186,7 +186,7 @@ def test_solving_a_stretched_extensible_thread_again_keeps_its_tension(method):
     tension = alpha * elen / h ** 2
     assert tension.min() > 0.1    # really pulled: stretched by over 0.2 %
     e = np.ascontiguousarray(np.diff(x, axis=0))
-    scratch = [np.zeros(n - 1) for _ in range(5)]   # lo, di, up, rhs, cp
+    scratch = [np.zeros(n - 1) for _ in range(5)]   # again_len, again_compliance, di, rhs, cp
     extra, new_edges = np.zeros(n - 1), np.zeros((n - 1, 3))
     a2 = alpha.copy()
     solve_again(xn, e, elen, w, rest, comp, h, method, 1e-12, 500, a2, extra, new_edges, *scratch)

@@ -38,7 +38,7 @@ def random_hinge_k(rng: np.random.Generator, n: int, scale: float = 2e-4) -> np.
 def compute(x, hinge_k, *, x_prev=None, h=1e-4, mass=None, k_d=0.0, drag_quad=None, drag_lin=None,
             gravity=(0.0, 0.0, 0.0), ext=None, twist_k=0.0, theta=0.0, twist_grad=None):
     """accumulate_forces with everything off unless given, plus the uniform-twist force -twist_k theta dTheta/dx
-    that the integrator adds (integrator.substep). Returns (force, twist_grad)."""
+    that the integrator adds (integrator.add_forces). Returns (force, twist_grad)."""
     n = x.shape[0]
     x = np.ascontiguousarray(x, dtype=np.float64)
     edges = np.zeros((n - 1, 3))

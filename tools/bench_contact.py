@@ -248,7 +248,7 @@ def response_cost(sc: Scenario, st) -> tuple[int, float, float]:
                        st.contact_k_act, st.turn)
         apply_friction(st.x, xbar, m.inv_mass, h, par, n, st.cand_i, st.cand_j, st.cand_s, st.cand_t, st.cand_n,
                        st.cand_f, st.cand_fa)
-        # the pairs the floor visits, listed as the substep lists them (integrator.substep)
+        # the pairs the floor visits, listed as the substep lists them (integrator.contact_rounds)
         near = floor_pairs(par, n, st.cand_d, st.cand_fp, floor_reach(largest_step(xbar, st.x), par[CP_MIN_GAP]),
                            st.cand_near)
         enforce_min_gap(xbar, m.inv_mass, h, par, st.cand_near, near, st.cand_i, st.cand_j, st.cand_s, st.cand_t,
