@@ -22,7 +22,7 @@ from .knots import BEND_KINDS, KNOT_KINDS, bend_thread, knot_curve, lay_chords
 from .presets import CONFIG_DIR, merged_thread_section, resolve_thread
 from .sources import (FILE_REFUSED, SCENARIO_REFUSED, FilePolicy, ScenarioFiles, confined_mapping,
                       confined_scenario_path)
-from .tissue_config import read_tissue
+from .tissue_config import TissueSpec, read_tissue
 
 SCENARIOS_DIR = CONFIG_DIR / "scenarios"
 
@@ -333,8 +333,44 @@ def build_scenario(data: dict, file: str, *, policy: FilePolicy | None = None,
         raise top.error("shape", f"the thread must lie within {MAX_POSITION:g} m of the origin in each coordinate")
     rest = np.linalg.norm(np.diff(x0, axis=0), axis=1)
 
-    # -- solver ----------------------------------------------------------------------------------------
-    ssec = top.section("solver", {})
+    settings = _solver_settings(top.section("solver", {}))
+    kinematic, forces, grasps, grasp_targets, twist0 = _boundary(top.section("boundary", {}), n, x0)
+
+    contact = _contact(top.section("contact", None), params, rest)
+    tissue = read_tissue(top.section("tissue", None), params, rest)
+    needle = read_needle(top.section("needle", None), {g.id: g for g in grasps}, kinematic)
+
+    # -- timeline --------------------------------------------------------------------------------------
+    timeline = _timeline(top.sections("timeline"), n, x0, kinematic, {g.id: g for g in grasps}, grasp_targets,
+                         needle)
+
+    model = build_model(params, settings, gravity=gravity, kinematic_vertices=kinematic, rest_length=rest,
+                        timeline=timeline, contact=contact)
+    if tissue is not None:
+        model = dataclasses.replace(model, tissue_on=True, tissue_par=tissue.par, pads=tissue.pads,
+                                    pad_ids=tissue.ids)
+    if needle is not None:
+        # the swage is vertex 0: it carries the needle's mass
+        model.mass[0] += needle.par[NP_MASS]
+        model.inv_mass[0] = 1.0 / model.mass[0]
+        model = dataclasses.replace(model, needle_on=True, needle_par=needle.par)
+
+    v0 = _initial_velocity(top.section("initial_velocity", None), n, rest)
+
+    rsec = top.section("record", {})
+    state_rate = rsec.get("state_rate", float, 100.0, above=0.0, maxval=1.0 / settings.tick)
+    rsec.finish()
+    top.finish()
+
+    state = _initial_state(model, file, x0, v0, twist0, needle, tissue, forces, grasps, grasp_targets)
+    return Scenario(name=name, description=description, file=file, duration=duration, state_rate=state_rate,
+                    model=model, initial=state, grasps=grasps, force_vertices=[v for v, _ in forces],
+                    source=data, needle_grasp=needle.grasp if needle is not None else None,
+                    base_dir=str(files.base_dir), files_read=tuple(files.read))
+
+
+def _solver_settings(ssec: Section) -> SolverSettings:
+    """The scenario's ``solver`` section."""
     sub_raw = ssec.raw("substeps", "auto")
     if sub_raw == "auto":
         substeps = 0
@@ -356,9 +392,12 @@ def build_scenario(data: dict, file: str, *, policy: FilePolicy | None = None,
         mass_scaling=ssec.get("mass_scaling", str, "local", choices=("local", "whole-thread")),
     )
     ssec.finish()
+    return settings
 
-    # -- boundary conditions ---------------------------------------------------------------------------
-    bsec = top.section("boundary", {})
+
+def _boundary(bsec: Section, n: int, x0: np.ndarray) -> tuple:
+    """The ``boundary`` section of a thread of n vertices at x0 (m): (kinematic vertices, point forces as
+    (vertex, N), GraspSpecs, grasp targets (m), initial twist (rad))."""
     kinematic: list[int] = []
     for key in ("pinned", "driven"):
         lst = bsec.raw(key, [])
@@ -394,28 +433,11 @@ def build_scenario(data: dict, file: str, *, policy: FilePolicy | None = None,
         gs.finish()
     twist0 = bsec.get("initial_twist", float, 0.0, minval=-MAX_TWIST, maxval=MAX_TWIST)
     bsec.finish()
+    return kinematic, forces, grasps, grasp_targets, twist0
 
-    contact = _contact(top.section("contact", None), params, rest)
-    tissue = read_tissue(top.section("tissue", None), params, rest)
-    needle = read_needle(top.section("needle", None), {g.id: g for g in grasps}, kinematic)
 
-    # -- timeline --------------------------------------------------------------------------------------
-    timeline = _timeline(top.sections("timeline"), n, x0, kinematic, {g.id: g for g in grasps}, grasp_targets,
-                         needle)
-
-    model = build_model(params, settings, gravity=gravity, kinematic_vertices=kinematic, rest_length=rest,
-                        timeline=timeline, contact=contact)
-    if tissue is not None:
-        model = dataclasses.replace(model, tissue_on=True, tissue_par=tissue.par, pads=tissue.pads,
-                                    pad_ids=tissue.ids)
-    if needle is not None:
-        # the swage is vertex 0: it carries the needle's mass
-        model.mass[0] += needle.par[NP_MASS]
-        model.inv_mass[0] = 1.0 / model.mass[0]
-        model = dataclasses.replace(model, needle_on=True, needle_par=needle.par)
-
-    # -- initial velocity ------------------------------------------------------------------------------
-    vsec = top.section("initial_velocity", None)
+def _initial_velocity(vsec: Section | None, n: int, rest: np.ndarray) -> np.ndarray:
+    """The ``initial_velocity`` section: (n, 3) m/s, uniform or linear in arc length from start to end."""
     v0 = np.zeros((n, 3))
     if vsec is not None:
         if vsec.has("uniform"):
@@ -429,12 +451,14 @@ def build_scenario(data: dict, file: str, *, policy: FilePolicy | None = None,
             raise vsec.error("uniform" if vsec.has("uniform") else "end",
                              f"speeds must be <= {MAX_SPEED:g} m/s")
         vsec.finish()
+    return v0
 
-    rsec = top.section("record", {})
-    state_rate = rsec.get("state_rate", float, 100.0, above=0.0, maxval=1.0 / settings.tick)
-    rsec.finish()
-    top.finish()
 
+def _initial_state(model: ThreadModel, file: str, x0: np.ndarray, v0: np.ndarray, twist0: float,
+                   needle: NeedleSpec | None, tissue: TissueSpec | None, forces: list, grasps: list,
+                   grasp_targets: list) -> ThreadState:
+    """The scenario's initial state: the thread at x0 (m) moving at v0 (m/s), the needle in its orientation and
+    outside the pads, the thread through its punctures, the point forces (N) and the grasps on."""
     state = make_state(model, x0, v0, twist0)
     if needle is not None:
         state.nst[NS_Q:NS_Q + 4] = needle.orientation
@@ -455,10 +479,7 @@ def build_scenario(data: dict, file: str, *, policy: FilePolicy | None = None,
         state.grasp_fmax[g.slot] = g.max_force
         state.grasp_target[g.slot] = target
         state.grasp_target_prev[g.slot] = target
-    return Scenario(name=name, description=description, file=file, duration=duration, state_rate=state_rate,
-                    model=model, initial=state, grasps=grasps, force_vertices=[v for v, _ in forces],
-                    source=data, needle_grasp=needle.grasp if needle is not None else None,
-                    base_dir=str(files.base_dir), files_read=tuple(files.read))
+    return state
 
 
 def _name(sec: Section, key: str, default: str) -> str:
@@ -593,90 +614,160 @@ def _quat_matrix(q: np.ndarray) -> np.ndarray:
                      [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]])
 
 
-def _timeline(entries: list[Section], n: int, x0: np.ndarray, kinematic: list[int],
-              grasps: dict[str, GraspSpec], grasp_targets: list, needle: NeedleSpec | None = None) -> dict:
-    kind, index, t0, t1, vel = [], [], [], [], []
+class _Timeline:
+    """The timeline's motion rows as they are read (solver/motion.py: kind, index, start and end in s,
+    velocity), with what an entry needs to know of the rows before it: where a vertex or grasp is, how the
+    needle's stylus is turned."""
 
-    def position_at(k: int, i: int, t: float, start: np.ndarray) -> np.ndarray:
+    def __init__(self, needle: NeedleSpec | None):
+        self.needle = needle
+        self.kind: list[int] = []
+        self.index: list[int] = []
+        self.t0: list[float] = []
+        self.t1: list[float] = []
+        self.vel: list = []
+
+    def add(self, kind: int, index: int, a: float, b: float, vel) -> None:
+        self.kind.append(kind)
+        self.index.append(index)
+        self.t0.append(a)
+        self.t1.append(b)
+        self.vel.append(vel)
+
+    def position_at(self, k: int, i: int, t: float, start: np.ndarray) -> np.ndarray:
+        """Where subject (k, i) is at t (s), starting from ``start`` (m) and moved by the rows so far."""
         p = start.copy()
-        for kk, ii, a, b, v in zip(kind, index, t0, t1, vel):
+        for kk, ii, a, b, v in zip(self.kind, self.index, self.t0, self.t1, self.vel):
             if kk == k and ii == i:
                 p += np.asarray(v) * max(0.0, min(b, t) - a)
         return p
 
-    def needle_frame_at(t: float) -> np.ndarray:
+    def needle_frame_at(self, t: float) -> np.ndarray:
         """The needle stylus's orientation at t as a matrix (spins do not overlap in time)."""
-        rot = _quat_matrix(needle.orientation)
-        for kk, a, b, v in sorted((kk, a, b, v) for kk, a, b, v in zip(kind, t0, t1, vel) if kk == MOTION_SPIN):
+        rot = _quat_matrix(self.needle.orientation)
+        rows = zip(self.kind, self.t0, self.t1, self.vel)
+        for kk, a, b, v in sorted((kk, a, b, v) for kk, a, b, v in rows if kk == MOTION_SPIN):
             rot = _rotation(np.asarray(v) * max(0.0, min(b, t) - a)) @ rot
         return rot
 
-    def add_spin(es: Section, a: float, b: float, w: np.ndarray) -> None:
-        for kk, aa, bb in zip(kind, t0, t1):
+    def add_spin(self, es: Section, a: float, b: float, w: np.ndarray) -> None:
+        for kk, aa, bb in zip(self.kind, self.t0, self.t1):
             if kk == MOTION_SPIN and aa < b and a < bb:
                 raise es.error("from", f"overlaps the needle's turn over [{aa:g}, {bb:g}] s; turns must not overlap")
-        kind.append(MOTION_SPIN)
-        index.append(0)
-        t0.append(a)
-        t1.append(b)
-        vel.append(list(w))
+        self.add(MOTION_SPIN, 0, a, b, list(w))
 
+    def needle_entry(self, es: Section, grasps: dict[str, GraspSpec], grasp_targets: list) -> None:
+        """An entry that spins the needle's stylus, or drives the needle along its own arc."""
+        needle = self.needle
+        if needle is None:
+            raise es.error("needle", "the scenario has no needle")
+        how = es.get("needle", str, choices=("spin", "drive"))
+        a = es.get("from", float, 0.0, minval=0.0)
+        b = es.get("to", float, above=a)
+        if how == "spin":
+            self.add_spin(es, a, b, np.array(es.vector("angular_velocity", 3)))
+            es.finish()
+            return
+        # drive: turn the needle about its own arc's centre and axis by `angle`, tip first; its stylus's
+        # grasp carries the swage round that circle (waypoints) while its orientation turns (a spin)
+        if needle.grasp is None:
+            raise es.error("needle", "a drive moves the needle's grasp; give needle.grasp")
+        phi = math.radians(es.get("angle", float, minval=-720.0, maxval=720.0))
+        es.finish()
+        slot = grasps[needle.grasp].slot
+        here = self.position_at(MOTION_GRASP, slot, a, np.asarray(grasp_targets[slot]))
+        frame = self.needle_frame_at(a)
+        centre = here + frame @ np.array([0.0, needle.par[NP_RADIUS], 0.0])
+        axis = frame @ np.array([0.0, 0.0, 1.0])
+        m = max(8, int(math.ceil(PATH_POINTS_PER_TURN * abs(phi) / (2.0 * math.pi))))
+        pts = [centre + _rotation(axis * phi * s / m) @ (here - centre) for s in range(m + 1)]
+        times = np.linspace(a, b, m + 1)
+        for s in range(m):
+            self.add(MOTION_GRASP, slot, times[s], times[s + 1],
+                     list((pts[s + 1] - pts[s]) / (times[s + 1] - times[s])))
+        self.add_spin(es, a, b, axis * phi / (b - a))
+
+    def twist_entry(self, es: Section) -> None:
+        """An entry that turns the input twist at the thread's end at ``rate`` (rad/s)."""
+        es.get("twist", str, choices=("input",))  # the subject: the input twist at the thread's end
+        rate = es.get("rate", float, minval=-MAX_SPIN, maxval=MAX_SPIN)
+        a = es.get("from", float, 0.0, minval=0.0)
+        if es.has("max"):
+            mx = es.get("max", float, above=0.0)
+            if rate == 0.0:
+                raise es.error("rate", "must not be 0 with 'max'")
+            b = a + mx / abs(rate)
+        else:
+            b = es.get("to", float, above=a)
+        self.add(MOTION_TWIST, 0, a, b, [rate, 0.0, 0.0])
+        es.finish()
+
+    def motion_entry(self, es: Section, subj: str, k: int, i: int, start: np.ndarray) -> None:
+        """An entry that moves subject (k, i) from ``start`` (m): by velocity, to a point, along waypoints or a
+        scripted path."""
+        modes = [m for m in ("velocity", "move_to", "waypoints", "path") if es.has(m)]
+        if len(modes) != 1:
+            raise es.error("velocity", "give exactly one of: velocity, move_to, waypoints, path")
+        if modes[0] in ("path", "waypoints"):
+            if modes[0] == "path":
+                a = es.get("from", float, 0.0, minval=0.0)
+                b = es.get("to", float, above=a)
+                arr = _scripted_path(es, self.position_at(k, i, a, start), a, b)
+            else:
+                wps = es.raw("waypoints")
+                try:
+                    arr = np.asarray(wps, dtype=np.float64) if isinstance(wps, list) else np.zeros((0,))
+                except (TypeError, ValueError):
+                    arr = np.zeros((0,))
+                if arr.ndim != 2 or arr.shape[1] != 4 or arr.shape[0] < 2 or not np.all(np.isfinite(arr)):
+                    raise es.error("waypoints", "must be a list of at least two [t, x, y, z] (s, m)")
+                if np.any(np.diff(arr[:, 0]) <= 0) or arr[0, 0] < 0:
+                    raise es.error("waypoints", "times must start >= 0 and increase")
+                here = self.position_at(k, i, arr[0, 0], start)
+                if np.linalg.norm(here - arr[0, 1:]) > 1e-6:
+                    raise es.error("waypoints", f"the first waypoint must be where the {subj} is at t={arr[0, 0]} "
+                                   f"s: {np.round(here, 6).tolist()}")
+            # each consecutive pair of [t, x, y, z] is one segment of constant velocity
+            for p, q in zip(arr[:-1], arr[1:]):
+                self.add(k, i, p[0], q[0], list((q[1:] - p[1:]) / (q[0] - p[0])))
+            es.finish()
+            return
+        a = es.get("from", float, 0.0, minval=0.0)
+        b = es.get("to", float, above=a)
+        if modes[0] == "velocity":
+            v = es.vector("velocity", 3)
+        else:
+            goal = np.array(es.vector("move_to", 3))
+            v = list((goal - self.position_at(k, i, a, start)) / (b - a))
+        self.add(k, i, a, b, v)
+        es.finish()
+
+    def check_speeds(self, marks: list) -> None:
+        """Every row within the speed limits; ``marks``: (first row, its entry), to name the entry."""
+        for r, (kk, v) in enumerate(zip(self.kind, self.vel)):
+            limit, unit = (MAX_SPIN, "rad/s") if kk in (MOTION_SPIN, MOTION_TWIST) else (MAX_SPEED, "m/s")
+            speed = abs(v[0]) if kk == MOTION_TWIST else math.sqrt(v[0] ** 2 + v[1] ** 2 + v[2] ** 2)
+            if speed > limit:
+                es = [e for first, e in marks if first <= r][-1]
+                raise es.error("from", f"moves at {speed:.4g} {unit}, faster than {limit:g} {unit}")
+
+
+def _timeline(entries: list[Section], n: int, x0: np.ndarray, kinematic: list[int],
+              grasps: dict[str, GraspSpec], grasp_targets: list, needle: NeedleSpec | None = None) -> dict:
+    """The ``timeline`` entries as motion rows (solver/motion.py), in the arrays build_model takes."""
+    tl = _Timeline(needle)
     marks: list[tuple[int, Section]] = []   # (first motion row, its entry), for the speed check after the loop
     for es in entries:
-        marks.append((len(kind), es))
+        marks.append((len(tl.kind), es))
         subjects = [k for k in ("vertex", "grasp", "twist", "needle") if es.has(k)]
         if len(subjects) != 1:
             raise es.error("vertex", "each timeline entry moves exactly one of: vertex, grasp, twist, needle")
         subj = subjects[0]
         if subj == "needle":
-            if needle is None:
-                raise es.error("needle", "the scenario has no needle")
-            how = es.get("needle", str, choices=("spin", "drive"))
-            a = es.get("from", float, 0.0, minval=0.0)
-            b = es.get("to", float, above=a)
-            if how == "spin":
-                add_spin(es, a, b, np.array(es.vector("angular_velocity", 3)))
-                es.finish()
-                continue
-            # drive: turn the needle about its own arc's centre and axis by `angle`, tip first; its stylus's
-            # grasp carries the swage round that circle (waypoints) while its orientation turns (a spin)
-            if needle.grasp is None:
-                raise es.error("needle", "a drive moves the needle's grasp; give needle.grasp")
-            phi = math.radians(es.get("angle", float, minval=-720.0, maxval=720.0))
-            es.finish()
-            slot = grasps[needle.grasp].slot
-            here = position_at(MOTION_GRASP, slot, a, np.asarray(grasp_targets[slot]))
-            frame = needle_frame_at(a)
-            centre = here + frame @ np.array([0.0, needle.par[NP_RADIUS], 0.0])
-            axis = frame @ np.array([0.0, 0.0, 1.0])
-            m = max(8, int(math.ceil(PATH_POINTS_PER_TURN * abs(phi) / (2.0 * math.pi))))
-            pts = [centre + _rotation(axis * phi * s / m) @ (here - centre) for s in range(m + 1)]
-            times = np.linspace(a, b, m + 1)
-            for s in range(m):
-                kind.append(MOTION_GRASP)
-                index.append(slot)
-                t0.append(times[s])
-                t1.append(times[s + 1])
-                vel.append(list((pts[s + 1] - pts[s]) / (times[s + 1] - times[s])))
-            add_spin(es, a, b, axis * phi / (b - a))
+            tl.needle_entry(es, grasps, grasp_targets)
             continue
         if subj == "twist":
-            es.get("twist", str, choices=("input",))  # the subject: the input twist at the thread's end
-            rate = es.get("rate", float, minval=-MAX_SPIN, maxval=MAX_SPIN)
-            a = es.get("from", float, 0.0, minval=0.0)
-            if es.has("max"):
-                mx = es.get("max", float, above=0.0)
-                if rate == 0.0:
-                    raise es.error("rate", "must not be 0 with 'max'")
-                b = a + mx / abs(rate)
-            else:
-                b = es.get("to", float, above=a)
-            kind.append(MOTION_TWIST)
-            index.append(0)
-            t0.append(a)
-            t1.append(b)
-            vel.append([rate, 0.0, 0.0])
-            es.finish()
+            tl.twist_entry(es)
             continue
         if subj == "vertex":
             i = _vertex(es, "vertex", n)
@@ -691,62 +782,10 @@ def _timeline(entries: list[Section], n: int, x0: np.ndarray, kinematic: list[in
             k, start = MOTION_GRASP, np.asarray(grasp_targets[i])
             if es.has("release"):
                 # the hand lets go at this time: its coupling goes slack (no force either way)
-                kind.append(MOTION_RELEASE)
-                index.append(i)
                 at = es.get("release", float, minval=0.0)
-                t0.append(at)
-                t1.append(at)
-                vel.append([0.0, 0.0, 0.0])
+                tl.add(MOTION_RELEASE, i, at, at, [0.0, 0.0, 0.0])
                 es.finish()
                 continue
-        modes = [m for m in ("velocity", "move_to", "waypoints", "path") if es.has(m)]
-        if len(modes) != 1:
-            raise es.error("velocity", "give exactly one of: velocity, move_to, waypoints, path")
-        if modes[0] in ("path", "waypoints"):
-            if modes[0] == "path":
-                a = es.get("from", float, 0.0, minval=0.0)
-                b = es.get("to", float, above=a)
-                arr = _scripted_path(es, position_at(k, i, a, start), a, b)
-            else:
-                wps = es.raw("waypoints")
-                try:
-                    arr = np.asarray(wps, dtype=np.float64) if isinstance(wps, list) else np.zeros((0,))
-                except (TypeError, ValueError):
-                    arr = np.zeros((0,))
-                if arr.ndim != 2 or arr.shape[1] != 4 or arr.shape[0] < 2 or not np.all(np.isfinite(arr)):
-                    raise es.error("waypoints", "must be a list of at least two [t, x, y, z] (s, m)")
-                if np.any(np.diff(arr[:, 0]) <= 0) or arr[0, 0] < 0:
-                    raise es.error("waypoints", "times must start >= 0 and increase")
-                here = position_at(k, i, arr[0, 0], start)
-                if np.linalg.norm(here - arr[0, 1:]) > 1e-6:
-                    raise es.error("waypoints", f"the first waypoint must be where the {subj} is at t={arr[0, 0]} "
-                                   f"s: {np.round(here, 6).tolist()}")
-            # each consecutive pair of [t, x, y, z] is one segment of constant velocity
-            for p, q in zip(arr[:-1], arr[1:]):
-                kind.append(k)
-                index.append(i)
-                t0.append(p[0])
-                t1.append(q[0])
-                vel.append(list((q[1:] - p[1:]) / (q[0] - p[0])))
-            es.finish()
-            continue
-        a = es.get("from", float, 0.0, minval=0.0)
-        b = es.get("to", float, above=a)
-        if modes[0] == "velocity":
-            v = es.vector("velocity", 3)
-        else:
-            goal = np.array(es.vector("move_to", 3))
-            v = list((goal - position_at(k, i, a, start)) / (b - a))
-        kind.append(k)
-        index.append(i)
-        t0.append(a)
-        t1.append(b)
-        vel.append(v)
-        es.finish()
-    for r, (kk, v) in enumerate(zip(kind, vel)):
-        limit, unit = (MAX_SPIN, "rad/s") if kk in (MOTION_SPIN, MOTION_TWIST) else (MAX_SPEED, "m/s")
-        speed = abs(v[0]) if kk == MOTION_TWIST else math.sqrt(v[0] ** 2 + v[1] ** 2 + v[2] ** 2)
-        if speed > limit:
-            es = [e for first, e in marks if first <= r][-1]
-            raise es.error("from", f"moves at {speed:.4g} {unit}, faster than {limit:g} {unit}")
-    return {"kind": kind, "index": index, "t0": t0, "t1": t1, "vel": vel}
+        tl.motion_entry(es, subj, k, i, start)
+    tl.check_speeds(marks)
+    return {"kind": tl.kind, "index": tl.index, "t0": tl.t0, "t1": tl.t1, "vel": tl.vel}
