@@ -201,7 +201,6 @@ def resimulate(path: str, assignments: list[str] | None = None, progress: bool =
     cannot be resimulated (no scenario in its metadata, or it does not start at the scene's first tick)."""
     from ..server.config import server_config_from_metadata
     from ..server.physics import PhysicsLoop
-    from ..server.replay_poses import PoseSamples
     from ..solver.scenario import build_scenario
 
     meta = read_metadata(path)
@@ -213,20 +212,7 @@ def resimulate(path: str, assignments: list[str] | None = None, progress: bool =
     scenario = build_scenario(source, meta["scenario"].get("file", "<recording>"))
     cfg = server_config_from_metadata(meta.get("server"))
 
-    forces: dict[int, dict[str, dict]] = {}
-    states: dict[int, dict] = {}
-    events: list[dict] = []
-    stylus = PoseSamples()
-    for topic, payload, _, _ in read_messages(path):
-        if topic == "force":
-            m = protocol.decode_force(payload)
-            forces.setdefault(m["seq"], {})[m["device"]] = m
-            stylus.add(m)
-        elif topic == "state":
-            m = protocol.decode_state(payload)
-            states[m["seq"]] = m
-        elif topic == "event":
-            events.append(protocol.decode_event(payload))
+    forces, states, events, stylus = _read_session(path)
     if not forces:
         raise RecordingError(f"{path}: no `force` messages to compare")
     first_seq, last_seq = min(forces), max(forces)
@@ -248,77 +234,16 @@ def resimulate(path: str, assignments: list[str] | None = None, progress: bool =
     ev_i = 0
     last = [0.0]
 
-    def differ(seq, t, what, value, current):
-        if value > current and report.first_diff is None and value > 0.0:
-            report.first_diff = (seq, t, what)
-        return max(value, current)
-
     try:
         for seq in range(1, last_seq + 1):
             loop.seq = seq
-            now_t = float(loop.state.time[0])
-            while ev_i < len(events) and events[ev_i]["seq"] <= seq and events[ev_i]["t"] <= now_t + 1e-9:
-                e = events[ev_i]
-                ev_i += 1
-                kind = e["kind"]
-                if kind == "grasp":
-                    loop.add_grasp(e["vertex"], e["device"], e["id"], e.get("stiffness", 1000.0),
-                                   e.get("damping", 0.0), e.get("max_force", 3.0))
-                elif kind == "release":
-                    loop.remove_grasp(e["id"])
-                elif kind == "reset":
-                    loop.reset()
-                elif kind == "pause":
-                    loop.paused = True
-                elif kind == "resume":
-                    loop.paused = False
-                elif kind not in _IGNORED_EVENTS and kind not in _DERIVED_EVENTS:
-                    report.stopped = (f"the recording's `{kind}` event at seq {e['seq']} (t = {e['t']:.3f} s) "
-                                      "changes the scene in a way a resimulation does not follow")
-                    break
+            ev_i = _apply_events(loop, events, ev_i, seq, report)
             if report.stopped:
                 break
             out.clear()
             loop.tick_scene(0)
             report.ticks += 1
-            recorded = forces.get(seq, {})
-            mine = {}
-            for topic, payload in out:
-                if topic == protocol.TOPIC_FORCE:
-                    m = protocol.decode_force(payload)
-                    mine[m["device"]] = m
-                elif topic == protocol.TOPIC_EVENT and seq >= first_seq:
-                    m = protocol.decode_event(payload)
-                    if m["kind"] in _DERIVED_EVENTS:
-                        made.append(m)
-                elif topic == protocol.TOPIC_STATE and seq in states:
-                    m = protocol.decode_state(payload)
-                    r = states[seq]
-                    dx = float(np.max(np.abs(np.asarray(m["x"]) - np.asarray(r["x"])))) if m["n"] == r["n"] \
-                        else math.inf
-                    report.max_x = differ(seq, m["t"], "state positions", dx, report.max_x)
-                    if "needle" in r or "needle" in m:
-                        rn, mn = r.get("needle"), m.get("needle")
-                        dn = (max(float(np.max(np.abs(np.subtract(mn["quat"], rn["quat"])))),
-                                  float(np.max(np.abs(np.subtract(mn["tip"], rn["tip"])))))
-                              if rn is not None and mn is not None else math.inf)
-                        report.max_needle = differ(seq, m["t"], "needle pose", dn, report.max_needle)
-                    report.states += 1
-            for dev, r in recorded.items():
-                m = mine.get(dev)
-                if m is None:
-                    report.missing += 1
-                    if report.first_diff is None:
-                        report.first_diff = (seq, r["t"], f"no recomputed force for {dev}")
-                    continue
-                report.forces += 1
-                report.max_force = differ(seq, r["t"], f"{dev} force", float(np.max(np.abs(
-                    np.subtract(m["force"], r["force"])))), report.max_force)
-                report.max_axial = differ(seq, r["t"], f"{dev} axial", abs(m["axial"] - r["axial"]),
-                                          report.max_axial)
-                report.max_pose = differ(seq, r["t"], f"{dev} pose", float(np.max(np.abs(
-                    np.subtract(m["pose"], r["pose"])))), report.max_pose)
-            report.missing += len(set(mine) - set(recorded)) if recorded else 0
+            _compare_tick(seq, out, states, forces.get(seq, {}), first_seq, made, report)
             if progress:
                 _progress(seq, last_seq, "resimulating", last)
     finally:
@@ -326,6 +251,106 @@ def resimulate(path: str, assignments: list[str] | None = None, progress: bool =
     _compare_events([e for e in events if e["kind"] in _DERIVED_EVENTS and first_seq <= e["seq"] <= report.ticks],
                     made, report)
     return report
+
+
+def _read_session(path: str) -> tuple:
+    """A recording's messages for a resimulation: (force messages by seq and device, state messages by seq,
+    events, the stylus poses)."""
+    from ..server.replay_poses import PoseSamples
+
+    forces: dict[int, dict[str, dict]] = {}
+    states: dict[int, dict] = {}
+    events: list[dict] = []
+    stylus = PoseSamples()
+    for topic, payload, _, _ in read_messages(path):
+        if topic == "force":
+            m = protocol.decode_force(payload)
+            forces.setdefault(m["seq"], {})[m["device"]] = m
+            stylus.add(m)
+        elif topic == "state":
+            m = protocol.decode_state(payload)
+            states[m["seq"]] = m
+        elif topic == "event":
+            events.append(protocol.decode_event(payload))
+    return forces, states, events, stylus
+
+
+def _apply_events(loop, events: list[dict], ev_i: int, seq: int, report: ResimReport) -> int:
+    """Do to ``loop`` what the recorded events from ``events[ev_i]`` on did before tick ``seq`` (grasps,
+    releases, reset, pause); sets ``report.stopped`` at one a resimulation cannot follow. Returns the index of
+    the first event not yet applied."""
+    now_t = float(loop.state.time[0])
+    while ev_i < len(events) and events[ev_i]["seq"] <= seq and events[ev_i]["t"] <= now_t + 1e-9:
+        e = events[ev_i]
+        ev_i += 1
+        kind = e["kind"]
+        if kind == "grasp":
+            loop.add_grasp(e["vertex"], e["device"], e["id"], e.get("stiffness", 1000.0),
+                           e.get("damping", 0.0), e.get("max_force", 3.0))
+        elif kind == "release":
+            loop.remove_grasp(e["id"])
+        elif kind == "reset":
+            loop.reset()
+        elif kind == "pause":
+            loop.paused = True
+        elif kind == "resume":
+            loop.paused = False
+        elif kind not in _IGNORED_EVENTS and kind not in _DERIVED_EVENTS:
+            report.stopped = (f"the recording's `{kind}` event at seq {e['seq']} (t = {e['t']:.3f} s) "
+                              "changes the scene in a way a resimulation does not follow")
+            break
+    return ev_i
+
+
+def _differ(report: ResimReport, seq: int, t: float, what: str, value: float, current: float) -> float:
+    """The larger of a difference and the largest so far; the first nonzero one is the report's first_diff."""
+    if value > current and report.first_diff is None and value > 0.0:
+        report.first_diff = (seq, t, what)
+    return max(value, current)
+
+
+def _compare_tick(seq: int, out: list, states: dict, recorded: dict, first_seq: int, made: list,
+                  report: ResimReport) -> None:
+    """Compare what resimulated tick ``seq`` published (``out``: (topic, payload)) with the recording: its
+    state (positions, needle) if one was recorded at this tick and each device's force message (``recorded``:
+    by device); the scene's own events go to ``made``."""
+    mine = {}
+    for topic, payload in out:
+        if topic == protocol.TOPIC_FORCE:
+            m = protocol.decode_force(payload)
+            mine[m["device"]] = m
+        elif topic == protocol.TOPIC_EVENT and seq >= first_seq:
+            m = protocol.decode_event(payload)
+            if m["kind"] in _DERIVED_EVENTS:
+                made.append(m)
+        elif topic == protocol.TOPIC_STATE and seq in states:
+            m = protocol.decode_state(payload)
+            r = states[seq]
+            dx = float(np.max(np.abs(np.asarray(m["x"]) - np.asarray(r["x"])))) if m["n"] == r["n"] \
+                else math.inf
+            report.max_x = _differ(report, seq, m["t"], "state positions", dx, report.max_x)
+            if "needle" in r or "needle" in m:
+                rn, mn = r.get("needle"), m.get("needle")
+                dn = (max(float(np.max(np.abs(np.subtract(mn["quat"], rn["quat"])))),
+                          float(np.max(np.abs(np.subtract(mn["tip"], rn["tip"])))))
+                      if rn is not None and mn is not None else math.inf)
+                report.max_needle = _differ(report, seq, m["t"], "needle pose", dn, report.max_needle)
+            report.states += 1
+    for dev, r in recorded.items():
+        m = mine.get(dev)
+        if m is None:
+            report.missing += 1
+            if report.first_diff is None:
+                report.first_diff = (seq, r["t"], f"no recomputed force for {dev}")
+            continue
+        report.forces += 1
+        report.max_force = _differ(report, seq, r["t"], f"{dev} force", float(np.max(np.abs(
+            np.subtract(m["force"], r["force"])))), report.max_force)
+        report.max_axial = _differ(report, seq, r["t"], f"{dev} axial", abs(m["axial"] - r["axial"]),
+                                   report.max_axial)
+        report.max_pose = _differ(report, seq, r["t"], f"{dev} pose", float(np.max(np.abs(
+            np.subtract(m["pose"], r["pose"])))), report.max_pose)
+    report.missing += len(set(mine) - set(recorded)) if recorded else 0
 
 
 def _compare_events(recorded: list[dict], made: list[dict], report: ResimReport) -> None:
