@@ -35,13 +35,34 @@ def test_run_records_state_and_force(tmp_path, capsys):
     assert "numba" in meta["versions"]
 
 
-def test_run_is_deterministic(tmp_path):
+def test_run_is_deterministic_and_its_digest_says_so(tmp_path, capsys):
     a, b = tmp_path / "a.mcap", tmp_path / "b.mcap"
-    for p in (a, b):
-        assert main(["run", "bench-suture", "--duration", "0.2", "--record", str(p)]) == 0
+    digests = []
+    for p, duration in ((a, "0.2"), (b, "0.2"), (None, "0.201")):
+        assert main(["run", "bench-suture", "--duration", duration] + (["--record", str(p)] if p else [])) == 0
+        lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("state digest ")]
+        assert len(lines) == 1
+        digests.append(lines[0].split()[-1])
     pa = [m[1] for m in read_messages(a) if m[0] == "state"]
     pb = [m[1] for m in read_messages(b) if m[0] == "state"]
     assert pa and pa == pb
+    assert digests[0] == digests[1] and len(digests[0]) == 64
+    assert digests[2] != digests[0]      # one tick more
+
+
+def test_the_state_digest_sees_one_bit():
+    from suturesim.server.headless import state_digest
+    from suturesim.solver.scenario import load_scenario
+
+    state = load_scenario("needle-tie-surgeons-knot").new_state()
+    before = state_digest(state)
+    assert state_digest(state) == before
+    for name in ("x", "x_prev", "tension", "nst"):
+        view = getattr(state, name).reshape(-1).view(np.uint64)
+        view[-1] ^= np.uint64(1)        # the last bit of the last value
+        assert state_digest(state) != before, name
+        view[-1] ^= np.uint64(1)
+    assert state_digest(state) == before
 
 
 def test_bad_scenario_names_file_key_and_reason(tmp_path, capsys):
