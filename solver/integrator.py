@@ -260,16 +260,24 @@ class Needle(NamedTuple):
 
 
 # ---- the stages of a substep, in the order substep runs them --------------------------------------------------
+# advance and the stages are compiled without numba's reference counting (_nrt=False): they allocate nothing
+# and only borrow the arrays advance_state holds for the whole call. With it, every call of a stage and every
+# read of a group's member counted references to the arrays with atomic operations, which cost a 100-segment
+# substep about 4 us of its 8 (`suturesim bench solver`, `bench suture`); numba's refcount pruning removes such
+# pairs only within a basic block.
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def drive(h: float, t: float, rod: Rod, tl: Timeline, body: Body, gr: Grasps, ts: Tissue, nd: Needle) -> bool:
     """Stage 1: move what is driven over [t, t+h] (s): live grasp targets along their ramp, the timeline's
     motions, the tissue pads, the needle's turn. Returns whether a grasp holds the needle."""
+    target = gr.target
+    target_prev = gr.target_prev
+    vel = gr.vel
     for g in range(gr.vertex.shape[0]):
         for d in range(3):
-            gr.target_prev[g, d] = gr.target[g, d]
-            gr.target[g, d] += gr.vel[g, d] * h  # a live device's pose, ramped across the tick
-    apply_motions(t, h, tl.kind, tl.index, tl.t0, tl.t1, tl.vel, body.kin_target, gr.target, body.twist, nd.nst,
+            target_prev[g, d] = target[g, d]
+            target[g, d] += vel[g, d] * h  # a live device's pose, ramped across the tick
+    apply_motions(t, h, tl.kind, tl.index, tl.t0, tl.t1, tl.vel, body.kin_target, target, body.twist, nd.nst,
                   gr.k, gr.c, gr.fmax)
     if ts.on:
         step_pads(h, ts.pads, ts.pst, PAD_CRACK * ts.par[TP_RADIUS], ts.par[TP_EDGE_MU])
@@ -280,13 +288,14 @@ def drive(h: float, t: float, rod: Rod, tl: Timeline, body: Body, gr: Grasps, ts
     return held
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def add_forces(h: float, n_cand: int, rod: Rod, body: Body, wk: Work, ct: Contact) -> None:
     """Stage 2: the forces at x^k (N) into ``wk.force``: bending, dissipation, drag, gravity, external, twist
     (solver/forces.py) and, with contact on, the penalty of the first ``n_cand`` listed pairs."""
     x = body.x
     x_prev = body.x_prev
     twist_grad = wk.twist_grad
+    force = wk.force
     n = x.shape[0]
     # the twist gradient of the previous substep, along the displacement it was applied to
     g_prev = 0.0
@@ -296,7 +305,7 @@ def add_forces(h: float, n_cand: int, rod: Rod, body: Body, wk: Work, ct: Contac
                 g_prev += twist_grad[i, d] * (x[i, d] - x_prev[i, d])
     edge_vectors(x, wk.edges, wk.elen)
     accumulate_forces(x, x_prev, wk.edges, wk.elen, h, rod.mass, body.inv_mass, rod.hinge_k, rod.k_d,
-                      rod.drag_quad, rod.drag_lin, rod.gravity, body.ext_force, rod.twist_k, wk.force, twist_grad)
+                      rod.drag_quad, rod.drag_lin, rod.gravity, body.ext_force, rod.twist_k, force, twist_grad)
     if rod.twist_k != 0.0:
         # Theta advanced over the last substep with the gradient at its start; now that the gradient at its end
         # is known, complete the trapezoidal rule 1/2 (g^k + g^{k+1}) . (x^{k+1} - x^k): the twist energy then
@@ -310,42 +319,46 @@ def add_forces(h: float, n_cand: int, rod: Rod, body: Body, wk: Work, ct: Contac
         ft = -rod.twist_k * body.twist[0]
         for i in range(n):
             for d in range(3):
-                wk.force[i, d] += ft * twist_grad[i, d]
+                force[i, d] += ft * twist_grad[i, d]
     if ct.on:
         touching, pen = penalty_forces(x, x_prev, ct.par, n_cand, ct.cand_i, ct.cand_j, ct.cand_s, ct.cand_t,
                                        ct.cand_d, ct.cand_n, ct.cand_f, ct.cand_fp, ct.cand_fa, wk.closest,
-                                       wk.force, ct.k, ct.k_act, ct.turn)
+                                       force, ct.k, ct.k_act, ct.turn)
         if touching > ct.stats[CS_CONTACTS]:
             ct.stats[CS_CONTACTS] = touching
         if pen > ct.stats[CS_PENETRATION]:
             ct.stats[CS_PENETRATION] = pen
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def predict(h: float, rod: Rod, body: Body, wk: Work, ts: Tissue, nd: Needle) -> None:
     """Stage 3: the unconstrained prediction into ``wk.xbar`` (m) and the inverse masses into ``wk.w_eff``;
     kinematic vertices at their targets with w = 0; the punctures' drag (tissue.puncture_predict)."""
     x = body.x
     x_prev = body.x_prev
     xbar = wk.xbar
+    w_eff = wk.w_eff
+    force = wk.force
     inv_mass = body.inv_mass
+    kinematic = rod.kinematic
+    kin_target = body.kin_target
     h2 = h * h
     # Eq. D.1 in displacement form, x + (x - x_prev) + h^2 F / m, which rounds at the size of the step rather
     # than of the position: the discrete momentum then stays at round-off over 10^6 steps
     for i in range(x.shape[0]):
-        if rod.kinematic[i] == 1:
+        if kinematic[i] == 1:
             for d in range(3):
-                xbar[i, d] = body.kin_target[i, d]
-            wk.w_eff[i] = 0.0
+                xbar[i, d] = kin_target[i, d]
+            w_eff[i] = 0.0
         else:
             for d in range(3):
-                xbar[i, d] = x[i, d] + ((x[i, d] - x_prev[i, d]) + h2 * wk.force[i, d] * inv_mass[i])
-            wk.w_eff[i] = inv_mass[i]
+                xbar[i, d] = x[i, d] + ((x[i, d] - x_prev[i, d]) + h2 * force[i, d] * inv_mass[i])
+            w_eff[i] = inv_mass[i]
     if ts.on:
-        puncture_predict(h, x, xbar, wk.w_eff, ts.par, ts.pst, ts.pun_i, ts.pun_f, 1 if nd.on else 0)
+        puncture_predict(h, x, xbar, w_eff, ts.par, ts.pst, ts.pun_i, ts.pun_f, 1 if nd.on else 0)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def couple_grasps(h: float, rod: Rod, body: Body, gr: Grasps, wk: Work) -> None:
     """Stage 4: each grasp's virtual coupling (a spring-damper to its target, N/m and N*s/m) folded into its
     vertex's prediction and effective inverse mass; a coupling past its force limit pulls with the limit."""
@@ -353,15 +366,18 @@ def couple_grasps(h: float, rod: Rod, body: Body, gr: Grasps, wk: Work) -> None:
     x_prev = body.x_prev
     xbar = wk.xbar
     w_eff = wk.w_eff
+    kinematic = rod.kinematic
+    vertex = gr.vertex
+    p = gr.target
+    p0 = gr.target_prev
+    force = gr.force
     h2 = h * h
-    for g in range(gr.vertex.shape[0]):
-        v = gr.vertex[g]
-        if v < 0 or rod.kinematic[v] == 1:
+    for g in range(vertex.shape[0]):
+        v = vertex[g]
+        if v < 0 or kinematic[v] == 1:
             continue
         k = gr.k[g]
         c = gr.c[g]
-        p = gr.target
-        p0 = gr.target_prev
         # spring-damper force if the vertex did not move this substep: decides whether the coupling saturates
         fx = k * (p[g, 0] - x[v, 0]) + c * ((p[g, 0] - p0[g, 0]) - (x[v, 0] - x_prev[v, 0])) / h
         fy = k * (p[g, 1] - x[v, 1]) + c * ((p[g, 1] - p0[g, 1]) - (x[v, 1] - x_prev[v, 1])) / h
@@ -370,11 +386,11 @@ def couple_grasps(h: float, rod: Rod, body: Body, gr: Grasps, wk: Work) -> None:
         if fmag > gr.fmax[g]:
             # saturated: a constant pull of fmax toward the target (explicit, no stiffness left to destabilise)
             sc = gr.fmax[g] / fmag
-            gr.force[g, 0] = fx * sc
-            gr.force[g, 1] = fy * sc
-            gr.force[g, 2] = fz * sc
+            force[g, 0] = fx * sc
+            force[g, 1] = fy * sc
+            force[g, 2] = fz * sc
             for d in range(3):
-                xbar[v, d] += h2 * gr.force[g, d] * w_eff[v]
+                xbar[v, d] += h2 * force[g, d] * w_eff[v]
             gr.sat[g] = 1
         else:
             # backward Euler on the coupling: m (x1 - xbar)/h^2 = k (p1 - x1) + c ((p1 - p0) - (x1 - x))/h,
@@ -387,7 +403,7 @@ def couple_grasps(h: float, rod: Rod, body: Body, gr: Grasps, wk: Work) -> None:
             gr.sat[g] = 0
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def solve(h: float, split: bool, n_cand: int, rod: Rod, sv: Settings, body: Body, wk: Work, ct: Contact) -> tuple:
     """Stage 5: the multipliers warm-started from the tensions, friction on the prediction first (contact on),
     then x^{k+1} = xbar + the constraint displacement in ``wk.xbar`` (Wang 2017 Eq. D.3). With ``split``, the
@@ -398,10 +414,11 @@ def solve(h: float, split: bool, n_cand: int, rod: Rod, sv: Settings, body: Body
     w_eff = wk.w_eff
     alpha = wk.alpha
     elen = wk.elen
+    tension = body.tension
     h2 = h * h
     # warm start from the previous tensions (alpha = h^2 T / |e|)
     for j in range(alpha.shape[0]):
-        alpha[j] = h2 * body.tension[j] / elen[j] if w_eff[j] + w_eff[j + 1] > 0.0 else 0.0
+        alpha[j] = h2 * tension[j] / elen[j] if w_eff[j] + w_eff[j + 1] > 0.0 else 0.0
     if ct.on:
         stick, _ = apply_friction(x, xbar, w_eff, h, ct.par, n_cand, ct.cand_i, ct.cand_j, ct.cand_s, ct.cand_t,
                                   ct.cand_n, ct.cand_f, ct.cand_fa)
@@ -427,7 +444,7 @@ def _solve_again(h: float, rod: Rod, sv: Settings, wk: Work) -> tuple:
                        wk.tri_di, wk.tri_rhs, wk.tri_cp)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def contact_rounds(h: float, n_cand: int, rod: Rod, sv: Settings, body: Body, wk: Work, ct: Contact,
                    iters: int, residual: float) -> tuple:
     """Stage 6: rounds of the no-crossing floor, friction and the constraints again until both settle
@@ -436,9 +453,11 @@ def contact_rounds(h: float, n_cand: int, rod: Rod, sv: Settings, body: Body, wk
     x = body.x
     xbar = wk.xbar
     w_eff = wk.w_eff
+    fp_kept = ct.fp_kept
+    cand_fp = ct.cand_fp
     raised = 0
     for c in range(n_cand):
-        ct.fp_kept[c] = ct.cand_fp[c]
+        fp_kept[c] = cand_fp[c]
     min_gap = ct.par[CP_MIN_GAP]
     rounds, settled = friction_rounds(int(ct.par[CP_ROUNDS]), min_gap, ct.par[CP_SETTLE], h)
     # the floor visits only the pairs it can reach (contact_response.floor_pairs), listed again whenever the
@@ -471,11 +490,11 @@ def contact_rounds(h: float, n_cand: int, rod: Rod, sv: Settings, body: Body, wk
             # kept, a thread undone every substep summed them without bound (tests/test_self_contact.py::
             # test_a_substep_the_guard_undid_keeps_the_tensions_and_floor_forces_before_it)
             for c in range(n_cand):
-                ct.cand_fp[c] = ct.fp_kept[c]
+                cand_fp[c] = fp_kept[c]
     return reverted, iters, residual
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def tissue_rounds(h: float, held: bool, rod: Rod, sv: Settings, body: Body, wk: Work, ts: Tissue, nd: Needle,
                   iters: int, residual: float) -> tuple:
     """Stage 7: the needle's tip pierces; vertices that entered a pad go back out of it, the needle is held by
@@ -505,7 +524,7 @@ def tissue_rounds(h: float, held: bool, rod: Rod, sv: Settings, body: Body, wk: 
     return iters, residual
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def commit(h: float, reverted: int, rod: Rod, body: Body, gr: Grasps, wk: Work, ts: Tissue, nd: Needle) -> None:
     """Stage 8: x^{k+1} becomes x and x^k x_prev; the twist along the displacement; tensions
     T_j = alpha_j |e_j| / h^2 (N; Wang 2017 Eq. 8) unless the guard undid the substep; the punctures located on
@@ -513,12 +532,13 @@ def commit(h: float, reverted: int, rod: Rod, body: Body, gr: Grasps, wk: Work, 
     x = body.x
     x_prev = body.x_prev
     xbar = wk.xbar
+    twist_grad = wk.twist_grad
     # the twist change along the displacement, and the shift of the history
     dtheta = 0.0
     for i in range(x.shape[0]):
         for d in range(3):
             xn = xbar[i, d]
-            dtheta += wk.twist_grad[i, d] * (xn - x[i, d])
+            dtheta += twist_grad[i, d] * (xn - x[i, d])
             x_prev[i, d] = x[i, d]
             x[i, d] = xn
     body.twist[0] += dtheta
@@ -528,24 +548,32 @@ def commit(h: float, reverted: int, rod: Rod, body: Body, gr: Grasps, wk: Work, 
     # too few contact rounds, undone every substep, read 22 kN at 2 N of pull and diverged (docs/PHYSICS.md Sec. 7)
     if reverted == 0:
         h2 = h * h
-        for j in range(body.tension.shape[0]):
-            body.tension[j] = wk.alpha[j] * wk.elen[j] / h2
+        tension = body.tension
+        alpha = wk.alpha
+        elen = wk.elen
+        for j in range(tension.shape[0]):
+            tension[j] = alpha[j] * elen[j] / h2
     if ts.on:
         locate_punctures(h, x, rod.rest, ts.pst, ts.pun_i, ts.pun_f, False, nd.on, nd.par[NP_WIRE] + ts.par[TP_RADIUS])
     if nd.on:
         needle_finish(h, nd.nst)
-    for g in range(gr.vertex.shape[0]):
-        v = gr.vertex[g]
+    vertex = gr.vertex
+    p = gr.target
+    p0 = gr.target_prev
+    force = gr.force
+    for g in range(vertex.shape[0]):
+        v = vertex[g]
         if v < 0:
             continue
         if gr.sat[g] == 1:
             continue  # gr.force already holds the applied pull
+        k = gr.k[g]
+        c = gr.c[g]
         for d in range(3):
-            gr.force[g, d] = gr.k[g] * (gr.target[g, d] - x[v, d]) + gr.c[g] * (
-                (gr.target[g, d] - gr.target_prev[g, d]) - (x[v, d] - x_prev[v, d])) / h
+            force[g, d] = k * (p[g, d] - x[v, d]) + c * ((p[g, d] - p0[g, d]) - (x[v, d] - x_prev[v, d])) / h
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def substep(h: float, t: float, split: bool, n_cand: int, rod: Rod, tl: Timeline, sv: Settings, body: Body,
             gr: Grasps, wk: Work, ct: Contact, ts: Tissue, nd: Needle) -> tuple:
     """Advance the state by one substep h (s) starting at time t (s): the stages in order. Returns
@@ -567,7 +595,7 @@ def substep(h: float, t: float, split: bool, n_cand: int, rod: Rod, tl: Timeline
     return iters, residual
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def refresh_neighbours(n_cand: int, body: Body, ct: Contact) -> int:
     """Before a substep: rebuild the neighbour list if a vertex has moved more than half its skin since it was
     built (a Verlet list: every pair within the contact distance is then in it). Returns the pairs listed."""
@@ -585,7 +613,7 @@ def refresh_neighbours(n_cand: int, body: Body, ct: Contact) -> int:
     return n_cand
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def advance(n_sub: int, h: float, t: float, scale: bool, tension_margin: float, trace, rod: Rod, tl: Timeline,
             sv: Settings, body: Body, gr: Grasps, wk: Work, ct: Contact, ts: Tissue, nd: Needle) -> None:
     """Run n_sub substeps of h (s) from time t (s); write iteration statistics into ``body.stats`` (STAT_*).
