@@ -251,7 +251,7 @@ class ThreadState:
         buffers every field is a view of, and where each lies in them, one row per field in STATE_FIELDS order
         (buffer BUF_*, offset, rows, columns; 1 column for a vector). A kernel handed these rebuilds the fields
         as views (integrator.advance_state): six arguments instead of one per array (numba unboxes each array
-        argument on every call, about 0.1 us each, and the step reads 65 of the state's). TickCopy copies the
+        argument on every call, about 0.1 us each, and the step reads 66 of the state's). TickCopy copies the
         carried buffers whole."""
         cf, ci, cb = self._carry
         sf, si = self._scratch
