@@ -358,6 +358,14 @@ def predict(h: float, rod: Rod, body: Body, wk: Work, ts: Tissue, nd: Needle) ->
         puncture_predict(h, x, xbar, w_eff, ts.par, ts.pst, ts.pun_i, ts.pun_f, 1 if nd.on else 0)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _coupling_force(k: float, c: float, p: np.ndarray, p0: np.ndarray, x: np.ndarray, x_prev: np.ndarray, g: int,
+                    v: int, d: int, h: float) -> float:
+    """Component d (N) of grasp g's spring-damper pull on vertex v: stiffness k (N/m) toward the target p (m),
+    damping c (N*s/m) on the target's move p - p0 against the vertex's x - x_prev over the substep h (s)."""
+    return k * (p[g, d] - x[v, d]) + c * ((p[g, d] - p0[g, d]) - (x[v, d] - x_prev[v, d])) / h
+
+
 @njit(cache=True, error_model="numpy", _nrt=False)
 def couple_grasps(h: float, rod: Rod, body: Body, gr: Grasps, wk: Work) -> None:
     """Stage 4: each grasp's virtual coupling (a spring-damper to its target, N/m and N*s/m) folded into its
@@ -379,9 +387,9 @@ def couple_grasps(h: float, rod: Rod, body: Body, gr: Grasps, wk: Work) -> None:
         k = gr.k[g]
         c = gr.c[g]
         # spring-damper force if the vertex did not move this substep: decides whether the coupling saturates
-        fx = k * (p[g, 0] - x[v, 0]) + c * ((p[g, 0] - p0[g, 0]) - (x[v, 0] - x_prev[v, 0])) / h
-        fy = k * (p[g, 1] - x[v, 1]) + c * ((p[g, 1] - p0[g, 1]) - (x[v, 1] - x_prev[v, 1])) / h
-        fz = k * (p[g, 2] - x[v, 2]) + c * ((p[g, 2] - p0[g, 2]) - (x[v, 2] - x_prev[v, 2])) / h
+        fx = _coupling_force(k, c, p, p0, x, x_prev, g, v, 0, h)
+        fy = _coupling_force(k, c, p, p0, x, x_prev, g, v, 1, h)
+        fz = _coupling_force(k, c, p, p0, x, x_prev, g, v, 2, h)
         fmag = math.sqrt(fx * fx + fy * fy + fz * fz)
         if fmag > gr.fmax[g]:
             # saturated: a constant pull of fmax toward the target (explicit, no stiffness left to destabilise)
@@ -570,7 +578,7 @@ def commit(h: float, reverted: int, rod: Rod, body: Body, gr: Grasps, wk: Work, 
         k = gr.k[g]
         c = gr.c[g]
         for d in range(3):
-            force[g, d] = k * (p[g, d] - x[v, d]) + c * ((p[g, d] - p0[g, d]) - (x[v, d] - x_prev[v, d])) / h
+            force[g, d] = _coupling_force(k, c, p, p0, x, x_prev, g, v, d, h)
 
 
 @njit(cache=True, error_model="numpy", _nrt=False)
