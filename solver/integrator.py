@@ -8,6 +8,7 @@ state (Rod, Timeline, Settings, Body, Grasps, Work, Contact, Tissue, Needle; bui
   3. predict: xbar = 2 x^k - x^{k-1} + h^2 M^-1 F (Eq. 9 without the constraint term, Eq. D.1);
   4. couple_grasps: a grasped vertex takes its virtual-coupling spring-damper implicitly (backward Euler on the
      spring), which only changes its xbar and its effective inverse mass, so any coupling stiffness is stable;
+     a grasp on a point inside a segment does the same to the segment's two vertices;
   5. solve: multipliers (solver/constraints.py) and x^{k+1} = xbar + constraint displacement (Eq. D.3);
   6. contact_rounds and 7. tissue_rounds: the no-crossing floor, friction, the pads and the needle, each
      followed by the constraints again;
@@ -176,8 +177,9 @@ class Body(NamedTuple):
 
 
 class Grasps(NamedTuple):
-    """The virtual couplings of styluses (or scripted hands) to vertices, one row each."""
+    """The virtual couplings of styluses (or scripted hands) to points of the thread, one row each."""
     vertex: np.ndarray          # (G,) int64, -1 = free
+    frac: np.ndarray            # (G,) the point (1 - f) x[v] + f x[v+1] is held, 0 <= f < 1 (0: the vertex)
     k: np.ndarray               # (G,) N/m
     c: np.ndarray               # (G,) N*s/m
     fmax: np.ndarray            # (G,) N
@@ -366,10 +368,85 @@ def _coupling_force(k: float, c: float, p: np.ndarray, p0: np.ndarray, x: np.nda
     return k * (p[g, d] - x[v, d]) + c * ((p[g, d] - p0[g, d]) - (x[v, d] - x_prev[v, d])) / h
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _point_force(k: float, c: float, p: np.ndarray, p0: np.ndarray, x: np.ndarray, x_prev: np.ndarray, g: int,
+                 v: int, f: float, d: int, h: float) -> float:
+    """Component d (N) of grasp g's spring-damper pull on the point (1 - f) x[v] + f x[v+1] of segment v:
+    _coupling_force with that point, and its move from x_prev to x over the substep h (s), for the vertex's."""
+    a = 1.0 - f
+    pt = a * x[v, d] + f * x[v + 1, d]
+    pt0 = a * x_prev[v, d] + f * x_prev[v + 1, d]
+    return k * (p[g, d] - pt) + c * ((p[g, d] - p0[g, d]) - (pt - pt0)) / h
+
+
+@njit(cache=True, error_model="numpy")
+def couple_point(h: float, g: int, v: int, f: float, x: np.ndarray, x_prev: np.ndarray, xbar: np.ndarray,
+                 w_eff: np.ndarray, gr: Grasps) -> None:
+    """Grasp g's coupling (N/m, N*s/m) to the point c = (1 - f) x[v] + f x[v+1] inside segment v (0 < f < 1),
+    folded into the predictions xbar (m) and inverse masses w_eff (1/kg) of vertices v and v+1: a force F on
+    the point acts as (1 - f) F on v and f F on v+1. Past the force limit, a constant pull of fmax (N).
+
+    A kinematic vertex (w_eff = 0) takes no share of the motion: the formulas below then put the coupling on
+    the free vertex alone with the weight f (or 1 - f) the point has on it, which is the lumped rigid segment's
+    answer (a pull at the fraction f of a segment pinned at v turns it as f F at v+1 would); its own share of
+    F goes into whatever drives it. Both kinematic: couple_grasps skips the grasp."""
+    k = gr.k[g]
+    c = gr.c[g]
+    p = gr.target
+    p0 = gr.target_prev
+    force = gr.force
+    h2 = h * h
+    a = 1.0 - f
+    wa = w_eff[v]
+    wb = w_eff[v + 1]
+    # the spring-damper force if the point did not move this substep: decides whether the coupling saturates
+    fx = _point_force(k, c, p, p0, x, x_prev, g, v, f, 0, h)
+    fy = _point_force(k, c, p, p0, x, x_prev, g, v, f, 1, h)
+    fz = _point_force(k, c, p, p0, x, x_prev, g, v, f, 2, h)
+    fmag = math.sqrt(fx * fx + fy * fy + fz * fz)
+    if fmag > gr.fmax[g]:
+        # saturated: a constant pull of fmax toward the target, split (1 - f) : f onto the segment's vertices
+        sc = gr.fmax[g] / fmag
+        force[g, 0] = fx * sc
+        force[g, 1] = fy * sc
+        force[g, 2] = fz * sc
+        for d in range(3):
+            xbar[v, d] += h2 * a * force[g, d] * wa
+            xbar[v + 1, d] += h2 * f * force[g, d] * wb
+        gr.sat[g] = 1
+        return
+    # backward Euler on the point: x1_v = xbar_v + h^2 w_v (1 - f) F, x1_{v+1} = xbar_{v+1} + h^2 w_{v+1} f F
+    # with F = k (p1 - c1) + c ((p1 - p0) - (c1 - c0)) / h = G - K c1, G = k p1 + c (p1 - p0 + c0) / h,
+    # K = k + c / h, and c1 = cbar + h^2 W F, W = (1 - f)^2 w_v + f^2 w_{v+1}; so F = (G - K cbar) / (1 + K h^2 W).
+    # At f = 0 this is the vertex's formula in couple_grasps, rearranged (m_eff = m (1 + K h^2 w)).
+    kk = k + c / h
+    den = 1.0 + kk * h2 * (a * a * wa + f * f * wb)
+    for d in range(3):
+        cbar = a * xbar[v, d] + f * xbar[v + 1, d]
+        g_d = k * p[g, d] + c * (p[g, d] - p0[g, d] + (a * x[v, d] + f * x[v + 1, d])) / h
+        fd = (g_d - kk * cbar) / den
+        xbar[v, d] += h2 * wa * a * fd
+        xbar[v + 1, d] += h2 * wb * f * fd
+    # The constraint solve sees each vertex heavier by its share of the coupling, m + (1 - f)(h^2 k + h c) and
+    # m + f (h^2 k + h c): the row sums of the coupling's stiffness on the two vertices, h^2 K J^T J with
+    # J = [(1 - f), f] (the punctures' two-vertex couplings grow their masses alike, tissue.puncture_predict).
+    # They dominate J^T J, so any k and c stay stable; a force inside the segment (its tension, equal and
+    # opposite on v and v+1) then moves the point by (1 - f) w_v - f w_{v+1} times it, 0 as k grows; and the
+    # momentum the two vertices gain over the substep is h times the spring-damper force at the point where the
+    # solve leaves it, the force commit reports (the constraint's share telescopes away).
+    grow = h2 * k + h * c
+    if wa > 0.0:
+        w_eff[v] = 1.0 / (1.0 / wa + a * grow)
+    if wb > 0.0:
+        w_eff[v + 1] = 1.0 / (1.0 / wb + f * grow)
+    gr.sat[g] = 0
+
+
 @njit(cache=True, error_model="numpy", _nrt=False)
 def couple_grasps(h: float, rod: Rod, body: Body, gr: Grasps, wk: Work) -> None:
     """Stage 4: each grasp's virtual coupling (a spring-damper to its target, N/m and N*s/m) folded into its
-    vertex's prediction and effective inverse mass; a coupling past its force limit pulls with the limit."""
+    vertex's prediction and effective inverse mass; a coupling past its force limit pulls with the limit. A
+    grasp on a point inside a segment (grasp frac > 0) couples the segment's two vertices (couple_point)."""
     x = body.x
     x_prev = body.x_prev
     xbar = wk.xbar
@@ -382,7 +459,14 @@ def couple_grasps(h: float, rod: Rod, body: Body, gr: Grasps, wk: Work) -> None:
     h2 = h * h
     for g in range(vertex.shape[0]):
         v = vertex[g]
-        if v < 0 or kinematic[v] == 1:
+        if v < 0:
+            continue
+        f = gr.frac[g]
+        if f != 0.0:
+            if v + 1 < x.shape[0] and (kinematic[v] == 0 or kinematic[v + 1] == 0):
+                couple_point(h, g, v, f, x, x_prev, xbar, w_eff, gr)
+            continue
+        if kinematic[v] == 1:
             continue
         k = gr.k[g]
         c = gr.c[g]
@@ -577,8 +661,14 @@ def commit(h: float, reverted: int, rod: Rod, body: Body, gr: Grasps, wk: Work, 
             continue  # gr.force already holds the applied pull
         k = gr.k[g]
         c = gr.c[g]
-        for d in range(3):
-            force[g, d] = _coupling_force(k, c, p, p0, x, x_prev, g, v, d, h)
+        f = gr.frac[g]
+        if f == 0.0:
+            for d in range(3):
+                force[g, d] = _coupling_force(k, c, p, p0, x, x_prev, g, v, d, h)
+        elif v + 1 < x.shape[0]:
+            # at the point: the momentum the segment's two vertices gained this substep over h (couple_point)
+            for d in range(3):
+                force[g, d] = _point_force(k, c, p, p0, x, x_prev, g, v, f, d, h)
 
 
 @njit(cache=True, error_model="numpy", _nrt=False)
@@ -701,8 +791,8 @@ def rescale_history(x: np.ndarray, x_prev: np.ndarray, ratio: float) -> None:
 _NO_TRACE = np.zeros((0, 0, 3))
 
 # rows of ThreadState.packed's layout that the step reads (module constants: numba reads them at compile time)
-(_X, _X_PREV, _TENSION, _TENSION_IN, _TENSION_FLOOR, _TWIST, _KIN_TARGET, _EXT_FORCE, _GRASP_VERTEX, _GRASP_K,
- _GRASP_C, _GRASP_FMAX, _GRASP_TARGET, _GRASP_TARGET_PREV, _GRASP_VEL, _GRASP_FORCE, _GRASP_SAT, _STATS,
+(_X, _X_PREV, _TENSION, _TENSION_IN, _TENSION_FLOOR, _TWIST, _KIN_TARGET, _EXT_FORCE, _GRASP_VERTEX, _GRASP_FRAC,
+ _GRASP_K, _GRASP_C, _GRASP_FMAX, _GRASP_TARGET, _GRASP_TARGET_PREV, _GRASP_VEL, _GRASP_FORCE, _GRASP_SAT, _STATS,
  _INV_MASS_TICK, _CAND_I, _CAND_J, _CAND_S, _CAND_T, _CAND_D, _CAND_N, _CAND_F, _CAND_FP, _CAND_FA, _CAND_NEAR,
  _FP_KEPT, _X_REF, _CONTACT_K, _CONTACT_K_ACT, _TURN, _FOLD, _CONTACT_STATS, _GRID_HEAD, _GRID_NEXT, _GRID_CELLS,
  _GRID_SCRATCH, _ALPHA_EXTRA, _OLD_J, _OLD_N, _OLD_FP, _OLD_NEXT, _SEG_HEAD, _PST, _PUN_I, _PUN_F, _NST, _FORCE,
@@ -710,12 +800,12 @@ _NO_TRACE = np.zeros((0, 0, 3))
  _AGAIN_LEN, _AGAIN_COMPLIANCE, _CLOSEST) = (
     STATE_FIELDS.index(name) for name in (
         "x", "x_prev", "tension", "tension_in", "tension_floor", "twist", "kin_target", "ext_force", "grasp_vertex",
-        "grasp_k", "grasp_c", "grasp_fmax", "grasp_target", "grasp_target_prev", "grasp_vel", "grasp_force",
-        "grasp_sat", "stats", "inv_mass_tick", "cand_i", "cand_j", "cand_s", "cand_t", "cand_d", "cand_n", "cand_f",
-        "cand_fp", "cand_fa", "cand_near", "fp_kept", "x_ref", "contact_k", "contact_k_act", "turn", "fold",
-        "contact_stats", "grid_head", "grid_next", "grid_cells", "grid_scratch", "alpha_extra", "old_j", "old_n",
-        "old_fp", "old_next", "seg_head", "pst", "pun_i", "pun_f", "nst", "force", "twist_grad", "xbar", "w_eff",
-        "edges", "elen", "new_edges", "alpha", "tri_lo", "tri_di", "tri_up", "tri_rhs", "tri_cp", "again_len",
+        "grasp_frac", "grasp_k", "grasp_c", "grasp_fmax", "grasp_target", "grasp_target_prev", "grasp_vel",
+        "grasp_force", "grasp_sat", "stats", "inv_mass_tick", "cand_i", "cand_j", "cand_s", "cand_t", "cand_d",
+        "cand_n", "cand_f", "cand_fp", "cand_fa", "cand_near", "fp_kept", "x_ref", "contact_k", "contact_k_act", "turn",
+        "fold", "contact_stats", "grid_head", "grid_next", "grid_cells", "grid_scratch", "alpha_extra", "old_j",
+        "old_n", "old_fp", "old_next", "seg_head", "pst", "pun_i", "pun_f", "nst", "force", "twist_grad", "xbar",
+        "w_eff", "edges", "elen", "new_edges", "alpha", "tri_lo", "tri_di", "tri_up", "tri_rhs", "tri_cp", "again_len",
         "again_compliance", "closest"))
 
 
@@ -759,7 +849,8 @@ def advance_state(n_sub: int, h: float, t: float, scale: bool, tension_margin: f
                 _vector(cf, sf, lay, _TENSION), _vector(cf, sf, lay, _TENSION_IN),
                 _vector(cf, sf, lay, _TENSION_FLOOR), _vector(cf, sf, lay, _TWIST), _matrix(cf, sf, lay, _KIN_TARGET),
                 _matrix(cf, sf, lay, _EXT_FORCE), _vector(cf, sf, lay, _STATS))
-    gr = Grasps(_vector(ci, si, lay, _GRASP_VERTEX), _vector(cf, sf, lay, _GRASP_K), _vector(cf, sf, lay, _GRASP_C),
+    gr = Grasps(_vector(ci, si, lay, _GRASP_VERTEX), _vector(cf, sf, lay, _GRASP_FRAC), _vector(cf, sf, lay, _GRASP_K),
+                _vector(cf, sf, lay, _GRASP_C),
                 _vector(cf, sf, lay, _GRASP_FMAX), _matrix(cf, sf, lay, _GRASP_TARGET),
                 _matrix(cf, sf, lay, _GRASP_TARGET_PREV), _matrix(cf, sf, lay, _GRASP_VEL),
                 _matrix(cf, sf, lay, _GRASP_FORCE), _vector(cb, cb, lay, _GRASP_SAT))
@@ -819,17 +910,19 @@ def tension_floors(model: ThreadModel, state: ThreadState) -> float:
     """Set ``state.tension_floor``, the static tension (N) the coming tick's mass scaling must count on each
     segment, as Stepper.tick does (plan_tick): what the grasps can pull with and what the punctures hold
     (_tension_floors). Returns the largest."""
-    return _tension_floors(state.x, state.grasp_vertex, state.grasp_target, state.grasp_k, state.grasp_fmax,
-                           model.solver.scaled_mass_keeps == "energy", model.tissue_on, model.tissue_par,
-                           state.pun_i, state.pun_f, state.tension_floor, model.solver.mass_scaling == "local")
+    return _tension_floors(state.x, state.grasp_vertex, state.grasp_frac, state.grasp_target, state.grasp_k,
+                           state.grasp_fmax, model.solver.scaled_mass_keeps == "energy", model.tissue_on,
+                           model.tissue_par, state.pun_i, state.pun_f, state.tension_floor,
+                           model.solver.mass_scaling == "local")
 
 
 @njit(cache=True, error_model="numpy")
-def _grasp_tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide: bool) -> float:
+def _grasp_tension_floor(x, grasp_vertex, grasp_frac, grasp_target, grasp_k, grasp_fmax, wide: bool) -> float:
     """The tension (N) the grasps can put into the thread during the next tick: each coupling's force if its
     vertex stayed where it is, min(max_force, k |p - x|). A stylus far from its vertex is about to pull. At an
     end of the thread, a coupling pushing the end back along the thread compresses it rather than pulls, and
-    counts 0 (stability.py: compression sets no step limit).
+    counts 0 (stability.py: compression sets no step limit). A grasp on a point inside a segment (grasp_frac
+    f > 0) counts with the point (1 - f) x[v] + f x[v+1] for x, whatever its direction: it is at no end.
 
     With ``wide`` (mass scaling that keeps energy), an end's coupling counts unless it points back along the
     end's segment within 45 degrees: a pull across the segment swings it round into tension within the tick
@@ -843,6 +936,14 @@ def _grasp_tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wid
     for g in range(grasp_vertex.shape[0]):
         v = grasp_vertex[g]
         if v < 0:
+            continue
+        f = grasp_frac[g]
+        if f != 0.0 and v < last:
+            a = 1.0 - f
+            dx = grasp_target[g, 0] - (a * x[v, 0] + f * x[v + 1, 0])
+            dy = grasp_target[g, 1] - (a * x[v, 1] + f * x[v + 1, 1])
+            dz = grasp_target[g, 2] - (a * x[v, 2] + f * x[v + 1, 2])
+            floor = max(floor, min(grasp_fmax[g], grasp_k[g] * math.sqrt(dx * dx + dy * dy + dz * dz)))
             continue
         dx = grasp_target[g, 0] - x[v, 0]
         dy = grasp_target[g, 1] - x[v, 1]
@@ -861,7 +962,7 @@ def _grasp_tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wid
 
 
 @njit(cache=True, error_model="numpy")
-def _tension_floors(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide, tissue_on, tpar, pun_i,
+def _tension_floors(x, grasp_vertex, grasp_frac, grasp_target, grasp_k, grasp_fmax, wide, tissue_on, tpar, pun_i,
                     pun_f, out, local) -> float:
     """Into ``out`` (N per segment): tension that may arise within the coming tick, before the multipliers
     show it, which the mass scaling counts as static. What the grasps can pull with (_grasp_tension_floor),
@@ -869,7 +970,7 @@ def _tension_floors(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide, ti
     first active puncture to the last: beyond them a free strand carries none of it (counted there too, it
     made a released 3-0 silk tail 3,900 times heavier; docs/PHYSICS.md Sec. 6). The whole-thread scaling
     (not ``local``) counts both on every segment. Returns the largest."""
-    grasp = _grasp_tension_floor(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide)
+    grasp = _grasp_tension_floor(x, grasp_vertex, grasp_frac, grasp_target, grasp_k, grasp_fmax, wide)
     m = out.shape[0]
     lo = m
     hi = -1
@@ -889,14 +990,14 @@ def _tension_floors(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide, ti
 
 
 @njit(cache=True, error_model="numpy")
-def plan_tick(x, tension, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide, tissue_on, tpar, pun_i, pun_f,
-              inv_mass, bend_gersh, rest, contact_k, est, floors, fold, local) -> tuple:
+def plan_tick(x, tension, grasp_vertex, grasp_frac, grasp_target, grasp_k, grasp_fmax, wide, tissue_on, tpar, pun_i,
+              pun_f, inv_mass, bend_gersh, rest, contact_k, est, floors, fold, local) -> tuple:
     """The static floors of the coming tick into ``floors`` (N per segment, _tension_floors) and the tension
     estimate into ``est`` (N): each segment's |tension|, but at least its floor. Returns (the largest floor in
     N, the stability bound in rad/s at the estimate x1.5). One kernel call: the parts called one by one from
     Python cost about 7 us a tick."""
-    floor = _tension_floors(x, grasp_vertex, grasp_target, grasp_k, grasp_fmax, wide, tissue_on, tpar, pun_i,
-                            pun_f, floors, local)
+    floor = _tension_floors(x, grasp_vertex, grasp_frac, grasp_target, grasp_k, grasp_fmax, wide, tissue_on, tpar,
+                            pun_i, pun_f, floors, local)
     for j in range(tension.shape[0]):
         est[j] = max(abs(tension[j]), floors[j])
     return floor, omega_bound(x, inv_mass, bend_gersh, rest, est, 1.5, contact_k, fold, local)
@@ -972,10 +1073,10 @@ class Stepper:
         # state's arrays are never replaced, only written
         self._margs = model_args(model)
         s = model.solver
-        self._plan_args = (state.x, state.tension, state.grasp_vertex, state.grasp_target, state.grasp_k,
-                           state.grasp_fmax, s.scaled_mass_keeps == "energy", model.tissue_on, model.tissue_par,
-                           state.pun_i, state.pun_f, model.inv_mass, model.bend_gersh, model.rest_length,
-                           state.contact_k, self._tension, state.tension_floor, state.fold,
+        self._plan_args = (state.x, state.tension, state.grasp_vertex, state.grasp_frac, state.grasp_target,
+                           state.grasp_k, state.grasp_fmax, s.scaled_mass_keeps == "energy", model.tissue_on,
+                           model.tissue_par, state.pun_i, state.pun_f, model.inv_mass, model.bend_gersh,
+                           model.rest_length, state.contact_k, self._tension, state.tension_floor, state.fold,
                            s.mass_scaling == "local")
 
     def reset(self) -> None:
