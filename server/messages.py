@@ -43,6 +43,7 @@ class MessageBuilder:
         self.table = DeviceTable(safety, limits) if table is None else table
         self.tick = float(scenario.model.solver.tick)
         self._axial = np.zeros(3)
+        self._axial_next = np.zeros(3)
         self._raw = np.zeros(3)
         self._torque = np.zeros(3)
         #: the devices with a `force` stream, in the order their messages go out
@@ -95,9 +96,19 @@ class MessageBuilder:
                 return g.device
         return None
 
-    def axial(self, state: ThreadState, vertex: int) -> float:
-        """Magnitude (N) of the thread's net axial constraint force at ``vertex``."""
-        return constraint_force_at(state.x, state.tension, vertex, self._axial)
+    def axial(self, state: ThreadState, vertex: int, frac: float = 0.0) -> float:
+        """Magnitude (N) of the thread's net axial constraint force at ``vertex``; with ``frac`` > 0, at the point
+        that far along segment ``vertex``: the net constraint force on that segment's two vertices, the tensions
+        of the segments either side of it (T_{v+1} along e_{v+1} less T_{v-1} along e_{v-1}). Segment v's own
+        tension is internal to the held piece and cancels: on a thread pulled from one side it carries only the
+        share f of the pull, not the pull the hand feels."""
+        if frac == 0.0:
+            return constraint_force_at(state.x, state.tension, vertex, self._axial)
+        a = self._axial
+        constraint_force_at(state.x, state.tension, vertex, a)
+        constraint_force_at(state.x, state.tension, vertex + 1, self._axial_next)
+        a += self._axial_next
+        return math.sqrt(a[0] * a[0] + a[1] * a[1] + a[2] * a[2])
 
     def state(self, seq: int, state: ThreadState) -> bytes:
         """The `state` payload (docs/PROTOCOL.md Sec. 3.1): positions, tensions (N), twist (rad), grasps,
@@ -149,7 +160,7 @@ class MessageBuilder:
         """The force stage: each streamed device's force (N, scene frame), axial force (N) and flags into its
         record. A device's force is the reaction of the virtual couplings it holds (minus the coupling force on
         the thread), through its safety pipeline at this tick; `axial` is the magnitude of the thread's net
-        constraint force at the grasped vertex; `flags` are the pipeline's OR the driver's."""
+        constraint force at the grasped vertex (or point, :meth:`axial`); `flags` are the pipeline's OR the driver's."""
         t = float(state.time[0])
         raw = self._raw
         for dev in self.streams:
@@ -158,7 +169,7 @@ class MessageBuilder:
             for g in self.grasps:
                 if g.device == dev.name:
                     raw -= state.grasp_force[g.slot]
-                    axial = max(axial, self.axial(state, g.vertex))
+                    axial = max(axial, self.axial(state, g.vertex, float(state.grasp_frac[g.slot])))
             dev.flags = dev.safety.step(raw, t, t, self.tick, dev.force) | dev.driver_flags
             dev.axial = axial
 

@@ -553,15 +553,22 @@ class PhysicsLoop:
 
     # -- grasps -----------------------------------------------------------------------------------------
     def add_grasp(self, vertex: int, device: str | None, gid: str | None, stiffness: float, damping: float,
-                  max_force: float) -> GraspSpec:
-        """Couple ``device`` to ``vertex`` (a virtual coupling: N/m, N s/m, N); publishes a `grasp` event.
-        Raises ValueError saying why not."""
+                  max_force: float, frac: float = 0.0) -> GraspSpec:
+        """Couple ``device`` to ``vertex`` (a virtual coupling: N/m, N s/m, N), or with ``frac`` > 0 to the point
+        that fraction of the way along the segment from ``vertex`` to ``vertex + 1``; publishes a `grasp` event
+        (with `frac` when it is not 0). Raises ValueError saying why not."""
         n = self.model.n_vertices
         if not -n <= vertex < n:
             raise ValueError(f"vertex must be in [{-n}, {n - 1}]")
         vertex %= n
-        if self.model.kinematic[vertex]:
-            raise ValueError(f"vertex {vertex} is pinned or driven")
+        frac = float(frac)
+        if not 0.0 <= frac < 1.0:
+            raise ValueError(f"frac must be in [0, 1), got {frac:g}")
+        if frac > 0.0 and vertex >= n - 1:
+            raise ValueError(f"frac > 0 needs a segment after vertex {vertex}: the vertex must be below {n - 1}")
+        if self.model.kinematic[vertex] and (frac == 0.0 or self.model.kinematic[vertex + 1]):
+            raise ValueError(f"vertex {vertex} is pinned or driven" if frac == 0.0 else
+                             f"vertices {vertex} and {vertex + 1} are pinned or driven")
         used = {g.slot for g in self.grasps}
         free = [s for s in range(MAX_GRASPS) if s not in used]
         if not free:
@@ -580,16 +587,20 @@ class PhysicsLoop:
                          damping=damping, max_force=max_force)
         st = self.state
         st.grasp_vertex[spec.slot] = vertex
+        st.grasp_frac[spec.slot] = frac
         st.grasp_k[spec.slot] = spec.stiffness
         st.grasp_c[spec.slot] = spec.damping
         st.grasp_fmax[spec.slot] = spec.max_force
-        st.grasp_target[spec.slot] = st.x[vertex]
-        st.grasp_target_prev[spec.slot] = st.x[vertex]
+        # the target starts on the held point: no pull until the device moves
+        held = st.x[vertex] if frac == 0.0 else (1.0 - frac) * st.x[vertex] + frac * st.x[vertex + 1]
+        st.grasp_target[spec.slot] = held
+        st.grasp_target_prev[spec.slot] = held
         st.grasp_force[spec.slot] = 0.0
         self.grasps.append(spec)
         self.builder.add_device(device)
+        extra = {"frac": frac} if frac != 0.0 else {}
         self.event("grasp", id=spec.id, vertex=vertex, device=spec.device, stiffness=stiffness, damping=damping,
-                   max_force=max_force)
+                   max_force=max_force, **extra)
         return spec
 
     def remove_grasp(self, gid: str) -> bool:
@@ -598,6 +609,7 @@ class PhysicsLoop:
             if g.id == gid:
                 st = self.state
                 st.grasp_vertex[g.slot] = -1
+                st.grasp_frac[g.slot] = 0.0
                 st.grasp_force[g.slot] = 0.0
                 st.grasp_vel[g.slot] = 0.0
                 self.grasps.remove(g)

@@ -80,6 +80,18 @@ def test_a_point_grasp_pulls_as_two_half_stiffness_vertex_grasps_at_rest():
     assert np.allclose(point(state, 9, 0.5), point(state2, 9, 0.5), rtol=0, atol=1e-8)
 
 
+def test_the_axial_force_at_a_point_grasp_is_the_pull():
+    from suturesim.server.messages import MessageBuilder
+
+    model, state = pinned(0.5)
+    run(model, state, 3000)
+    sc = build_scenario({"name": "held", "thread": {"preset": "silk-3-0", "length": 0.1, "segments": 20}}, "h.yaml")
+    builder = MessageBuilder(sc, grasps=[])
+    pull = np.linalg.norm(state.grasp_force[0])
+    assert builder.axial(state, 9, 0.5) == pytest.approx(pull, rel=1e-6)
+    assert builder.axial(state, 9) == pytest.approx(0.5 * pull, rel=1e-6)   # vertex 9 alone: its share
+
+
 def free(frac: float, max_force: float, v: int = 9):
     """The thread free in space (no gravity, no air drag, contact off), a grasp at ``frac`` along segment ``v``
     whose target moves at 0.2 m/s across the thread for 0.1 s."""
@@ -151,3 +163,36 @@ def test_a_point_grasp_next_to_a_pinned_vertex_turns_the_free_one():
     assert np.allclose(point(state, 0, 0.5), [0.0, 0.5 * SEG, 0.0], rtol=0, atol=1e-6)
     assert np.linalg.norm(state.grasp_force[0]) < 1e-3
 
+
+def test_the_loop_grasps_a_point_checks_frac_and_lets_go():
+    """PhysicsLoop.add_grasp(frac=...): the state holds the point, the `grasp` event says `frac` (and only when it
+    is not 0), a frac outside [0, 1) or past the last segment is refused, remove_grasp clears it."""
+    from suturesim.server import protocol
+    from suturesim.server.config import ServerConfig
+    from suturesim.server.physics import PhysicsLoop
+    from suturesim.solver.scenario import load_scenario
+
+    out = []
+    loop = PhysicsLoop(ServerConfig(file="<test>", scenario=load_scenario("default")),
+                       sink=lambda topic, payload: out.append((topic, bytes(payload))))
+    try:
+        n = loop.model.n_vertices
+        for vertex, frac in ((40, 1.0), (40, -0.1), (40, float("nan")), (n - 1, 0.5), (-1, 0.5)):
+            with pytest.raises(ValueError):
+                loop.add_grasp(vertex, "hand", None, 500.0, 0.1, 2.0, frac=frac)
+        spec = loop.add_grasp(40, "hand", None, 500.0, 0.1, 2.0, frac=0.25)
+        st = loop.state
+        assert st.grasp_vertex[spec.slot] == 40 and st.grasp_frac[spec.slot] == 0.25
+        assert np.allclose(st.grasp_target[spec.slot], 0.75 * st.x[40] + 0.25 * st.x[41])
+        other = loop.add_grasp(60, "other", None, 500.0, 0.1, 2.0)
+        grasps = [protocol.decode_event(p) for t, p in out if t == protocol.TOPIC_EVENT]
+        grasps = [e for e in grasps if e["kind"] == "grasp"]
+        assert grasps[-2]["frac"] == 0.25 and "frac" not in grasps[-1]
+        for _ in range(50):
+            loop.seq += 1
+            loop.tick_scene(0)
+        assert np.all(np.isfinite(st.x))
+        assert loop.remove_grasp(spec.id) and loop.remove_grasp(other.id)
+        assert st.grasp_frac[spec.slot] == 0.0 and st.grasp_vertex[spec.slot] == -1
+    finally:
+        loop.close()

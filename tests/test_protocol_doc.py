@@ -20,7 +20,7 @@ DOC = ROOT / "docs" / "PROTOCOL.md"
 COMMANDS = ("status", "reset", "pause", "resume", "load", "set", "grasp", "release", "record_start",
             "record_stop", "shutdown")
 EVENT_DETAILS = {
-    "start": {}, "grasp": {"id": "g0", "vertex": 3, "device": "left"}, "release": {"id": "g0"},
+    "start": {}, "grasp": {"id": "g0", "vertex": 3, "device": "left", "frac": 0.5}, "release": {"id": "g0"},
     "reset": {}, "load": {"scenario": "bench-suture"},
     "set": {"path": "thread.bending_stiffness", "value": 1e-6}, "pause": {}, "resume": {},
     "fault": {"reason": "device disconnected"}, "overrun": {"late_us": 1250.0, "ticks": 2}, "shutdown": {},

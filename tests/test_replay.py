@@ -281,3 +281,25 @@ def test_resimulation_follows_grasps_and_stops_at_a_scene_change(tmp_path):
                           timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "EXACT" in done.stdout and "stopped early: the recording's `load` event" in done.stdout, done.stdout
+
+
+def test_resimulation_follows_a_grasp_inside_a_segment(tmp_path):
+    """A control grasp on a point along a segment (`frac`) is replayed from its event: the run again is exact."""
+    out = tmp_path / "point.mcap"
+    d = Daemon("--record", str(out))
+    try:
+        d.wait_serving()
+        time.sleep(1.0)
+        d.ok({"cmd": "grasp", "vertex": 50, "frac": 0.4, "id": "mid", "stiffness": 500.0, "damping": 0.2,
+              "max_force": 2.0})
+        time.sleep(1.0)
+        d.ok({"cmd": "release", "id": "mid"})
+        time.sleep(0.5)
+    finally:
+        d.close()
+    grasps = [protocol.decode_event(p) for topic, p, _, _ in read_messages(out) if topic == "event"]
+    assert [e["frac"] for e in grasps if e["kind"] == "grasp" and e["id"] == "mid"] == [0.4]
+    done = subprocess.run([*CLI, "replay", str(out), "--to", "resimulate"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "EXACT" in done.stdout, done.stdout

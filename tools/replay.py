@@ -286,7 +286,7 @@ def _apply_events(loop, events: list[dict], ev_i: int, seq: int, report: ResimRe
         kind = e["kind"]
         if kind == "grasp":
             loop.add_grasp(e["vertex"], e["device"], e["id"], e.get("stiffness", 1000.0),
-                           e.get("damping", 0.0), e.get("max_force", 3.0))
+                           e.get("damping", 0.0), e.get("max_force", 3.0), e.get("frac", 0.0))
         elif kind == "release":
             loop.remove_grasp(e["id"])
         elif kind == "reset":
