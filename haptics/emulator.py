@@ -7,18 +7,34 @@ at process start, so the emulator is meant for a *child process* started with :f
 
     lib_dir = build_emulator()
     write_script(tmp / "path.txt", [(0.0, 0, 0, 0, 0), (1.0, 50, 0, 0, 1)])
-    env = emulator_env(lib_dir, script=tmp / "path.txt", log=tmp / "hd.log", fault="stuck@2.0")
+    write_script(tmp / "left.txt", [(0.0, 0, 0, 0, 0, 1, 0, 0, 0), (1.0, 0, 0, 0, 2, 0.7071, 0, 0.7071, 0)])
+    env = emulator_env(lib_dir, script=tmp / "path.txt", scripts={"Left Device": tmp / "left.txt"},
+                       log=tmp / "hd.log", fault="stuck@2.0")
     subprocess.run([sys.executable, "driver.py"], env=env)
     records = read_log(tmp / "hd.log")
 
 Emulated device (all configuration through environment variables, read once at the library's first call):
 
-* scheduler: one thread ticking at 1 kHz on absolute deadlines; per tick it samples the script, calls the
-  asynchronous callbacks (by priority, removing those returning ``HD_CALLBACK_DONE``), then pending synchronous
+* scheduler: one thread ticking at 1 kHz on absolute deadlines; per tick it samples every device's script, calls
+  the asynchronous callbacks (by priority, removing those returning ``HD_CALLBACK_DONE``), then pending synchronous
   ones. Ticks more than 10 ms late are skipped, not replayed in a burst.
-* script (``SUTURESIM_HD_EMU_SCRIPT``): rows ``t_s x_mm y_mm z_mm buttons``; position interpolated linearly in t
-  (seconds since ``hdStartScheduler``, sampled at the tick's deadline), held outside the rows; buttons step (those
-  of the last row with ``t_row <= t``). No script: the stylus rests at the origin, no button pressed.
+* script (``SUTURESIM_HD_EMU_SCRIPT``): rows ``t_s x_mm y_mm z_mm buttons`` or
+  ``t_s x_mm y_mm z_mm buttons qw qx qy qz``, every row of a file as wide as its first (a row of the other width
+  is skipped with a message on stderr); position interpolated linearly in t (seconds since ``hdStartScheduler``,
+  sampled at the tick's deadline), held outside the rows; orientation (a quaternion in the device frame,
+  normalised when read, each row's sign the one nearer the row before; identity for 5-field rows) by slerp along
+  the shorter arc, held likewise; buttons step (those of the last row with ``t_row <= t``). No script: the stylus
+  rests at the origin, upright, no button pressed. ``HD_CURRENT_TRANSFORM`` (and ``HD_LAST_TRANSFORM``) is the
+  column-major 4x4 of that pose: the orientation's rotation matrix R with column j in elements 4j..4j+2, the
+  position (mm) in 12..14. Gimbal and joint angles are not emulated (``HD_INVALID_ENUM``): they follow from a
+  Touch's arm geometry, which the emulator does not model.
+* devices (``SUTURESIM_HD_EMU_SCRIPTS``, ``name=path;name=path``): up to two devices at once, each with its own
+  stylus. Unset, every name ``hdInitDevice`` is given follows ``SUTURESIM_HD_EMU_SCRIPT``. Set, the devices are
+  exactly the names it lists, each following its own script, and ``"Default Device"`` (``hdInitDevice(NULL)``),
+  following ``SUTURESIM_HD_EMU_SCRIPT``; any other name fails with ``HD_COMM_CONFIG_ERROR`` (internal code -3), as
+  OpenHaptics fails for a name no device is configured under. Getters, ``hdSetDoublev``, ``hdEnable`` and
+  ``hdDisable`` act on the current device (the last initialised, or ``hdMakeCurrentDevice``'s);
+  ``hdBeginFrame`` does not change it.
 * frames: ``hdBeginFrame`` zeroes the frame's force; ``hdSetDoublev(HD_CURRENT_FORCE)`` sets it (N, device frame);
   ``hdEndFrame`` logs it with the enabled-capability mask. Every capability starts disabled.
 * faults (``SUTURESIM_HD_EMU_FAULT``, comma-separated): ``missing`` (``hdInitDevice`` fails with
@@ -37,7 +53,7 @@ process leaves only whole records). Per kind:
 kind                      code                                   a, b, c, d
 ========================  =====================================  ========================================
 ``LOG_FORCE`` 1           enabled capabilities (``CAP_*`` bits)  force (N) applied at hdEndFrame, handle
-``LOG_POSE`` 2            0                                      position (mm), buttons. t_ns = deadline
+``LOG_POSE`` 2            handle                                 position (mm), buttons. t_ns = deadline
 ``LOG_ENABLE`` 3          capability enum (0x4000..0x4004)       0, 0, 0, handle
 ``LOG_DISABLE`` 4         capability enum                        0, 0, 0, handle
 ``LOG_SCHED_START`` 5     0                                      0; t_ns = the script's time origin
@@ -46,10 +62,12 @@ kind                      code                                   a, b, c, d
 ``LOG_ERROR_PUSHED`` 8    error code                             internalErrorCode, 1 if dropped, 0, hHD
 ``LOG_STUCK`` 9           0                                      script time t (s) of the stuck tick
 ``LOG_INIT`` 10           handle, 0xFFFFFFFF on failure          0
+``LOG_ORIENT`` 11         handle                                 orientation qw, qx, qy, qz. t_ns = deadline
 ========================  =====================================  ========================================
 
-A ``LOG_POSE`` record's ``t_ns`` is the tick's deadline, so ``(t_ns - start_ns) / 1e9`` is exactly the script
-time that produced the position; every other kind carries the clock at the event.
+Every tick logs one ``LOG_POSE`` per initialised device (by handle), each followed by a ``LOG_ORIENT`` when that
+device's script has 9-field rows. Their ``t_ns`` is the tick's deadline, so ``(t_ns - start_ns) / 1e9`` is exactly
+the script time that produced them; every other kind carries the clock at the event.
 """
 
 from __future__ import annotations
@@ -85,6 +103,7 @@ __all__ = [
     "LOG_ERROR_PUSHED",
     "LOG_STUCK",
     "LOG_INIT",
+    "LOG_ORIENT",
     "MOTORS_OFF_DEVICE_DISABLED",
     "MOTORS_OFF_SCHEDULER_STOPPED",
     "CAP_FORCE_OUTPUT",
@@ -93,11 +112,13 @@ __all__ = [
     "CAP_SOFTWARE_FORCE_LIMIT",
     "CAP_ONE_FRAME_LIMIT",
     "ENV_SCRIPT",
+    "ENV_SCRIPTS",
     "ENV_LOG",
     "ENV_FAULT",
     "ENV_MAX_CONTINUOUS_FORCE",
     "ENV_MAX_STIFFNESS",
     "COMPILE_FLAGS",
+    "LINK_LIBS",
 ]
 
 # Record kinds (the `kind` field of LOG_DTYPE); the values are those of hd_emulator.c's enum.
@@ -111,6 +132,7 @@ LOG_MOTORS_OFF = 7
 LOG_ERROR_PUSHED = 8
 LOG_STUCK = 9
 LOG_INIT = 10
+LOG_ORIENT = 11
 
 # `code` of a LOG_MOTORS_OFF record: why the motors went to zero.
 MOTORS_OFF_DEVICE_DISABLED = 1
@@ -130,12 +152,14 @@ LOG_RECORD_SIZE = 48
 assert LOG_DTYPE.itemsize == LOG_RECORD_SIZE
 
 ENV_SCRIPT = "SUTURESIM_HD_EMU_SCRIPT"
+ENV_SCRIPTS = "SUTURESIM_HD_EMU_SCRIPTS"
 ENV_LOG = "SUTURESIM_HD_EMU_LOG"
 ENV_FAULT = "SUTURESIM_HD_EMU_FAULT"
 ENV_MAX_CONTINUOUS_FORCE = "SUTURESIM_HD_EMU_MAX_CONTINUOUS_FORCE"
 ENV_MAX_STIFFNESS = "SUTURESIM_HD_EMU_MAX_STIFFNESS"
 
 COMPILE_FLAGS = ("-O2", "-shared", "-fPIC", "-pthread", "-std=c11", "-Wall", "-Werror")
+LINK_LIBS = ("-lm",)   # after the source: a linker with --as-needed drops a library named before what uses it
 _LIB_NAME = "libHD.so"
 _STAMP_NAME = "libHD.so.sha256"  # digest of the source + flags the libHD.so next to it was built from
 
@@ -160,7 +184,7 @@ def build_emulator(dest: str | os.PathLike[str] | None = None) -> Path:
 
     :param dest: directory to build into (created if missing). Default: the per-user cache
         ``$XDG_CACHE_HOME/suturesim/hd-emulator/<digest>/`` (``~/.cache`` when unset), where ``<digest>`` is the
-        first 16 hex digits of the SHA-256 of the source and :data:`COMPILE_FLAGS`, so an edited source gets a
+        first 16 hex digits of the SHA-256 of the source, :data:`COMPILE_FLAGS` and :data:`LINK_LIBS`, so an edited source gets a
         fresh directory and an unchanged one is never rebuilt.
     :returns: the directory holding ``libHD.so``.
     :raises EmulatorBuildError: no C compiler (``$CC``, default ``cc``) or a compile error (message included).
@@ -171,7 +195,7 @@ def build_emulator(dest: str | os.PathLike[str] | None = None) -> Path:
     already mapped the old file keeps its (unlinked) inode instead of crashing on a file rewritten in place.
     """
     source = _source_bytes()
-    digest = hashlib.sha256(source + b"\0" + " ".join(COMPILE_FLAGS).encode()).hexdigest()
+    digest = hashlib.sha256(source + b"\0" + " ".join(COMPILE_FLAGS + LINK_LIBS).encode()).hexdigest()
     out_dir = Path(dest) if dest is not None else _default_cache_root() / digest[:16]
     lib, stamp = out_dir / _LIB_NAME, out_dir / _STAMP_NAME
     try:
@@ -194,11 +218,13 @@ def build_emulator(dest: str | os.PathLike[str] | None = None) -> Path:
             importlib.resources.files("suturesim.haptics").joinpath("hd_emulator.c")
         ) as src:
             proc = subprocess.run(
-                [*cc, *COMPILE_FLAGS, "-o", tmp_lib, str(src)], capture_output=True, text=True, check=False
+                [*cc, *COMPILE_FLAGS, "-o", tmp_lib, str(src), *LINK_LIBS], capture_output=True, text=True,
+                check=False
             )
         if proc.returncode != 0:
             raise EmulatorBuildError(
-                f"compiling the libHD emulator failed ({shlex.join([*cc, *COMPILE_FLAGS])}, exit {proc.returncode}):\n"
+                f"compiling the libHD emulator failed ({shlex.join([*cc, *COMPILE_FLAGS, *LINK_LIBS])}, "
+                f"exit {proc.returncode}):\n"
                 f"{proc.stderr.strip()}"
             )
         os.chmod(tmp_lib, 0o755)  # mkstemp made it 0600
@@ -220,30 +246,41 @@ def write_script(
     """Write an emulator motion script and return its path.
 
     :param path: file to (over)write.
-    :param rows: ``(t_s, x_mm, y_mm, z_mm, buttons)`` per row: time in seconds since ``hdStartScheduler``
-        (non-decreasing; two rows at the same time make a step), stylus position in the device frame in
-        millimetres, and the button bitmask (``HD_DEVICE_BUTTON_1`` = 1, ``_2`` = 2, ...), an int >= 0.
-    :raises ValueError: a row without 5 fields, a non-finite number, a negative or non-integer button mask, or
-        time going backwards.
+    :param rows: ``(t_s, x_mm, y_mm, z_mm, buttons)`` or ``(t_s, x_mm, y_mm, z_mm, buttons, qw, qx, qy, qz)`` per
+        row, every row as wide as the first: time in seconds since ``hdStartScheduler`` (non-decreasing; two rows
+        at the same time make a step), stylus position in the device frame in millimetres, the button bitmask
+        (``HD_DEVICE_BUTTON_1`` = 1, ``_2`` = 2, ...), an int >= 0, and the stylus orientation in the device frame,
+        a quaternion (w, x, y, z) the emulator normalises (identity when the rows have 5 fields).
+    :raises ValueError: a row of neither 5 nor 9 fields or not as wide as the first, a non-finite number, a
+        negative or non-integer button mask, a zero quaternion, or time going backwards.
     """
-    lines = ["# t_s x_mm y_mm z_mm buttons"]
+    lines: list[str] = []
+    width = 0
     t_prev = -math.inf
     for i, row in enumerate(rows):
-        if len(row) != 5:
-            raise ValueError(f"script row {i}: expected (t_s, x_mm, y_mm, z_mm, buttons), got {row!r}")
+        if len(row) not in (5, 9):
+            raise ValueError(f"script row {i}: expected (t_s, x_mm, y_mm, z_mm, buttons[, qw, qx, qy, qz]), "
+                             f"got {row!r}")
+        if width and len(row) != width:
+            raise ValueError(f"script row {i}: {len(row)} fields, but the rows before it have {width}")
+        width = len(row)
         t, x, y, z = (float(v) for v in row[:4])
         buttons = row[4]
-        if not all(math.isfinite(v) for v in (t, x, y, z)):
+        quat = [float(v) for v in row[5:]]
+        if not all(math.isfinite(v) for v in (t, x, y, z, *quat)):
             raise ValueError(f"script row {i}: non-finite value in {row!r}")
         if int(buttons) != buttons or int(buttons) < 0:
             raise ValueError(f"script row {i}: buttons must be an int bitmask >= 0, got {buttons!r}")
+        if quat and not math.fsum(v * v for v in quat) > 1e-24:
+            raise ValueError(f"script row {i}: the quaternion must be non-zero, got {quat!r}")
         if t < t_prev:
             raise ValueError(f"script row {i}: t = {t} s goes back in time (previous row {t_prev} s)")
         t_prev = t
         # repr-exact floats: the emulator's interpolation can then be checked to the last bit.
-        lines.append(f"{t!r} {x!r} {y!r} {z!r} {int(buttons)}")
+        lines.append(" ".join([repr(t), repr(x), repr(y), repr(z), str(int(buttons)), *map(repr, quat)]))
+    header = "# t_s x_mm y_mm z_mm buttons" + (" qw qx qy qz" if width == 9 else "")
     p = Path(path)
-    p.write_text("\n".join(lines) + "\n")
+    p.write_text("\n".join([header, *lines]) + "\n")
     return p
 
 
@@ -255,17 +292,23 @@ def emulator_env(
     max_continuous_force: float | None = None,
     max_stiffness: float | None = None,
     base: Mapping[str, str] | None = None,
+    scripts: Mapping[str, str | os.PathLike[str]] | None = None,
 ) -> dict[str, str]:
     """Environment for a child process that should load the emulator as ``libHD.so``.
 
     :param lib_dir: directory returned by :func:`build_emulator`; prepended to ``LD_LIBRARY_PATH``.
-    :param script: motion script (:func:`write_script`); ``None``: stylus at rest at the origin.
+    :param script: motion script (:func:`write_script`) of ``"Default Device"``, and of every device when
+        ``scripts`` is ``None``; ``None``: that stylus rests at the origin.
     :param log: binary log file (truncated when the child first logs); ``None``: no log.
     :param fault: ``"missing"``, ``"nocal"``, ``"stuck@T"``, ``"error:CODE@T"`` (T in seconds, CODE hex ``0x..``
         or decimal), or several of them as a comma-separated string or a sequence.
     :param max_continuous_force: ``HD_NOMINAL_MAX_CONTINUOUS_FORCE`` in N (emulator default 0.88 N).
     :param max_stiffness: ``HD_NOMINAL_MAX_STIFFNESS`` in N/mm (emulator default 1.02 N/mm).
     :param base: environment to start from (default: a copy of ``os.environ``); not modified.
+    :param scripts: OpenHaptics device name -> motion script, for devices other than ``"Default Device"``
+        (``SUTURESIM_HD_EMU_SCRIPTS``). Given, the emulated devices are these and ``"Default Device"``; any
+        other name fails to initialise (``HD_COMM_CONFIG_ERROR``); empty, the same as ``None``. A name may not
+        contain ``=`` or ``;``, a path not ``;``.
     :returns: a new dict. ``SUTURESIM_HD_EMU_*`` variables for the arguments left at ``None`` are *removed*, so a
         setting inherited from the parent never leaks into the child.
     """
@@ -274,8 +317,19 @@ def emulator_env(
     env["LD_LIBRARY_PATH"] = os.fspath(lib_dir) + (os.pathsep + old if old else "")
     if fault is not None and not isinstance(fault, str):
         fault = ",".join(fault)
+    named = None
+    if scripts is not None:
+        entries = []
+        for name, path in scripts.items():
+            path = os.fspath(path)
+            if not name or name != name.strip() or "=" in name or ";" in name or ";" in path:
+                raise ValueError(f"device {name!r} -> {path!r}: a name must be non-empty without surrounding "
+                                 "spaces, '=' or ';', a path without ';'")
+            entries.append(f"{name}={path}")
+        named = ";".join(entries) or None
     settings = {
         ENV_SCRIPT: None if script is None else os.fspath(script),
+        ENV_SCRIPTS: named,
         ENV_LOG: None if log is None else os.fspath(log),
         ENV_FAULT: fault,
         ENV_MAX_CONTINUOUS_FORCE: None if max_continuous_force is None else repr(float(max_continuous_force)),

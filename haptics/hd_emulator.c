@@ -6,14 +6,31 @@
  * Only the C signatures and enum values of OpenHaptics are reproduced (pyOpenHaptics/hd_define.py); behaviour is
  * simplified and documented below. Configuration comes from environment variables, read once at the first call:
  *
- *   SUTURESIM_HD_EMU_SCRIPT   text file, one row per line "t_s x_mm y_mm z_mm buttons" ('#' starts a comment).
- *                             Position: linear interpolation between rows, held before the first and after the
- *                             last row. Buttons: those of the last row with t_row <= t (0 before the first row).
- *                             t is seconds since hdStartScheduler, sampled at each tick's deadline (k * 1 ms).
+ *   SUTURESIM_HD_EMU_SCRIPT   text file, one row per line "t_s x_mm y_mm z_mm buttons" or
+ *                             "t_s x_mm y_mm z_mm buttons qw qx qy qz" ('#' starts a comment); every row of a file
+ *                             has the width of its first row (a row of the other width is skipped, with a
+ *                             message). Position: linear interpolation between rows, held before the first and
+ *                             after the last row. Orientation (a quaternion in the device frame, normalised on
+ *                             reading; identity for 5-field rows): slerp along the shorter arc, held likewise.
+ *                             Buttons: those of the last row with t_row <= t (0 before the first row). t is
+ *                             seconds since hdStartScheduler, sampled at each tick's deadline (k * 1 ms).
+ *                             The script of "Default Device" (hdInitDevice(NULL)), and of every device when
+ *                             SUTURESIM_HD_EMU_SCRIPTS is unset.
+ *   SUTURESIM_HD_EMU_SCRIPTS  "name=path;name=path": one script per named device. When set, the emulated devices
+ *                             are exactly these names and "Default Device"; hdInitDevice of any other name fails
+ *                             with HD_COMM_CONFIG_ERROR (internal code -3), as OpenHaptics does for a name no
+ *                             device is configured under. Unset: every name is accepted and follows SCRIPT.
  *   SUTURESIM_HD_EMU_LOG      binary event log, fixed 48-byte little-endian records (see log_record below).
  *   SUTURESIM_HD_EMU_FAULT    comma-separated: missing | nocal | stuck@T | error:CODE@T  (T in seconds).
  *   SUTURESIM_HD_EMU_MAX_CONTINUOUS_FORCE  HD_NOMINAL_MAX_CONTINUOUS_FORCE in N (default 0.88, a Touch's value).
  *   SUTURESIM_HD_EMU_MAX_STIFFNESS  HD_NOMINAL_MAX_STIFFNESS in N/mm (default 1.02, a Touch's z axis).
+ *
+ * Devices. At most MAX_DEVICES at once, each with its own stylus (pose, orientation, buttons) sampled from its own
+ * script at every tick. As in OpenHaptics, the getters (hdGetDoublev, ...), hdSetDoublev, hdEnable/hdDisable and
+ * errors act on the current device, one for the process: the last initialised, or the one hdMakeCurrentDevice
+ * chose. hdBeginFrame(h) does not change it, so a callback serving one of several devices makes its device
+ * current first. HD_CURRENT_GIMBAL_ANGLES and HD_CURRENT_JOINT_ANGLES are not emulated (HD_INVALID_ENUM): they
+ * follow from a Touch's arm geometry, which the emulator does not model; HD_CURRENT_TRANSFORM carries the pose.
  *
  * Threading. One mutex (g_mu) guards the device/pose/error/callback state; the log has its own mutex, taken inside
  * g_mu and never the other way round. The scheduler thread never holds g_mu while it runs a callback: callbacks
@@ -119,7 +136,8 @@ typedef struct {
 /* ------------------------------------------------------------------------------------------- log records */
 enum {
     LOG_FORCE = 1,      /* a,b,c force (N) applied at hdEndFrame, d device handle, code capability mask */
-    LOG_POSE = 2,       /* a,b,c position (mm) at the start of a tick, d buttons; t_ns = the tick's deadline */
+    LOG_POSE = 2,       /* a,b,c position (mm) at the start of a tick, d buttons, code device handle; t_ns = the
+                         * tick's deadline */
     LOG_ENABLE = 3,     /* code capability enum, d device handle */
     LOG_DISABLE = 4,    /* code capability enum, d device handle */
     LOG_SCHED_START = 5,
@@ -127,7 +145,9 @@ enum {
     LOG_MOTORS_OFF = 7, /* a,b,c = 0, d device handle, code reason (MOTORS_OFF_*) */
     LOG_ERROR_PUSHED = 8, /* code error, a internalErrorCode, b 1 if dropped (stack full), d device handle */
     LOG_STUCK = 9,
-    LOG_INIT = 10       /* code handle or 0xFFFFFFFF on failure */
+    LOG_INIT = 10,      /* code handle or 0xFFFFFFFF on failure */
+    LOG_ORIENT = 11     /* code device handle, a,b,c,d orientation (w, x, y, z) at the tick; only for a device
+                         * whose script carries orientation; t_ns = the tick's deadline, after its LOG_POSE */
 };
 enum { MOTORS_OFF_DEVICE_DISABLED = 1, MOTORS_OFF_SCHEDULER_STOPPED = 2 };
 
@@ -136,6 +156,7 @@ enum { MOTORS_OFF_DEVICE_DISABLED = 1, MOTORS_OFF_SCHEDULER_STOPPED = 2 };
 #define MAX_CALLBACKS 64
 #define MAX_ERRORS 32
 #define MAX_ERROR_FAULTS 8
+#define MAX_SCRIPTS 9 /* the default one and up to 8 named (SUTURESIM_HD_EMU_SCRIPTS) */
 #define PERIOD_NS 1000000LL /* 1 kHz servo rate */
 /* A tick that starts more than this late is not caught up: the missed ticks are skipped, so an overloaded host
  * sees a lower rate rather than a burst of back-to-back callbacks (which a real device would never deliver). */
@@ -143,9 +164,16 @@ enum { MOTORS_OFF_DEVICE_DISABLED = 1, MOTORS_OFF_SCHEDULER_STOPPED = 2 };
 
 /* ---------------------------------------------------------------------------------------------- the state */
 typedef struct {
-    double t, p[3];
+    double t, p[3], q[4]; /* q: unit quaternion (w, x, y, z), device frame */
     int buttons;
 } row_t;
+
+typedef struct {
+    char *name; /* NULL for the default script */
+    row_t *rows;
+    size_t n_rows;
+    int width;  /* fields per row: 5, or 9 with orientation; 0 before the first row */
+} script_t;
 
 typedef struct {
     HDerror code;
@@ -154,8 +182,9 @@ typedef struct {
 } error_fault_t;
 
 static struct {
-    row_t *rows;
-    size_t n_rows;
+    script_t scripts[MAX_SCRIPTS]; /* [0]: SUTURESIM_HD_EMU_SCRIPT; then SUTURESIM_HD_EMU_SCRIPTS in order */
+    int n_scripts;
+    int named;  /* SUTURESIM_HD_EMU_SCRIPTS was set: only its names and "Default Device" exist */
     int missing, nocal, stuck;
     double stuck_t;
     error_fault_t errs[MAX_ERROR_FAULTS];
@@ -171,6 +200,12 @@ typedef struct {
     unsigned caps; /* bit i <-> capability 0x4000 + i */
     int in_frame;
     double force[3]; /* force of the current (or, outside a frame, last) frame, N */
+    const script_t *script;
+    /* The stylus at the last tick and the one before (mm, mm/s, unit quaternion); prev_tick is the index of the
+     * tick that produced pos, -1 before the device's first tick. */
+    double pos[3], last_pos[3], vel[3], last_vel[3], q[4], last_q[4];
+    int buttons, last_buttons;
+    int64_t prev_tick;
 } device_t;
 
 typedef struct {
@@ -196,9 +231,7 @@ static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
 static device_t g_dev[MAX_DEVICES];
 static HHD g_current = HD_INVALID_HANDLE;
 
-static double g_pos[3], g_last_pos[3], g_vel[3], g_last_vel[3]; /* mm, mm/s; shared by all devices */
-static int g_buttons, g_last_buttons;
-static int64_t g_prev_tick = -1; /* index of the tick that produced g_pos, -1 before the first tick */
+static double g_tick_t; /* script time (s) of the last tick, 0 before the first */
 
 static HDErrorInfo g_err[MAX_ERRORS];
 static int g_err_head, g_err_n;
@@ -298,7 +331,37 @@ static int parse_double(const char *s, double *out) {
     return 1;
 }
 
-static void load_script(const char *path) {
+/* One script row: 5 fields (identity orientation) or 9 (with a quaternion, normalised here). Returns the number of
+ * fields, 0 for a malformed row (a reason in *why). */
+static int parse_row(const char *s, row_t *r, const char **why) {
+    int c5 = -1, c9 = -1;
+    double q[4] = {1.0, 0.0, 0.0, 0.0};
+    int n = sscanf(s, "%lf %lf %lf %lf %d%n %lf %lf %lf %lf%n", &r->t, &r->p[0], &r->p[1], &r->p[2], &r->buttons,
+                   &c5, &q[0], &q[1], &q[2], &q[3], &c9);
+    *why = "expected 't_s x_mm y_mm z_mm buttons [qw qx qy qz]'";
+    /* the button mask is an integer: "1.5" must not read as 1 followed by a field 0.5 */
+    if (n < 5 || c5 < 0 || (s[c5] != '\0' && s[c5] != ' ' && s[c5] != '\t')) return 0;
+    int width;
+    if (n == 5 && s[c5 + strspn(s + c5, " \t")] == '\0')
+        width = 5;
+    else if (n == 9 && c9 >= 0 && s[c9] == '\0')
+        width = 9;
+    else
+        return 0;
+    if (!isfinite(r->t) || !isfinite(r->p[0]) || !isfinite(r->p[1]) || !isfinite(r->p[2])) {
+        *why = "non-finite value";
+        return 0;
+    }
+    double norm = sqrt(q[0] * q[0] + q[1] * q[1] + q[2] * q[2] + q[3] * q[3]);
+    if (!isfinite(norm) || !(norm > 1e-12)) {
+        *why = "the quaternion must be finite and non-zero";
+        return 0;
+    }
+    for (int i = 0; i < 4; i++) r->q[i] = q[i] / norm;
+    return width;
+}
+
+static void load_script(const char *path, script_t *sc) {
     FILE *f = fopen(path, "r");
     if (!f) {
         fprintf(stderr, "suturesim hd emulator: cannot open script %s: %s\n", path, strerror(errno));
@@ -315,30 +378,86 @@ static void load_script(const char *path) {
         trim(&s);
         if (!*s) continue;
         row_t r;
-        int consumed = 0;
-        if (sscanf(s, "%lf %lf %lf %lf %d %n", &r.t, &r.p[0], &r.p[1], &r.p[2], &r.buttons, &consumed) != 5 ||
-            s[consumed] != '\0' || !isfinite(r.t) || !isfinite(r.p[0]) || !isfinite(r.p[1]) || !isfinite(r.p[2])) {
-            fprintf(stderr, "suturesim hd emulator: %s:%ld: expected 't_s x_mm y_mm z_mm buttons', skipped\n", path,
-                    lineno);
+        const char *why;
+        int width = parse_row(s, &r, &why);
+        if (width == 0) {
+            fprintf(stderr, "suturesim hd emulator: %s:%ld: %s, skipped\n", path, lineno, why);
             continue;
         }
-        if (g_cfg.n_rows == n_cap) {
-            n_cap = n_cap ? 2 * n_cap : 64;
-            row_t *grown = realloc(g_cfg.rows, n_cap * sizeof *grown);
-            if (!grown) break;
-            g_cfg.rows = grown;
+        if (sc->width && width != sc->width) {
+            fprintf(stderr, "suturesim hd emulator: %s:%ld: %d fields, but the script's rows have %d, skipped\n",
+                    path, lineno, width, sc->width);
+            continue;
         }
+        if (sc->n_rows == n_cap) {
+            n_cap = n_cap ? 2 * n_cap : 64;
+            row_t *grown = realloc(sc->rows, n_cap * sizeof *grown);
+            if (!grown) break;
+            sc->rows = grown;
+        }
+        sc->width = width;
         /* Insertion keeps the rows sorted by t and stable for equal t (a step is written as two rows at the same
          * time); a script is normally written sorted, so this is linear. */
-        size_t i = g_cfg.n_rows++;
-        while (i > 0 && g_cfg.rows[i - 1].t > r.t) {
-            g_cfg.rows[i] = g_cfg.rows[i - 1];
+        size_t i = sc->n_rows++;
+        while (i > 0 && sc->rows[i - 1].t > r.t) {
+            sc->rows[i] = sc->rows[i - 1];
             i--;
         }
-        g_cfg.rows[i] = r;
+        sc->rows[i] = r;
     }
     free(line);
     fclose(f);
+    /* q and -q are the same orientation: each row takes the sign nearer the row before, so the reported
+     * quaternion runs on continuously from a segment's end into the hold after it. */
+    for (size_t i = 1; i < sc->n_rows; i++) {
+        double *a = sc->rows[i - 1].q, *b = sc->rows[i].q;
+        if (a[0] * b[0] + a[1] * b[1] + a[2] * b[2] + a[3] * b[3] < 0.0)
+            for (int j = 0; j < 4; j++) b[j] = -b[j];
+    }
+}
+
+/* SUTURESIM_HD_EMU_SCRIPTS: "name=path;name=path". A name listed twice keeps its first script. */
+static void parse_scripts(const char *spec) {
+    char *copy = strdup(spec), *save = NULL;
+    if (!copy) return;
+    g_cfg.named = 1;
+    for (char *tok = strtok_r(copy, ";", &save); tok; tok = strtok_r(NULL, ";", &save)) {
+        trim(&tok);
+        if (!*tok) continue;
+        char *eq = strchr(tok, '=');
+        if (!eq || eq == tok || !eq[1]) {
+            fprintf(stderr, "suturesim hd emulator: SUTURESIM_HD_EMU_SCRIPTS entry '%s' ignored "
+                            "(expected name=path)\n", tok);
+            continue;
+        }
+        *eq = '\0';
+        char *name = tok, *path = eq + 1;
+        trim(&name);
+        trim(&path);
+        int dup = 0;
+        for (int i = 1; i < g_cfg.n_scripts; i++) dup |= strcmp(g_cfg.scripts[i].name, name) == 0;
+        if (dup || g_cfg.n_scripts == MAX_SCRIPTS) {
+            fprintf(stderr, "suturesim hd emulator: script for '%s' ignored (%s)\n", name,
+                    dup ? "listed before" : "too many devices");
+            continue;
+        }
+        script_t *sc = &g_cfg.scripts[g_cfg.n_scripts++];
+        sc->name = strdup(name);
+        if (!sc->name) {
+            g_cfg.n_scripts--;
+            continue;
+        }
+        load_script(path, sc);
+    }
+    free(copy);
+}
+
+/* The script of the device called `name`; NULL when no device is configured under that name. */
+static const script_t *script_for(const char *name) {
+    for (int i = 1; i < g_cfg.n_scripts; i++)
+        if (strcmp(g_cfg.scripts[i].name, name) == 0) return &g_cfg.scripts[i];
+    if (!g_cfg.named || strcmp(name, "Default Device") == 0) return &g_cfg.scripts[0];
+    return NULL;
 }
 
 static void parse_faults(const char *spec) {
@@ -376,13 +495,14 @@ static void parse_faults(const char *spec) {
     free(copy);
 }
 
-static void script_eval(double t, double p[3], int *buttons);
-
 static void load_config(void) {
     g_cfg.max_cont_force = 0.88;
     g_cfg.max_stiffness = 1.02;   /* a Touch's stiffest-axis-limited value (z), N/mm */
+    g_cfg.n_scripts = 1;          /* [0], the default script: no rows (at rest at the origin) unless set */
     const char *s = getenv("SUTURESIM_HD_EMU_SCRIPT");
-    if (s && *s) load_script(s);
+    if (s && *s) load_script(s, &g_cfg.scripts[0]);
+    s = getenv("SUTURESIM_HD_EMU_SCRIPTS");
+    if (s && *s) parse_scripts(s);
     s = getenv("SUTURESIM_HD_EMU_FAULT");
     if (s && *s) parse_faults(s);
     s = getenv("SUTURESIM_HD_EMU_MAX_CONTINUOUS_FORCE");
@@ -393,20 +513,46 @@ static void load_config(void) {
         fprintf(stderr, "suturesim hd emulator: bad SUTURESIM_HD_EMU_MAX_STIFFNESS '%s', using 1.02\n", s);
     s = getenv("SUTURESIM_HD_EMU_LOG");
     if (s && *s) g_cfg.log_path = strdup(s);
-    /* Before the scheduler starts the stylus sits where the script begins. */
-    script_eval(0.0, g_pos, &g_buttons);
-    memcpy(g_last_pos, g_pos, sizeof g_pos);
-    g_last_buttons = g_buttons;
 }
 
 static void ensure_config(void) { pthread_once(&g_once, load_config); }
 
 /* ------------------------------------------------------------------------------------------------ script */
-static void script_eval(double t, double p[3], int *buttons) {
-    size_t n = g_cfg.n_rows;
-    const row_t *r = g_cfg.rows;
+/* Spherical linear interpolation from unit quaternion a (s = 0) to b (s = 1) along the shorter arc (b and -b are
+ * the same rotation). The angle between them is taken as 2 atan2(|a - b|, |a + b|), accurate for any angle, and
+ * nearly equal ones are interpolated linearly (then normalised), where slerp's weights would divide 0 by 0. */
+static void slerp(const double a[4], const double b_in[4], double s, double out[4]) {
+    double b[4], dot = 0.0, dm = 0.0, dp = 0.0;
+    for (int i = 0; i < 4; i++) dot += a[i] * b_in[i];
+    for (int i = 0; i < 4; i++) {
+        b[i] = dot < 0.0 ? -b_in[i] : b_in[i];
+        dm += (a[i] - b[i]) * (a[i] - b[i]);
+        dp += (a[i] + b[i]) * (a[i] + b[i]);
+    }
+    double theta = 2.0 * atan2(sqrt(dm), sqrt(dp)), st = sin(theta), wa, wb;
+    if (st < 1e-9) {
+        wa = 1.0 - s;
+        wb = s;
+    } else {
+        wa = sin((1.0 - s) * theta) / st;
+        wb = sin(s * theta) / st;
+    }
+    double n = 0.0;
+    for (int i = 0; i < 4; i++) {
+        out[i] = wa * a[i] + wb * b[i];
+        n += out[i] * out[i];
+    }
+    n = sqrt(n);
+    for (int i = 0; i < 4; i++) out[i] /= n;
+}
+
+static void script_eval(const script_t *sc, double t, double p[3], double q[4], int *buttons) {
+    size_t n = sc->n_rows;
+    const row_t *r = sc->rows;
     if (n == 0) {
         p[0] = p[1] = p[2] = 0.0;
+        q[0] = 1.0;
+        q[1] = q[2] = q[3] = 0.0;
         *buttons = 0;
         return;
     }
@@ -422,15 +568,18 @@ static void script_eval(double t, double p[3], int *buttons) {
     size_t k = lo;
     if (k == 0) {
         memcpy(p, r[0].p, 3 * sizeof(double));
+        memcpy(q, r[0].q, 4 * sizeof(double));
         *buttons = 0;
     } else if (k == n) {
         memcpy(p, r[n - 1].p, 3 * sizeof(double));
+        memcpy(q, r[n - 1].q, 4 * sizeof(double));
         *buttons = r[n - 1].buttons;
     } else {
         /* r[k-1].t <= t < r[k].t, so the denominator is > 0 even across steps (equal-time rows). */
         const row_t *a = &r[k - 1], *b = &r[k];
         double s = (t - a->t) / (b->t - a->t);
         for (int i = 0; i < 3; i++) p[i] = a->p[i] + s * (b->p[i] - a->p[i]);
+        slerp(a->q, b->q, s, q);
         *buttons = a->buttons;
     }
 }
@@ -464,8 +613,11 @@ HDAPI HHD hdInitDevice(const char *name) {
     if (!name) name = "Default Device"; /* HD_DEFAULT_DEVICE is NULL in the C API */
     pthread_mutex_lock(&g_mu);
     HHD h = HD_INVALID_HANDLE;
+    const script_t *script = script_for(name);
     if (g_cfg.missing) {
         push_error_locked(HD_COMM_CONFIG_ERROR, -1);
+    } else if (!script) {
+        push_error_locked(HD_COMM_CONFIG_ERROR, -3); /* no device configured under that name */
     } else {
         int dup = 0, slot = -1;
         for (int i = 0; i < MAX_DEVICES; i++) {
@@ -481,6 +633,14 @@ HDAPI HHD hdInitDevice(const char *name) {
             memset(d, 0, sizeof *d);
             d->used = 1;
             snprintf(d->name, sizeof d->name, "%s", name);
+            /* The stylus sits where its script is now (its start, before the scheduler runs); its first tick
+             * reports zero velocity. */
+            d->script = script;
+            script_eval(script, g_tick_t, d->pos, d->q, &d->buttons);
+            memcpy(d->last_pos, d->pos, sizeof d->pos);
+            memcpy(d->last_q, d->q, sizeof d->q);
+            d->last_buttons = d->buttons;
+            d->prev_tick = -1;
             /* Every capability starts disabled so that the FORCE records' mask shows exactly what the driver
              * enabled (OpenHaptics' own defaults differ per capability and are not reproduced). */
             h = (HHD)slot;
@@ -607,10 +767,20 @@ HDAPI void hdEndFrame(HHD h) {
 }
 
 /* ------------------------------------------------------------------------------------------- parameters */
-static void transform_of(const double p[3], double m[16]) {
-    /* Column-major 4x4 like OpenHaptics (hduMatrix): identity rotation, translation in elements 12..14. */
+static void transform_of(const double p[3], const double q[4], double m[16]) {
+    /* Column-major 4x4 like OpenHaptics (hduMatrix): element 4 j + i is row i of column j; the rotation R of the
+     * unit quaternion q in the upper 3x3 (the stylus frame's axes in device coordinates, as columns), the
+     * translation in elements 12..14. */
+    const double w = q[0], x = q[1], y = q[2], z = q[3];
+    const double r[3][3] = {
+        {1.0 - 2.0 * (y * y + z * z), 2.0 * (x * y - w * z), 2.0 * (x * z + w * y)},
+        {2.0 * (x * y + w * z), 1.0 - 2.0 * (x * x + z * z), 2.0 * (y * z - w * x)},
+        {2.0 * (x * z - w * y), 2.0 * (y * z + w * x), 1.0 - 2.0 * (x * x + y * y)},
+    };
     memset(m, 0, 16 * sizeof(double));
-    m[0] = m[5] = m[10] = m[15] = 1.0;
+    for (int j = 0; j < 3; j++)
+        for (int i = 0; i < 3; i++) m[4 * j + i] = r[i][j];
+    m[15] = 1.0;
     m[12] = p[0];
     m[13] = p[1];
     m[14] = p[2];
@@ -619,14 +789,14 @@ static void transform_of(const double p[3], double m[16]) {
 /* Value(s) of a gettable parameter as doubles; returns the count, 0 for an unknown enum. Caller holds g_mu. */
 static int query_locked(HDenum e, const device_t *d, double out[16]) {
     switch (e) {
-    case HD_CURRENT_POSITION: memcpy(out, g_pos, sizeof g_pos); return 3;
-    case HD_LAST_POSITION: memcpy(out, g_last_pos, sizeof g_last_pos); return 3;
-    case HD_CURRENT_VELOCITY: memcpy(out, g_vel, sizeof g_vel); return 3;
-    case HD_LAST_VELOCITY: memcpy(out, g_last_vel, sizeof g_last_vel); return 3;
-    case HD_CURRENT_TRANSFORM: transform_of(g_pos, out); return 16;
-    case HD_LAST_TRANSFORM: transform_of(g_last_pos, out); return 16;
-    case HD_CURRENT_BUTTONS: out[0] = g_buttons; return 1;
-    case HD_LAST_BUTTONS: out[0] = g_last_buttons; return 1;
+    case HD_CURRENT_POSITION: memcpy(out, d->pos, sizeof d->pos); return 3;
+    case HD_LAST_POSITION: memcpy(out, d->last_pos, sizeof d->last_pos); return 3;
+    case HD_CURRENT_VELOCITY: memcpy(out, d->vel, sizeof d->vel); return 3;
+    case HD_LAST_VELOCITY: memcpy(out, d->last_vel, sizeof d->last_vel); return 3;
+    case HD_CURRENT_TRANSFORM: transform_of(d->pos, d->q, out); return 16;
+    case HD_LAST_TRANSFORM: transform_of(d->last_pos, d->last_q, out); return 16;
+    case HD_CURRENT_BUTTONS: out[0] = d->buttons; return 1;
+    case HD_LAST_BUTTONS: out[0] = d->last_buttons; return 1;
     case HD_CURRENT_FORCE: memcpy(out, d->force, sizeof d->force); return 3;
     case HD_NOMINAL_MAX_CONTINUOUS_FORCE: out[0] = g_cfg.max_cont_force; return 1;
     case HD_NOMINAL_MAX_FORCE: out[0] = 3.3; return 1;
@@ -668,7 +838,7 @@ HDAPI void hdGetFloatv(HDenum e, float *v) {
     for (int i = 0; i < n; i++) v[i] = (float)out[i];
 }
 
-/* Round to nearest without libm (the library links against libc only), saturating; NaN (a NaN force set by the
+/* Round to nearest, saturating; NaN (a NaN force set by the
  * caller) gives 0, because converting an out-of-range double to int is undefined behaviour in C. */
 static int to_int(double x) {
     if (!(x == x)) return 0;
@@ -799,7 +969,28 @@ static void cb_remove_locked(HDSchedulerHandle h) {
     g_ncbs--;
 }
 
-/* One servo tick: pose, injected faults, asynchronous callbacks by priority, then pending synchronous ones. */
+/* Device h's stylus at tick k (script time t): the previous sample becomes the LAST_* one, velocity by finite
+ * difference over the ticks between them. Logged at the tick's deadline, not the wake-up time, so the logged pose
+ * is exactly script(t_ns - start). */
+static void sample_stylus_locked(HHD h, int64_t k, double t, int64_t deadline) {
+    device_t *d = &g_dev[h];
+    memcpy(d->last_pos, d->pos, sizeof d->pos);
+    memcpy(d->last_vel, d->vel, sizeof d->vel);
+    memcpy(d->last_q, d->q, sizeof d->q);
+    d->last_buttons = d->buttons;
+    script_eval(d->script, t, d->pos, d->q, &d->buttons);
+    if (d->prev_tick >= 0 && k > d->prev_tick) {
+        double dt = (double)(k - d->prev_tick) * (PERIOD_NS * 1e-9);
+        for (int i = 0; i < 3; i++) d->vel[i] = (d->pos[i] - d->last_pos[i]) / dt;
+    } else {
+        d->vel[0] = d->vel[1] = d->vel[2] = 0.0;
+    }
+    d->prev_tick = k;
+    log_record(LOG_POSE, h, deadline, d->pos[0], d->pos[1], d->pos[2], d->buttons);
+    if (d->script->width == 9) log_record(LOG_ORIENT, h, deadline, d->q[0], d->q[1], d->q[2], d->q[3]);
+}
+
+/* One servo tick: every device's stylus, injected faults, asynchronous callbacks by priority, then pending synchronous ones. */
 static void run_tick(int64_t k, int64_t deadline) {
     /* Computed as (t_ns - start_ns) / 1e9 so that a reader of the log reproduces t bit for bit. */
     double t = (double)(k * PERIOD_NS) / 1e9;
@@ -819,19 +1010,9 @@ static void run_tick(int64_t k, int64_t deadline) {
         return;
     }
     g_tick_start_ns = now_ns();
-    memcpy(g_last_pos, g_pos, sizeof g_pos);
-    memcpy(g_last_vel, g_vel, sizeof g_vel);
-    g_last_buttons = g_buttons;
-    script_eval(t, g_pos, &g_buttons);
-    if (g_prev_tick >= 0 && k > g_prev_tick) {
-        double dt = (double)(k - g_prev_tick) * (PERIOD_NS * 1e-9);
-        for (int i = 0; i < 3; i++) g_vel[i] = (g_pos[i] - g_last_pos[i]) / dt;
-    } else {
-        g_vel[0] = g_vel[1] = g_vel[2] = 0.0;
-    }
-    g_prev_tick = k;
-    /* The tick's deadline, not the wake-up time: the logged position is exactly script(t_ns - start). */
-    log_record(LOG_POSE, 0, deadline, g_pos[0], g_pos[1], g_pos[2], g_buttons);
+    g_tick_t = t;
+    for (HHD h = 0; h < MAX_DEVICES; h++)
+        if (g_dev[h].used) sample_stylus_locked(h, k, t, deadline);
     for (int i = 0; i < g_cfg.n_errs; i++)
         if (!g_cfg.errs[i].fired && t >= g_cfg.errs[i].t) {
             g_cfg.errs[i].fired = 1;
@@ -913,7 +1094,8 @@ HDAPI void hdStartScheduler(void) {
         g_start_ns = now_ns();
         g_tick_start_ns = 0;
         g_stuck = 0;
-        g_prev_tick = -1;
+        g_tick_t = 0.0;
+        for (HHD i = 0; i < MAX_DEVICES; i++) g_dev[i].prev_tick = -1;
         const unsigned gen = atomic_load(&g_gen);
         log_record(LOG_SCHED_START, 0, g_start_ns, 0, 0, 0, 0);
         g_sched_running = 1;

@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import ctypes.util
 import json
+import math
 import os
 import signal
 import subprocess
@@ -29,6 +30,7 @@ from suturesim.haptics.emulator import (
     ENV_LOG,
     ENV_MAX_CONTINUOUS_FORCE,
     ENV_SCRIPT,
+    ENV_SCRIPTS,
     LOG_DISABLE,
     LOG_DTYPE,
     LOG_ENABLE,
@@ -36,6 +38,7 @@ from suturesim.haptics.emulator import (
     LOG_FORCE,
     LOG_INIT,
     LOG_MOTORS_OFF,
+    LOG_ORIENT,
     LOG_POSE,
     LOG_SCHED_START,
     LOG_SCHED_STOP,
@@ -210,6 +213,26 @@ def test_env_script_and_log_helpers(tmp_path, lib_dir):
     assert read_log(tmp_path / "log").flags.writeable
 
 
+def test_script_orientation_rows_and_named_scripts_env(tmp_path, lib_dir):
+    p = write_script(tmp_path / "q.txt", [(0, 1, 2, 3, 0, 1, 0, 0, 0), (0.5, 1, 2, 3, 2, 0, 0, -3, 0.5)])
+    assert p.read_text().splitlines() == ["# t_s x_mm y_mm z_mm buttons qw qx qy qz",
+                                          "0.0 1.0 2.0 3.0 0 1.0 0.0 0.0 0.0", "0.5 1.0 2.0 3.0 2 0.0 0.0 -3.0 0.5"]
+    for bad in ([(0, 0, 0, 0, 0, 1, 0, 0)], [(0, 0, 0, 0, 0), (1, 0, 0, 0, 0, 1, 0, 0, 0)],
+                [(0, 0, 0, 0, 0, 1, 0, 0, 0), (1, 0, 0, 0, 0)], [(0, 0, 0, 0, 0, 0, 0, 0, 0)],
+                [(0, 0, 0, 0, 0, 1, float("inf"), 0, 0)], [(0, 0, 0, 0, 1.5, 1, 0, 0, 0)]):
+        with pytest.raises(ValueError):
+            write_script(tmp_path / "bad.txt", bad)
+
+    env = emulator_env(lib_dir, script="/s/default.txt", scripts={"Right Device": "/s/r.txt", "L": tmp_path / "l"},
+                       base={ENV_SCRIPTS: "old=/x"})
+    assert env[ENV_SCRIPT] == "/s/default.txt" and env[ENV_SCRIPTS] == f"Right Device=/s/r.txt;L={tmp_path / 'l'}"
+    assert ENV_SCRIPTS not in emulator_env(lib_dir, base={ENV_SCRIPTS: "old=/x"})   # not inherited
+    assert ENV_SCRIPTS not in emulator_env(lib_dir, scripts={}, base={})
+    for name, path in (("a=b", "/p"), ("a;b", "/p"), ("", "/p"), (" a", "/p"), ("a", "/p;q")):
+        with pytest.raises(ValueError):
+            emulator_env(lib_dir, scripts={name: path}, base={})
+
+
 # ------------------------------------------------------------------------------------------------ loading
 def test_library_loads_via_ld_library_path(lib_dir, tmp_path):
     res, _ = run_child(
@@ -335,6 +358,87 @@ def test_close_logs_sched_stop_and_motors_off(session):
     assert tail["d"][1] == tail["d"][2] == res["handle"]
     assert tail[1:][["a", "b", "c"]].tolist() == [(0.0, 0.0, 0.0)] * 2
     assert res["n_later"] == res["n_closed"]  # no callback after stop_scheduler
+
+
+# ------------------------------------------------------------------------------------------------ orientation
+# A 90 degree turn about the device's y axis over 0.3 s, then 90 degrees more over 0.2 s to a row written as -3
+# times its unit quaternion (normalised, and the shorter arc: on to 180 degrees, not 270 back), held after 0.6 s.
+# Button 2 alone is pressed from 0.4 s.
+C45, S45 = math.cos(math.pi / 4), math.sin(math.pi / 4)
+TURN_ROWS = [
+    (0.1, 0.0, 0.0, 0.0, 0, 1.0, 0.0, 0.0, 0.0),
+    (0.4, 10.0, 0.0, 0.0, 2, C45, 0.0, S45, 0.0),
+    (0.6, 10.0, 0.0, 5.0, 2, 0.0, 0.0, -3.0, 0.0),
+]
+
+
+def turn_angle(t: np.ndarray) -> np.ndarray:
+    """Independent reference of the turn: slerp about a fixed axis turns at a constant rate within each segment."""
+    return np.interp(t, [0.1, 0.4, 0.6], [0.0, math.pi / 2, math.pi])
+
+
+def rot_y(theta: np.ndarray) -> np.ndarray:
+    c, s = np.cos(theta), np.sin(theta)
+    z, o = np.zeros_like(theta), np.ones_like(theta)
+    return np.stack([np.stack([c, z, s], -1), np.stack([z, o, z], -1), np.stack([-s, z, c], -1)], -2)
+
+
+@pytest.fixture(scope="module")
+def turn_session(lib_dir, tmp_path_factory):
+    """pyOpenHaptics' servo session on TURN_ROWS, recording the transform and buttons of every callback."""
+    tmp = tmp_path_factory.mktemp("turn")
+    env = emulator_env(lib_dir, script=write_script(tmp / "turn.txt", TURN_ROWS), log=tmp / "hd.log")
+    res, _ = run_child(
+        """
+        import pyOpenHaptics.hd as hd
+        from pyOpenHaptics.hd_callback import hd_callback
+        from pyOpenHaptics.hd_device import HapticDevice
+        calls = []
+        @hd_callback
+        def servo():
+            calls.append([[list(r) for r in hd.get_transform()], hd.get_buttons()])
+        device = HapticDevice(servo)
+        time.sleep(0.8)
+        device.close()
+        emit(dict(calls=calls))
+        """, env, tmp)
+    return res, read_log(tmp / "hd.log")
+
+
+def test_orientation_log_is_slerp_along_the_shorter_arc(turn_session):
+    _, log = turn_session
+    start = log["t_ns"][log["kind"] == LOG_SCHED_START][0]
+    ks = np.array(kinds(log))
+    i_pose = np.nonzero(ks == LOG_POSE)[0]
+    assert np.all(ks[i_pose + 1] == LOG_ORIENT)          # each tick's orientation right after its position
+    pose, orient = log[i_pose], log[i_pose + 1]
+    np.testing.assert_array_equal(orient["t_ns"], pose["t_ns"])
+    assert np.all(orient["code"] == 0) and np.all(pose["code"] == 0)   # the handle
+    t = (orient["t_ns"] - start) / 1e9
+    assert t[-1] > 0.7
+    half = turn_angle(t) / 2
+    want = np.column_stack([np.cos(half), np.zeros_like(half), np.sin(half), np.zeros_like(half)])
+    # the sign stays continuous into the hold: (0, 0, 1, 0) after 0.6 s, though the row says (0, 0, -3, 0)
+    np.testing.assert_allclose(np.column_stack([orient[k] for k in "abcd"]), want, rtol=0, atol=1e-12)
+    mid = np.degrees(turn_angle(t))
+    assert np.any((mid > 10) & (mid < 80)) and np.any((mid > 100) & (mid < 170))   # sampled inside both turns
+
+
+def test_transform_carries_the_scripted_orientation(turn_session):
+    res, log = turn_session
+    ticks = aligned_ticks(log)
+    start = log["t_ns"][log["kind"] == LOG_SCHED_START][0]
+    t = (ticks["t_ns"] - start) / 1e9
+    transform = np.array([c[0] for c in res["calls"]])   # [column][row], as pyOpenHaptics indexes it
+    assert len(transform) == len(ticks)
+    # the rotation block is R (column-major: its transpose as [column][row]), the translation the position
+    np.testing.assert_allclose(transform[:, :3, :3], np.transpose(rot_y(turn_angle(t)), (0, 2, 1)), rtol=0,
+                               atol=1e-12)
+    np.testing.assert_array_equal(transform[:, 3, :3], np.column_stack([ticks["a"], ticks["b"], ticks["c"]]))
+    np.testing.assert_array_equal(transform[:, :3, 3], 0.0)
+    np.testing.assert_array_equal(transform[:, 3, 3], 1.0)
+    buttons = np.array([c[1] for c in res["calls"]])
+    np.testing.assert_array_equal(buttons, np.where(t >= 0.4, 2, 0))   # HD_DEVICE_BUTTON_2 alone
 
 
 # ---------------------------------------------------------------------------------------------------- faults
@@ -738,3 +842,73 @@ def test_api_scheduler_semantics(lib_dir, tmp_path):
     ks = [k for k in kinds(log) if k in (LOG_SCHED_START, LOG_SCHED_STOP)]
     assert ks == [LOG_SCHED_START, LOG_SCHED_STOP, LOG_SCHED_START, LOG_SCHED_STOP]
     assert kinds(log).count(LOG_MOTORS_OFF) == 2
+
+
+# "Default Device" presses button 1 throughout and moves along x; "Right Device" stands 50 mm up, presses button 2
+# from 0.1 s and turns 90 degrees about y while it moves along -z.
+DEFAULT_ROWS = [(0.0, 0.0, 0.0, 0.0, 1), (0.3, 30.0, 0.0, 0.0, 1)]
+RIGHT_ROWS = [(0.0, 0.0, 50.0, 0.0, 0, 1.0, 0.0, 0.0, 0.0), (0.1, 0.0, 50.0, 0.0, 2, 1.0, 0.0, 0.0, 0.0),
+              (0.3, 0.0, 50.0, -30.0, 2, C45, 0.0, S45, 0.0)]
+
+
+def test_two_devices_each_follow_their_own_script(lib_dir, tmp_path):
+    """Two named devices, one scheduler: a callback that makes each device current in turn reads that device's
+    stylus and commands that device's force; a name no script is configured for does not initialise."""
+    env = emulator_env(lib_dir, script=write_script(tmp_path / "default.txt", DEFAULT_ROWS),
+                       scripts={"Right Device": write_script(tmp_path / "right.txt", RIGHT_ROWS)},
+                       log=tmp_path / "hd.log")
+    res, _ = run_child(
+        API_SETUP + textwrap.dedent("""
+        r = {}
+        h0, h1 = L.hdInitDevice(None), L.hdInitDevice(b"Right Device")
+        r["handles"] = [h0, h1, L.hdInitDevice(b"Left Device")]
+        r["init_errors"] = drain()
+        seen = []
+        mat, force, btn = (c_double * 16)(), (c_double * 3)(), (c_int * 1)()
+        @CB
+        def servo(_):
+            for h in (h0, h1):
+                L.hdMakeCurrentDevice(h)
+                L.hdBeginFrame(h)
+                L.hdGetDoublev(0x2052, mat)
+                L.hdGetIntegerv(0x2000, btn)
+                seen.append([h, L.hdGetCurrentDevice(), list(mat), btn[0]])
+                force[0], force[1], force[2] = 0.1 + h, 0.0, -h
+                L.hdSetDoublev(0x2700, force)
+                L.hdEndFrame(h)
+            return 1
+        hs = L.hdScheduleAsynchronous(servo, None, 0)
+        L.hdStartScheduler()
+        time.sleep(0.4)
+        L.hdStopScheduler()
+        L.hdUnschedule(hs)
+        r["seen"] = seen
+        r["errors"] = drain()
+        emit(r)
+        """), env, tmp_path)
+    assert res["handles"] == [0, 1, HD_INVALID_HANDLE]
+    assert res["init_errors"] == [[HD_COMM_CONFIG_ERROR, -3, 1]]   # no device configured as "Left Device"
+    assert res["errors"] == []
+    log = read_log(tmp_path / "hd.log")
+    start = log["t_ns"][log["kind"] == LOG_SCHED_START][0]
+    # per tick: each device's position (by handle), the right one's orientation, then each device's frame
+    ks = [k for k in kinds(log) if k in (LOG_POSE, LOG_ORIENT, LOG_FORCE)]
+    n = len(ks) // 5
+    assert n > 300 and ks == [LOG_POSE, LOG_POSE, LOG_ORIENT, LOG_FORCE, LOG_FORCE] * n
+    seen = res["seen"]
+    assert len(seen) == 2 * n and [s[:2] for s in seen] == [[0, 0], [1, 1]] * n   # current while it is served
+    for h, rows in ((0, DEFAULT_ROWS), (1, RIGHT_ROWS)):
+        pose = log[(log["kind"] == LOG_POSE) & (log["code"] == h)]
+        t = (pose["t_ns"] - start) / 1e9
+        want_pos, want_buttons = expected_pose(t, rows)
+        np.testing.assert_allclose(np.column_stack([pose["a"], pose["b"], pose["c"]]), want_pos, rtol=0, atol=1e-9)
+        np.testing.assert_array_equal(pose["d"], want_buttons)
+        mats = np.array([s[2] for s in seen if s[0] == h]).reshape(-1, 4, 4)   # [column][row]
+        np.testing.assert_array_equal(mats[:, 3, :3], np.column_stack([pose["a"], pose["b"], pose["c"]]))
+        np.testing.assert_array_equal([s[3] for s in seen if s[0] == h], want_buttons)
+        angle = np.interp(t, [0.1, 0.3], [0.0, math.pi / 2]) if h == 1 else np.zeros_like(t)
+        np.testing.assert_allclose(mats[:, :3, :3], np.transpose(rot_y(angle), (0, 2, 1)), rtol=0, atol=1e-12)
+        forces = log[(log["kind"] == LOG_FORCE) & (log["d"] == h)]
+        assert len(forces) == n and np.all(forces["a"] == 0.1 + h) and np.all(forces["c"] == -h)
+    assert set(log["code"][log["kind"] == LOG_ORIENT]) == {1}   # the default device's rows carry no orientation
+    assert {s[3] for s in seen if s[0] == 1} == {0, 2}          # button 2 pressed on the right device
