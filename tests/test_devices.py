@@ -8,6 +8,7 @@ pose it reported), independently of the server's bookkeeping.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -21,7 +22,7 @@ import pytest
 from suturesim.haptics import emulator as emu
 from suturesim.server import protocol
 from suturesim.server.recording import read_messages
-from conftest import Daemon, Sub, wait_for
+from conftest import Daemon, Sub, find_link, wait_for
 
 CLAMP_N = 0.88          # the emulator's HD_NOMINAL_MAX_CONTINUOUS_FORCE: the clamp (config allows 3 N)
 END_X_MM = 0.0          # device origin = the default thread's grasped end (offset below)
@@ -55,7 +56,7 @@ class Rig:
     """A daemon on the emulator, a subscriber collecting everything it publishes, the emulator log."""
 
     def __init__(self, tmp_path, lib_dir, script=PULL, fault=None, config=CONFIG, with_emulator=True,
-                 extra=()):
+                 extra=(), scripts=None):
         self.tmp = tmp_path
         self.log = tmp_path / "emulator.bin"
         self.stats = tmp_path / "device-stats.json"
@@ -63,7 +64,10 @@ class Rig:
         cfg.write_text(config)
         env = dict(os.environ)
         if with_emulator:
-            env = emu.emulator_env(lib_dir, emu.write_script(tmp_path / "script.txt", script), self.log, fault)
+            named = {name: emu.write_script(tmp_path / f"script-{i}.txt", rows)
+                     for i, (name, rows) in enumerate((scripts or {}).items())}
+            env = emu.emulator_env(lib_dir, emu.write_script(tmp_path / "script.txt", script), self.log, fault,
+                                   scripts=named)
         env["SUTURESIM_DEVICE_STATS"] = str(self.stats)
         self.d = Daemon("--config", str(cfg), *extra, env=env)
         self.sub = None
@@ -380,3 +384,157 @@ def test_coupling_is_limited_to_the_device_stiffness(tmp_path, lib_dir):
         assert "1000 N/m" in line and "(500 N/m)" in line
     finally:
         d.close()
+
+
+# ------------------------------------------------------------------------------ orientation, buttons, two devices
+def qmul(a, b) -> np.ndarray:
+    """Hamilton product of quaternions (w, x, y, z), broadcasting over leading axes."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    aw, ax, ay, az = np.moveaxis(a, -1, 0)
+    bw, bx, by, bz = np.moveaxis(b, -1, 0)
+    return np.stack([aw * bw - ax * bx - ay * by - az * bz, aw * bx + ax * bw + ay * bz - az * by,
+                     aw * by - ax * bz + ay * bw + az * bx, aw * bz + ax * by - ay * bx + az * bw], -1)
+
+
+def qconj(q) -> np.ndarray:
+    return np.asarray(q, float) * [1.0, -1.0, -1.0, -1.0]
+
+
+C45 = math.cos(math.pi / 4)
+Q_R = np.array([C45, C45, 0.0, 0.0])          # both devices' frame: +90 deg about x (device y -> scene z)
+Q_NEEDLE = np.array([0.0, 0.0, C45, -C45])    # simple-interrupted-suture's needle at rest (scene frame)
+Q0 = qmul(qconj(Q_R), Q_NEEDLE)               # the needle hand's stylus, device frame, holding it as it rests
+Q1 = qmul([C45, 0.0, C45, 0.0], Q0)           # ... turned 90 deg about the device's y axis
+SWAGE = (0.0, 0.0, 0.0143908)                 # the thread's two ends in simple-interrupted-suture
+TAIL = (-0.0988932, 0.0, 0.0292248)
+HANDS_S = 5.0        # script time the hands start at: physics serves about 1 s after the driver starts (warm cache)
+
+SUTURE_CONFIG = f"""\
+scenario: simple-interrupted-suture
+device: openhaptics
+devices:
+  stylus0:
+    transform: {{rotation_deg: [90, 0, 0], scale: 0.001, offset: [{SWAGE[0]}, {SWAGE[1]}, {SWAGE[2]}]}}
+  stylus1:
+    hd_name: Left Device
+    grasp_button: 2
+    transform: {{rotation_deg: [90, 0, 0], scale: 0.001, offset: [{TAIL[0]}, {TAIL[1]}, {TAIL[2]}]}}
+"""
+# "Default Device" holds the needle: it lifts it 30 mm (device y: scene z), then turns it 90 degrees about the
+# device's y axis over 1 s (scene z)
+TURN_S = HANDS_S + 1
+NEEDLE_HAND = [(0.0, 0, 0, 0, 0, *Q0), (HANDS_S, 0, 0, 0, 0, *Q0), (TURN_S, 0, 30, 0, 0, *Q0),
+               (TURN_S + 1, 0, 30, 0, 0, *Q1), (60.0, 0, 30, 0, 0, *Q1)]
+# "Left Device" holds the tail with button 1 down throughout; its grasp button is button 2: pressed and released,
+# the tail is let go; pressed again 20 ms later, grasped again; then the hand moves 20 mm along x
+TAIL_HAND = [(0.0, 0, 0, 0, 1), (HANDS_S + 0.2, 0, 0, 0, 3), (HANDS_S + 0.4, 0, 0, 0, 1),
+             (HANDS_S + 0.42, 0, 0, 0, 3), (TURN_S, 0, 0, 0, 3), (TURN_S + 1, 20, 0, 0, 3), (60.0, 20, 0, 0, 3)]
+
+
+def needle_turn_deg(quats: np.ndarray) -> np.ndarray:
+    """How far each scene-frame stylus orientation is turned from the needle at rest about the scene's z axis
+    (degrees), checking that it is a turn about z: the rest relative to Q_NEEDLE must be nothing."""
+    rel = qmul(quats, qconj(Q_NEEDLE))
+    rel *= np.where(rel[:, :1] < 0.0, -1.0, 1.0)          # q and -q: the same orientation
+    np.testing.assert_allclose(rel[:, 1:3], 0.0, rtol=0, atol=1e-9)
+    return np.degrees(2.0 * np.arctan2(rel[:, 3], rel[:, 0]))
+
+
+@pytest.fixture(scope="module")
+def suture_hands(tmp_path_factory, lib_dir):
+    """`serve --device openhaptics` on simple-interrupted-suture with two emulated devices, each on its own
+    script; run until both hands have done everything, then stopped. (rig, the emulator's log)"""
+    r = Rig(tmp_path_factory.mktemp("suture-hands"), lib_dir, script=NEEDLE_HAND, config=SUTURE_CONFIG,
+            scripts={"Left Device": TAIL_HAND})
+    stop = threading.Event()
+    r.link_buttons = []         # stylus1's button mask on the link, each time it changed
+    sampler = None
+    try:
+        r.serve()
+        link, slot = find_link(r.d), r.d.status()["devices"].index("stylus1")
+
+        def sample():
+            pos, quat = np.zeros(3), np.zeros(4)
+            while not stop.is_set():
+                got = link.read_pose(slot, pos, quat)
+                if got is not None and (not r.link_buttons or got[2] != r.link_buttons[-1]):
+                    r.link_buttons.append(got[2])
+                time.sleep(0.002)
+            link.close()
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+
+        def done():
+            turned = [m for m in r.forces("stylus0") if "quat" in m]
+            moved = [m for m in r.forces("stylus1") if m["stylus"][0] > TAIL[0] + 0.0199]
+            return turned and needle_turn_deg(np.array([turned[-1]["quat"]]))[0] > 89.999 and moved
+        wait_for(done, 40.0, what="both hands' scripts played")
+        stop.set()
+        sampler.join(2.0)
+        assert r.stop() == 0, r.d.output()
+        yield r, r.emulator()
+    finally:
+        stop.set()
+        if sampler is not None:
+            sampler.join(2.0)
+        r.close()
+
+
+@pytest.mark.long(cost=12)   # the shared run: 7 s of script, the start and the stop
+@pytest.mark.xdist_group("suture-hands")
+def test_scripted_orientation_arrives_through_the_device_transform(suture_hands):
+    r, log = suture_hands
+    start = log["t_ns"][log["kind"] == emu.LOG_SCHED_START][0]
+    orient = log[(log["kind"] == emu.LOG_ORIENT) & (log["code"] == 0)]
+    assert len(orient) > 5000 and not np.any((log["kind"] == emu.LOG_ORIENT) & (log["code"] == 1))
+    t = (orient["t_ns"] - start) / 1e9
+    q_dev = np.column_stack([orient[k] for k in "abcd"])
+    # the emulator turned the stylus by slerp: about its y axis at a constant rate, from Q0 to Q1 in 1 s
+    half = np.radians(np.interp(t, [TURN_S, TURN_S + 1], [0.0, 90.0])) / 2
+    want = qmul(np.column_stack([np.cos(half), 0 * half, np.sin(half), 0 * half]), Q0)
+    np.testing.assert_allclose(q_dev * np.sign(np.sum(q_dev * want, axis=1))[:, None], want, rtol=0, atol=1e-12)
+    # the server got each orientation turned into the scene frame (Q_R q_dev): a turn about the scene's z axis
+    sent = needle_turn_deg(qmul(Q_R, q_dev))
+    got = needle_turn_deg(np.array([m["quat"] for m in r.forces("stylus0") if "quat" in m]))
+    sent = np.unique(sent)
+    i = np.clip(np.searchsorted(sent, got), 1, len(sent) - 1)
+    nearest = np.minimum(np.abs(got - sent[i - 1]), np.abs(got - sent[i]))
+    assert nearest.max() < 1e-7, nearest.max()       # every one it published is one the device reported
+    assert np.any((got > 10) & (got < 80)) and got.max() > 89.999   # through the turn, to 90 degrees
+    assert np.all(np.diff(got) >= -1e-9)             # in order
+
+
+@pytest.mark.long(cost=12)   # the shared run: 7 s of script, the start and the stop
+@pytest.mark.xdist_group("suture-hands")
+def test_button_2_arrives(suture_hands):
+    r, log = suture_hands
+    start = log["t_ns"][log["kind"] == emu.LOG_SCHED_START][0]
+    served = r.msgs[0][0] - start / 1e9
+    assert served < HANDS_S, f"physics served {served:.1f} s after the driver started, after the button presses"
+    pose = log[(log["kind"] == emu.LOG_POSE) & (log["code"] == 1)]
+    assert set(pose["d"].astype(int)) == {1, 3}                     # the device reported both buttons
+    assert r.link_buttons == [1, 3, 1, 3], r.link_buttons           # the driver passed both bits to the server
+    # button 1 (held throughout) does nothing; button 2, the tail hand's grasp button, lets go and grasps
+    release = [e for e in r.events("release") if e["device"] == "stylus1"]
+    grasp = [e for e in r.events("grasp") if e["device"] == "stylus1"]
+    assert [e["id"] for e in release] == ["left"], r.events()
+    assert len(grasp) == 1 and grasp[0]["vertex"] == 80 and grasp[0]["t"] > release[0]["t"], r.events()
+
+
+@pytest.mark.long(cost=12)   # the shared run: 7 s of script, the start and the stop
+@pytest.mark.xdist_group("suture-hands")
+def test_two_devices_drive_their_own_styluses(suture_hands):
+    r, log = suture_hands
+    # each device's stylus arrives under its own name, where its own script put it
+    for device, offset, end_mm in (("stylus0", SWAGE, (0.0, 0.0, 30.0)), ("stylus1", TAIL, (20.0, 0.0, 0.0))):
+        final = np.array(r.forces(device)[-1]["stylus"])
+        np.testing.assert_allclose(final, np.add(offset, np.multiply(end_mm, 1e-3)), rtol=0, atol=1e-12)
+    # the needle hand went only up, the tail hand only along x
+    s0 = np.array([m["stylus"] for m in r.forces("stylus0")])
+    s1 = np.array([m["stylus"] for m in r.forces("stylus1")])
+    np.testing.assert_allclose(s0[:, :2], np.broadcast_to(SWAGE[:2], (len(s0), 2)), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(s1[:, 1:], np.broadcast_to(TAIL[1:], (len(s1), 2)), rtol=0, atol=1e-12)
+    assert s0[:, 2].max() > SWAGE[2] + 0.0299 and s1[:, 0].max() > TAIL[0] + 0.0199
+    # one HD scheduler served both: each device's motors got frames, by its own handle
+    f = log[log["kind"] == emu.LOG_FORCE]
+    assert min(np.sum(f["d"] == 0), np.sum(f["d"] == 1)) > 5000
