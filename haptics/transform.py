@@ -78,6 +78,11 @@ class DeviceTransform:
         object.__setattr__(self, "_q", quat_from_matrix(r))
 
     @property
+    def quat(self) -> tuple[float, float, float, float]:
+        """The rotation device -> scene as a unit quaternion (w, x, y, z)."""
+        return self._q
+
+    @property
     def matrix(self) -> np.ndarray:
         """The 3x3 rotation device -> scene."""
         return np.array(self._r)

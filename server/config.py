@@ -21,7 +21,7 @@ from ..haptics.safety import SafetyConfig
 from ..haptics.transform import DeviceTransform
 from ..solver.config import ConfigError, Section, load_yaml
 from ..solver.presets import CONFIG_DIR
-from ..solver.scenario import SCENARIOS_DIR, Scenario, load_scenario, scenario_names
+from ..solver.scenario import MAX_MOTION_SCALE, SCENARIOS_DIR, Scenario, load_scenario, scenario_names
 
 DEFAULT_CONFIG = CONFIG_DIR / "server.yaml"
 _CLI = "(given on the command line)"
@@ -96,6 +96,8 @@ class FilesConfig:
 
 
 DEVICE_BACKENDS = ("simulated", "openhaptics", "remote", "replay")
+GRASP_MODES = ("hold", "toggle")
+DEVICE_FRAMES = ("scene", "device")
 # OpenHaptics reports millimetres with y up and z toward the user; the scene is SI with z up. Turned by +90 deg
 # about x (device y -> scene z, device z -> scene -y), scaled to metres, with the device's origin over the
 # middle of the default scene's thread.
@@ -109,8 +111,17 @@ class DeviceConfig:
     backend: str | None = None            # None: the server's `device`
     hd_name: str = "Default Device"       # OpenHaptics' device name (Touch_Setup)
     transform: DeviceTransform = OPENHAPTICS_TRANSFORM   # device -> scene (openhaptics only; others send m)
-    grasp_button: int = 1                 # button bitmask: press grasps the nearest vertex, release lets go
-    grasp_radius: float = 0.01            # m: the nearest vertex must be this close to the stylus
+    grasp_button: int = 1                 # button bitmask: closes the tool's jaw on what is in reach (server/jaws.py)
+    grasp_radius: float = 0.01            # m: the jaw's reach: what it takes must be this close to the tool's tip
+    grasp_mode: str = "hold"              # hold: the jaw stays closed while the button is held; toggle: a press
+                                          # closes an open jaw and opens a closed one
+    clutch_button: int = 2                # button bitmask: held, the tool stays still while the stylus moves
+    motion_scale: float | None = None     # tool motion per stylus motion, about the device's origin (None: the
+                                          # scenario's, else 1)
+    workspace_offset: tuple[float, float, float] | None = None   # m: where the workspace is moved in the scene
+                                          # (None: the scenario's, else none)
+    frame: str = "scene"                  # remote only: samples in the scene frame (m), or in the device's own
+                                          # frame and units, mapped by `transform` as an OpenHaptics pose is
     stiffness: float = 1000.0             # N/m: the virtual coupling of a button grasp
     damping: float = 0.5                  # N s/m
     max_force: float = 3.0                # N
@@ -145,6 +156,16 @@ class ServerConfig:
             if d.name == name:
                 return d
         return DeviceConfig(name=name)
+
+    def workspace_of(self, name: str, scenario: Scenario) -> tuple[tuple[float, float, float], float]:
+        """Device ``name``'s workspace in ``scenario``: (offset m, motion scale); this config's own values win
+        over the scenario's."""
+        dc = self.device_config(name)
+        ws = scenario.workspaces.get(name)
+        offset = dc.workspace_offset if dc.workspace_offset is not None else (
+            ws.offset if ws is not None else (0.0, 0.0, 0.0))
+        scale = dc.motion_scale if dc.motion_scale is not None else (ws.scale if ws is not None else 1.0)
+        return offset, scale
 
     def backend_of(self, name: str) -> str:
         """The backend driving device ``name``."""
@@ -447,11 +468,24 @@ def _devices(sec: Section, default_backend: str, security: SecurityConfig,
             transform=transform,
             grasp_button=d.get("grasp_button", int, DeviceConfig.grasp_button, minval=0, maxval=0xFFFFFFFF),
             grasp_radius=d.get("grasp_radius", float, DeviceConfig.grasp_radius, above=0.0, maxval=1.0),
+            grasp_mode=d.get("grasp_mode", str, DeviceConfig.grasp_mode, choices=GRASP_MODES),
+            clutch_button=d.get("clutch_button", int, DeviceConfig.clutch_button, minval=0, maxval=0xFFFFFFFF),
+            motion_scale=d.get("motion_scale", float, None, above=0.0, maxval=MAX_MOTION_SCALE)
+            if d.has("motion_scale") else None,
+            workspace_offset=tuple(d.vector("workspace_offset", 3, [0.0, 0.0, 0.0]))
+            if d.has("workspace_offset") else None,
+            frame=d.get("frame", str, DeviceConfig.frame, choices=DEVICE_FRAMES),
             stiffness=d.get("stiffness", float, DeviceConfig.stiffness, above=0.0, maxval=1e6),
             damping=d.get("damping", float, DeviceConfig.damping, minval=0.0, maxval=1e3),
             max_force=d.get("max_force", float, DeviceConfig.max_force, above=0.0, maxval=100.0),
             max_speed=d.get("max_speed", float, DeviceConfig.max_speed, above=0.0, maxval=100.0),
             client_key=_client_key(d, from_cli))
+        if cfg.grasp_button & cfg.clutch_button:
+            raise d.error("clutch_button", f"shares a button with grasp_button ({cfg.grasp_button}): one button "
+                                           "cannot both close the jaw and clutch")
+        if cfg.frame == "device" and (cfg.backend or default_backend) != "remote":
+            raise d.error("frame", f"only a remote device's samples are mapped by the server; this one's backend "
+                                   f"is {cfg.backend or default_backend} (an OpenHaptics driver maps its own)")
         if cfg.client_key is not None:
             if (cfg.backend or default_backend) != "remote":
                 raise d.error("client_key", f"only a remote device takes stylus samples from a client; this one's "
@@ -503,7 +537,9 @@ def server_metadata(cfg: ServerConfig) -> dict[str, str]:
 
     def device(d: DeviceConfig) -> dict:
         out = {k: getattr(d, k) for k in ("name", "backend", "hd_name", "grasp_button", "grasp_radius",
+                                         "grasp_mode", "clutch_button", "motion_scale", "frame",
                                          "stiffness", "damping", "max_force", "max_speed")}
+        out["workspace_offset"] = None if d.workspace_offset is None else list(d.workspace_offset)
         t = d.transform
         out["transform"] = {"rotation_deg": list(t.rotation_deg), "scale": t.scale, "offset": list(t.offset)}
         return out
@@ -530,7 +566,8 @@ def server_config_from_metadata(server: dict[str, str] | None) -> ServerConfig:
     if not server or "yaml" not in server:
         return ServerConfig(file="<recording>")
     data = yaml.safe_load(server["yaml"])
-    devices = tuple(DeviceConfig(**{**d, "transform": DeviceTransform(
+    devices = tuple(DeviceConfig(**{**d, "workspace_offset": None if d.get("workspace_offset") is None else
+                                    tuple(d["workspace_offset"]), "transform": DeviceTransform(
         rotation_deg=tuple(d["transform"]["rotation_deg"]), scale=d["transform"]["scale"],
         offset=tuple(d["transform"]["offset"]))}) for d in data.get("devices", []))
     return ServerConfig(file=server.get("config", "<recording>"),

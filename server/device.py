@@ -8,6 +8,7 @@ safety pipeline's state, the force sent, the orientation that turned the needle)
 (:meth:`Device.restart_stream`)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -20,6 +21,28 @@ def _zeros3() -> np.ndarray:
     return np.zeros(3)
 
 
+def _unit_quat() -> np.ndarray:
+    return np.array([1.0, 0.0, 0.0, 0.0])
+
+
+def quat_mul_into(a, b, out) -> None:
+    """The Hamilton product a b of quaternions (w, x, y, z) into ``out`` (which may be neither a nor b)."""
+    a0, a1, a2, a3 = float(a[0]), float(a[1]), float(a[2]), float(a[3])
+    b0, b1, b2, b3 = float(b[0]), float(b[1]), float(b[2]), float(b[3])
+    out[0] = a0 * b0 - a1 * b1 - a2 * b2 - a3 * b3
+    out[1] = a0 * b1 + a1 * b0 + a2 * b3 - a3 * b2
+    out[2] = a0 * b2 - a1 * b3 + a2 * b0 + a3 * b1
+    out[3] = a0 * b3 + a1 * b2 - a2 * b1 + a3 * b0
+
+
+def unit_quat_or_none(q) -> tuple[float, float, float, float] | None:
+    """``q`` (w, x, y, z) normalised, or None if it has no direction or is not finite."""
+    n = math.sqrt(float(q[0]) ** 2 + float(q[1]) ** 2 + float(q[2]) ** 2 + float(q[3]) ** 2)
+    if not (n > 1e-6 and math.isfinite(n)):
+        return None
+    return float(q[0]) / n, float(q[1]) / n, float(q[2]) / n, float(q[3]) / n
+
+
 @dataclass(eq=False)
 class Device:
     """A stylus (a Phantom / Touch, a remote program, a replayed or scripted hand) as the server knows it."""
@@ -28,14 +51,26 @@ class Device:
     max_step: float = 0.0                  # m: the most its grasps' targets move in one tick (max_speed x tick)
     link_slot: int = -1                    # its slot in the device link (haptics/link.py), -1 if none
     # -- what comes in
-    stylus: np.ndarray = field(default_factory=_zeros3)   # m, scene frame: where its stylus is
+    stylus: np.ndarray = field(default_factory=_zeros3)   # m, scene frame: where its tool's tip (the jaw) is:
+                                           # the stylus through the workspace mapping and the clutch
     has_stylus: bool = False               # a pose came: its grasps follow ``stylus``
     quat: np.ndarray = field(default_factory=lambda: np.zeros(4))   # the orientation (w, x, y, z) as it came
     has_quat: bool = False                 # ... and it turned the needle in this scene
+    tool_quat: np.ndarray = field(default_factory=_unit_quat)   # the tool's orientation, unit, last known
     pose_t_ns: int = 0                     # the newest link pose's time (ns, monotonic: for the latency)
     live_at: float | None = None           # monotonic s of the last pose that drove one of its grasps, this scene
     link_live: bool = False                # its driver publishes poses on the link
     buttons: int = 0                       # the last button bitmask
+    # -- the workspace mapping and the clutch (:meth:`to_tool`): the hand's stylus -> the tool's tip
+    hand: np.ndarray = field(default_factory=_zeros3)     # m, scene frame: the stylus as it came
+    hand_quat: np.ndarray = field(default_factory=_unit_quat)   # its orientation as it came (unit)
+    origin: np.ndarray = field(default_factory=_zeros3)   # m: the point motion scales about (the device's origin)
+    offset: np.ndarray = field(default_factory=_zeros3)   # m: the scene's workspace offset
+    motion_scale: float = 1.0              # tool motion per stylus motion
+    shift: np.ndarray = field(default_factory=_zeros3)    # m: what clutching has added to the tool's position
+    quat_shift: np.ndarray = field(default_factory=_unit_quat)   # ... and to its orientation (tool = shift hand)
+    mapped: bool = False                   # the mapping is not the identity (else the tool is the stylus, bit for bit)
+    clutched: bool = False                 # the clutch is held: the tool holds still, the hand feels no force
     driver_flags: int = 0                  # the safety flags its driver reported (OR'd into its force's flags)
     driver_error: int = 0                  # the last device error code its driver reported
     # -- what goes out: the force stage (MessageBuilder.compute_forces), then the encoder and the link
@@ -52,8 +87,65 @@ class Device:
         self.flags = 0
         self.has_quat = False
 
+    def set_workspace(self, origin, offset, scale: float) -> None:
+        """The mapping of this scene (m, m, dimensionless); what clutching added starts again from nothing."""
+        self.origin[:] = origin
+        self.offset[:] = offset
+        self.motion_scale = float(scale)
+        self.shift.fill(0.0)
+        self.quat_shift[:] = (1.0, 0.0, 0.0, 0.0)
+        self.clutched = False
+        self._update_mapped()
+
+    def _update_mapped(self) -> None:
+        self.mapped = bool(self.motion_scale != 1.0 or self.offset.any() or self.shift.any()
+                           or self.quat_shift[0] != 1.0)
+
+    def to_tool(self, pos, quat, pos_out: np.ndarray, quat_out: np.ndarray) -> bool:
+        """The hand's stylus at ``pos`` (m, scene frame) with orientation ``quat`` (w, x, y, z, or None) ->
+        the tool's tip into ``pos_out`` and its orientation into ``quat_out``:
+        ``tool = origin + offset + motion_scale (pos - origin) + shift``, ``q_tool = quat_shift q``. False while
+        the clutch is held: the tool holds still (nothing is written). Allocates nothing."""
+        self.hand[:] = pos
+        if quat is not None:
+            u = unit_quat_or_none(quat)
+            if u is not None:
+                self.hand_quat[0], self.hand_quat[1], self.hand_quat[2], self.hand_quat[3] = u
+        if self.clutched:
+            return False
+        if not self.mapped:   # the identity: the stylus as it came, so that recordings of unmapped runs repeat
+            pos_out[:] = pos
+            if quat is not None:
+                quat_out[:] = quat
+            return True
+        s = self.motion_scale
+        for i in range(3):
+            o = self.origin[i]
+            pos_out[i] = o + self.offset[i] + s * (float(pos[i]) - o) + self.shift[i]
+        quat_mul_into(self.quat_shift, self.hand_quat, quat_out)
+        return True
+
+    def clutch(self, on: bool, tool: np.ndarray, tool_quat: np.ndarray) -> None:
+        """Hold (``on``) or let go of the clutch. Letting go re-engages the tool where it is (``tool``, m, and
+        ``tool_quat``): the mapping takes up the hand's move while clutched, so the tool does not jump."""
+        if on == self.clutched:
+            return
+        self.clutched = on
+        if on:
+            return
+        s = self.motion_scale
+        for i in range(3):
+            o = self.origin[i]
+            self.shift[i] = float(tool[i]) - (o + self.offset[i] + s * (self.hand[i] - o))
+        # q_tool = quat_shift q_hand  =>  quat_shift = q_tool q_hand^-1 (a unit quaternion's inverse: conjugate)
+        h = self.hand_quat
+        conj = (float(h[0]), -float(h[1]), -float(h[2]), -float(h[3]))
+        u = unit_quat_or_none(tool_quat)
+        quat_mul_into(u if u is not None else (1.0, 0.0, 0.0, 0.0), conj, self.quat_shift)
+        self._update_mapped()
+
     def set_stylus(self, pos: np.ndarray) -> None:
-        """The stylus is at ``pos`` (m, scene frame)."""
+        """The tool's tip (the stylus through the mapping) is at ``pos`` (m, scene frame)."""
         self.stylus[:] = pos
         self.has_stylus = True
 

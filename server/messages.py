@@ -87,12 +87,10 @@ class MessageBuilder:
             self.streams.remove(dev)
 
     def needle_device(self) -> str | None:
-        """The device whose grasp holds the needle, or None."""
-        gid = self.scenario.needle_grasp
-        if gid is None:
-            return None
+        """The device whose grasp holds the needle (the scenario's needle grasp, or a tool's jaw that took it),
+        or None."""
         for g in self.grasps:
-            if g.id == gid:
+            if g.kind == "needle":
                 return g.device
         return None
 
@@ -113,7 +111,7 @@ class MessageBuilder:
     def state(self, seq: int, state: ThreadState) -> bytes:
         """The `state` payload (docs/PROTOCOL.md Sec. 3.1): positions, tensions (N), twist (rad), grasps,
         energies (J), and the last tick's solver and self-contact statistics."""
-        grasps = [{"id": g.id, "vertex": g.vertex, "device": g.device,
+        grasps = [{"id": g.id, "vertex": g.vertex, "device": g.device, "holds": g.kind, "frac": g.frac,
                    "pos": state.grasp_target[g.slot], "force": state.grasp_force[g.slot]}
                   for g in self.grasps]
         cs = state.contact_stats
@@ -126,7 +124,21 @@ class MessageBuilder:
         needle = self._needle(state) if m.needle_on else None
         return protocol.encode_state(seq, float(state.time[0]), state.x, state.tension, float(state.twist[0]),
                                      grasps, int(cs[CS_CONTACTS]), diagnostics.energies(self.scenario.model, state),
-                                     solver, tissue=tissue, needle=needle)
+                                     solver, tissue=tissue, needle=needle, tools=self._tools())
+
+    def _tools(self) -> list[protocol.SortedMap] | None:
+        """The `state` topic's `tools` (docs/PROTOCOL.md Sec. 3.1): each device with a stylus, its tool's tip
+        and orientation, clutch, and what its jaw holds; None if no device has a stylus."""
+        tools = []
+        for dev in self.streams:
+            if not dev.has_stylus:
+                continue
+            held = next((g for g in self.grasps if g.device == dev.name), None)
+            tools.append(protocol.SortedMap(clutched=dev.clutched, device=dev.name,
+                                            grasp=None if held is None else held.id,
+                                            holds=None if held is None else held.kind,
+                                            pos=dev.stylus.tolist(), quat=dev.tool_quat.tolist()))
+        return tools or None
 
     def _tissue(self, state: ThreadState) -> protocol.SortedMap:
         """The `state` topic's `tissue` map (docs/PROTOCOL.md Sec. 3.1), built with its keys in sorted order."""
@@ -167,7 +179,8 @@ class MessageBuilder:
             raw[0] = raw[1] = raw[2] = 0.0
             axial = 0.0
             for g in self.grasps:
-                if g.device == dev.name:
+                # a clutched hand moves freely: its force ramps to zero at the pipeline's slew rate, and back
+                if g.device == dev.name and not dev.clutched:
                     raw -= state.grasp_force[g.slot]
                     axial = max(axial, self.axial(state, g.vertex, float(state.grasp_frac[g.slot])))
             dev.flags = dev.safety.step(raw, t, t, self.tick, dev.force) | dev.driver_flags

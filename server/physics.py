@@ -22,14 +22,15 @@ import zmq
 from ..haptics.link import DeviceLink
 from ..solver.integrator import SolverDivergence, Stepper, warm_up
 from ..solver.motion import MOTION_GRASP, MOTION_SPIN
-from ..solver.needle import NS_QT, NS_WT
+from ..solver.needle import NS_Q, NS_QT, NS_WT
 from ..solver.model import MAX_GRASPS
 from ..solver.scenario import (MAX_GRASP_DAMPING, MAX_GRASP_FORCE, MAX_GRASP_STIFFNESS, GraspSpec, Scenario,
                                build_scenario, load_scenario)
 from . import protocol
 from .config import ServerConfig
 from .console import say
-from .device import Device, DeviceTable
+from .device import Device, DeviceTable, quat_mul_into, unit_quat_or_none
+from .jaws import KIND_NEEDLE, KIND_THREAD, Hold, needle_hold, needle_in_reach, thread_in_reach
 from .messages import MessageBuilder
 from .scene import SceneRunner
 from .security import SocketSecurity
@@ -238,6 +239,10 @@ class PhysicsLoop:
         self.stats = LoopStats(capacity=max(1, int(round(1.0 / cfg.loop.stats_hz / cfg.loop.tick_s))))
         self._pose = np.zeros(3)
         self._quat = np.zeros(4)
+        self._tool = np.zeros(3)                # a stylus's pose through its device's mapping (Device.to_tool)
+        self._tool_quat = np.zeros(4)
+        self._quat2 = np.zeros(4)
+        self.holds: dict[str, Hold] = {}        # grasp id -> what a tool's jaw holds by it (server/jaws.py)
         self.last_stats: dict = {}
         self.link_devices = list(cfg.link_devices)   # link slot i carries device link_devices[i], for the run
         #: every device the loop knows, one record each (server/device.py): stylus, buttons, driver, force
@@ -260,6 +265,12 @@ class PhysicsLoop:
                                     "scenario starts afresh"
         if restore is None or self.resume_error is not None:
             self.install(load_scenario(cfg.scenario) if isinstance(cfg.scenario, str) else cfg.scenario)
+
+    def set_workspace(self, dev: Device) -> None:
+        """``dev``'s workspace mapping in the running scene (ServerConfig.workspace_of), about the device's origin
+        in the scene (its transform's offset); what clutching added starts again from nothing."""
+        offset, scale = self.cfg.workspace_of(dev.name, self.scenario)
+        dev.set_workspace(self.cfg.device_config(dev.name).transform.offset, offset, scale)
 
     def _device_settings(self, name: str) -> tuple[float, int]:
         """A new device record's settings (DeviceTable): the most its grasps move per tick (m), its link slot."""
@@ -285,6 +296,7 @@ class PhysicsLoop:
         self.state = scenario.new_state() if state is None else state
         stepper = Stepper(self.model, self.state)
         self.grasps: list[GraspSpec] = list(scenario.grasps)
+        self.holds = {}
         self.limit_couplings()
         devices = self.all_devices([g.device for g in self.grasps])
         builder = MessageBuilder(scenario, self.grasps, devices=devices, table=self.devices)
@@ -308,6 +320,7 @@ class PhysicsLoop:
         Not on the tick path."""
         self.scenario.initial.copy_into(self.state)
         self.grasps[:] = self.scenario.grasps      # the builder's list too: one list
+        self.holds.clear()
         self.limit_couplings()
         if self.model is not self.initial_model:
             self.model = self.initial_model
@@ -337,6 +350,7 @@ class PhysicsLoop:
         self.builder.watch.reset(self.state)
         for dev in self.devices:
             dev.live_at = None
+            self.set_workspace(dev)
         for g in self.grasps:
             if self.cfg.backend_of(g.device) != "simulated":  # no scripted stylus: the grasp waits for poses
                 self.drive_with_device(g)
@@ -429,13 +443,24 @@ class PhysicsLoop:
         turns it toward. False if the device holds no grasp."""
         dev = self.devices[device]
         dev.set_stylus(pos)
+        unit = None if quat is None else unit_quat_or_none(quat)
+        if unit is not None:
+            dev.tool_quat[0], dev.tool_quat[1], dev.tool_quat[2], dev.tool_quat[3] = unit
         hit = False
         for g in self.grasps:
             if g.device == device:
                 if dev.live_at is None:
                     self.drive_with_device(g)
                 hit = True
-                if quat is not None and g.id == self.scenario.needle_grasp:
+                hold = self.holds.get(g.id)
+                if hold is not None and hold.kind == KIND_NEEDLE:
+                    # the jaw carries the needle in the pose it took it in (server/jaws.py)
+                    hold.follow(pos, unit, self.state.nst, NS_QT)
+                    self.state.nst[NS_WT] = self.state.nst[NS_WT + 1] = self.state.nst[NS_WT + 2] = 0.0
+                    if quat is not None:   # recorded with the force: a resimulation turns the jaw alike
+                        dev.quat[:] = quat
+                        dev.has_quat = True
+                elif quat is not None and g.id == self.scenario.needle_grasp:
                     qn = math.sqrt(float(quat[0] ** 2 + quat[1] ** 2 + quat[2] ** 2 + quat[3] ** 2))
                     if qn > 1e-6 and math.isfinite(qn):
                         nst = self.state.nst
@@ -460,7 +485,9 @@ class PhysicsLoop:
             dev = self.devices.get(g.device)
             if dev is None or not dev.has_stylus:
                 continue
-            goal, step_max = dev.stylus, dev.max_step
+            hold = self.holds.get(g.id)
+            goal = hold.goal if hold is not None and hold.kind == KIND_NEEDLE else dev.stylus
+            step_max = dev.max_step
             vel = self.state.grasp_vel[g.slot]
             target = self.state.grasp_target[g.slot]
             dx, dy, dz = goal[0] - target[0], goal[1] - target[1], goal[2] - target[2]
@@ -500,8 +527,7 @@ class PhysicsLoop:
                     != 0.0) or p[0] * p[0] + p[1] * p[1] + p[2] * p[2] > STYLUS_MAX_POS_M * STYLUS_MAX_POS_M:
                 self.stats.stylus_rejected += 1
             else:
-                self.set_device_pose(dev.name, p, q)
-                self.on_buttons(dev.name, buttons, p)
+                self.stylus_sample(dev, p, q, buttons)
             dflags = self.link.driver_flags(dev.link_slot)
             dev.driver_flags = dflags & 0xFFFF
             code = dflags >> 16
@@ -518,45 +544,90 @@ class PhysicsLoop:
             if self.cfg.backend_of(device) == "replay" and track.pose_at(t_end, self._pose):
                 self.set_device_pose(device, self._pose, self._quat if track.quat_at(self._quat) else None)
 
-    def on_buttons(self, device: str, buttons: int, pos: np.ndarray) -> None:
-        """The grasp button: pressed, grasp the nearest free vertex within reach; released, let go."""
+    def stylus_sample(self, dev: Device, pos: np.ndarray, quat: np.ndarray | None, buttons: int) -> bool:
+        """A live stylus sample of ``dev`` (m and w x y z, scene frame; ``quat`` None if it sent none): its tool
+        moved through the device's workspace mapping and clutch (Device.to_tool), then its buttons acted on.
+        Returns whether the tool drives a grasp."""
+        held = False
+        self.on_clutch(dev, buttons)   # first: a sample that presses the clutch does not move the tool
+        if dev.to_tool(pos, quat, self._tool, self._tool_quat):   # else clutched: the tool holds still
+            held = self.set_device_pose(dev.name, self._tool, self._tool_quat if quat is not None else None)
+        self.on_buttons(dev.name, buttons)
+        return held
+
+    def on_clutch(self, dev: Device, buttons: int) -> None:
+        """The clutch button held freezes ``dev``'s tool where it is; released, the tool re-engages there
+        (Device.clutch). A `clutch` event each way."""
+        on = bool(buttons & self.cfg.device_config(dev.name).clutch_button)
+        if on != dev.clutched:
+            dev.clutch(on, dev.stylus, dev.tool_quat)
+            self.event("clutch", device=dev.name, on=on)
+
+    def on_buttons(self, device: str, buttons: int) -> None:
+        """A device's grasp button: it closes the tool's jaw on what is in reach and opens it (``grasp_mode``
+        hold: pressed and released; toggle: each press). While clutched it does nothing: what the jaw holds
+        stays held."""
         dev = self.devices[device]
         prev = dev.buttons
         if buttons == prev:
             return
         dev.buttons = buttons
+        if dev.clutched:
+            return
         dc = self.cfg.device_config(device)
         mask = dc.grasp_button
+        holding = any(g.device == device for g in self.grasps)
         if buttons & mask and not prev & mask:
-            if not any(g.device == device for g in self.grasps):
-                vertex = self.nearest_free_vertex(pos, dc.grasp_radius)
-                if vertex < 0:
-                    self.event("grasp_missed", device=device, radius=dc.grasp_radius)
-                else:
-                    try:
-                        self.add_grasp(vertex, device, None, dc.stiffness, dc.damping, dc.max_force)
-                    except ValueError as exc:
-                        self.event("grasp_missed", device=device, reason=str(exc))
-        elif prev & mask and not buttons & mask:
-            for g in [g for g in self.grasps if g.device == device]:
-                self.remove_grasp(g.id)
+            if not holding:
+                self.close_jaw(device)
+            elif dc.grasp_mode == "toggle":
+                self.open_jaw(device)
+        elif prev & mask and not buttons & mask and dc.grasp_mode == "hold":
+            self.open_jaw(device)
 
-    def nearest_free_vertex(self, pos: np.ndarray, radius: float) -> int:
-        """The vertex nearest ``pos`` (m) within ``radius`` (m) that is neither pinned, driven nor held; -1 if
-        none. (Allocates: it runs on a button press, not every tick.)"""
-        d2 = ((self.state.x - pos) ** 2).sum(axis=1)
-        d2[self.model.kinematic.astype(bool)] = np.inf
-        for g in self.grasps:
-            d2[g.vertex] = np.inf
-        i = int(np.argmin(d2))
-        return i if d2[i] <= radius * radius else -1
+    def open_jaw(self, device: str) -> None:
+        """``device``'s jaw lets go of whatever it holds; it stays where physics puts it."""
+        for g in [g for g in self.grasps if g.device == device]:
+            self.remove_grasp(g.id)
+
+    def close_jaw(self, device: str) -> None:
+        """``device``'s jaw closes on what lies within its reach (``grasp_radius``): the needle anywhere along
+        its arc, taken from the other hand if it holds it, else the thread's closest point (server/jaws.py).
+        A `grasp_missed` event if nothing is in reach."""
+        dev = self.devices[device]
+        dc = self.cfg.device_config(device)
+        st, model = self.state, self.model
+        if not dev.has_stylus:
+            self.event("grasp_missed", device=device, reason="no pose from the device yet")
+            return
+        jaw = dev.stylus
+        try:
+            if model.needle_on:
+                dist, theta = needle_in_reach(st.x[0], st.nst, model.needle_par, jaw)
+                if dist <= dc.grasp_radius:
+                    for g in [g for g in self.grasps if g.vertex == 0]:   # a handover: the other hand lets go
+                        self.remove_grasp(g.id)
+                    hold = needle_hold(None, jaw, dev.tool_quat, st.x[0], st.nst[NS_Q:NS_Q + 4])
+                    self.add_grasp(0, device, None, dc.stiffness, dc.damping, dc.max_force, hold=hold,
+                                   point={"arc": theta, "distance": dist})
+                    return
+            dist, v, frac = thread_in_reach(st.x, model.kinematic, jaw)
+            if v >= 0 and dist <= dc.grasp_radius and not (model.needle_on and v == 0 and frac == 0.0):
+                self.add_grasp(v, device, None, dc.stiffness, dc.damping, dc.max_force, frac=frac,
+                               hold=Hold(None, KIND_THREAD), point={"distance": dist})
+                return
+            self.event("grasp_missed", device=device, radius=dc.grasp_radius)
+        except ValueError as exc:
+            self.event("grasp_missed", device=device, reason=str(exc))
 
     # -- grasps -----------------------------------------------------------------------------------------
     def add_grasp(self, vertex: int, device: str | None, gid: str | None, stiffness: float, damping: float,
-                  max_force: float, frac: float = 0.0) -> GraspSpec:
-        """Couple ``device`` to ``vertex`` (a virtual coupling: N/m, N s/m, N), or with ``frac`` > 0 to the point
-        that fraction of the way along the segment from ``vertex`` to ``vertex + 1``; publishes a `grasp` event
-        (with `frac` when it is not 0). Raises ValueError saying why not."""
+                  max_force: float, *, frac: float = 0.0, hold: Hold | None = None,
+                  point: dict | None = None) -> GraspSpec:
+        """Couple ``device`` to ``vertex`` (a virtual coupling: N/m, N s/m, N), or to the point ``frac`` of the
+        way along segment ``vertex``; ``hold``: what a tool's jaw holds by it (server/jaws.py). Publishes a
+        `grasp` event saying what is held (``kind``, the point, and ``point``'s details). Raises ValueError
+        saying why not."""
         n = self.model.n_vertices
         if not -n <= vertex < n:
             raise ValueError(f"vertex must be in [{-n}, {n - 1}]")
@@ -583,8 +654,10 @@ class PhysicsLoop:
             raise ValueError(f"stiffness must be in (0, {MAX_GRASP_STIFFNESS:g}] N/m, damping in [0, "
                              f"{MAX_GRASP_DAMPING:g}] N s/m, max_force in (0, {MAX_GRASP_FORCE:g}] N")
         stiffness = min(stiffness, self.stiffness_limit.get(device, stiffness))   # what the device can render
+        kind = hold.kind if hold is not None else (
+            KIND_NEEDLE if self.model.needle_on and vertex == 0 and frac == 0.0 else KIND_THREAD)
         spec = GraspSpec(id=gid, slot=free[0], vertex=vertex, device=device, stiffness=stiffness,
-                         damping=damping, max_force=max_force)
+                         damping=damping, max_force=max_force, kind=kind, frac=frac)
         st = self.state
         st.grasp_vertex[spec.slot] = vertex
         st.grasp_frac[spec.slot] = frac
@@ -598,9 +671,14 @@ class PhysicsLoop:
         st.grasp_force[spec.slot] = 0.0
         self.grasps.append(spec)
         self.builder.add_device(device)
-        extra = {"frac": frac} if frac != 0.0 else {}
+        details = {} if hold is None else hold.details()
+        if hold is not None:
+            hold.grasp = spec
+            self.holds[spec.id] = hold
         self.event("grasp", id=spec.id, vertex=vertex, device=spec.device, stiffness=stiffness, damping=damping,
-                   max_force=max_force, **extra)
+                   max_force=max_force, **{"holds": kind, **({"frac": frac} if frac else {}), **details,
+                                           **(point or {}),
+                                           "pos": [float(v) for v in held]})
         return spec
 
     def remove_grasp(self, gid: str) -> bool:
@@ -612,11 +690,12 @@ class PhysicsLoop:
                 st.grasp_frac[g.slot] = 0.0
                 st.grasp_force[g.slot] = 0.0
                 st.grasp_vel[g.slot] = 0.0
+                self.holds.pop(g.id, None)
                 self.grasps.remove(g)
                 if g.device not in self.all_devices([h.device for h in self.grasps]):
                     self.builder.remove_device(g.device)   # a scripted hand: no stream, no stylus, no record
                     self.devices.drop(g.device)
-                self.event("release", id=gid, device=g.device)
+                self.event("release", id=gid, device=g.device, holds=g.kind)
                 return True
         return False
 
@@ -652,9 +731,14 @@ class PhysicsLoop:
             if sample.quat is not None:   # optional; it turns a needle the device holds
                 quat = self._quat
                 quat[0], quat[1], quat[2], quat[3] = sample.quat
-            self._pose[0], self._pose[1], self._pose[2] = sample.pos
-            self.on_buttons(sample.device, sample.buttons, self._pose)
-            if self.set_device_pose(sample.device, self._pose, quat) or sample.buttons:
+            if dc.frame == "device":      # in the device's own frame and units: mapped as a driver maps its own
+                dc.transform.pose_to_scene(*sample.pos, None, self._pose, self._quat2)
+                if quat is not None:
+                    quat_mul_into(dc.transform.quat, quat, self._quat2)
+                    quat = self._quat2
+            else:
+                self._pose[0], self._pose[1], self._pose[2] = sample.pos
+            if self.stylus_sample(dev, self._pose, quat, sample.buttons) or sample.buttons:
                 self.stats.stylus_accepted += 1
             else:
                 self.stats.stylus_rejected += 1

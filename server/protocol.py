@@ -142,7 +142,7 @@ def _maps(m: dict, key: str, where: str):
 def encode_state(seq: int, t: float, x: np.ndarray, tension: np.ndarray, twist: float,
                  grasps: Sequence[Mapping[str, Any]], contacts: int, energy: Mapping[str, float],
                  solver: Mapping[str, Any], tissue: Mapping[str, Any] | None = None,
-                 needle: Mapping[str, Any] | None = None) -> bytes:
+                 needle: Mapping[str, Any] | None = None, tools: Sequence[Mapping[str, Any]] | None = None) -> bytes:
     """Encode a ``state`` payload.
 
     :param seq: tick number.
@@ -150,7 +150,9 @@ def encode_state(seq: int, t: float, x: np.ndarray, tension: np.ndarray, twist: 
     :param x: vertex positions, shape (n, 3), m; sent as float32 little-endian bytes (n*3 values).
     :param tension: segment tensions, shape (n-1,), N; sent as float32 little-endian bytes.
     :param twist: total twist (rad).
-    :param grasps: ``{"id": str, "vertex": int, "device": str, "pos": [3] (m), "force": [3] (N)}`` items.
+    :param grasps: ``{"id": str, "vertex": int, "device": str, "pos": [3] (m), "force": [3] (N)}`` items, with
+        ``"holds"`` ("needle" or "thread", default "thread") and ``"frac"`` (the point held along segment
+        ``vertex``, default 0: the vertex).
     :param contacts: number of active contacts.
     :param energy: ``{"kinetic", "elastic", "gravity"}`` in J (extra keys are kept, sorted).
     :param solver: ``{"iters": int, "residual": float, "substeps": int}`` (extra keys are kept, sorted).
@@ -159,6 +161,8 @@ def encode_state(seq: int, t: float, x: np.ndarray, tension: np.ndarray, twist: 
         "throws", "linking"}`` (docs/PROTOCOL.md Sec. 3.1); omitted otherwise.
     :param needle: in a scene with a needle: ``{"pos"[3] swage (m), "quat"[4] (w, x, y, z), "radius" (m),
         "arc" (rad), "tip"[3] (m), "torque"[3] (N m, felt)}``; omitted otherwise.
+    :param tools: each stylus's tool: ``{"device", "pos"[3] (m, the jaw), "quat"[4] (w, x, y, z), "clutched",
+        "holds" ("needle"|"thread"|None), "grasp" (id or None)}``; omitted when no device has a stylus.
     """
     x = np.asarray(x)
     if x.ndim != 2 or x.shape[1] != 3 or x.shape[0] < 1:
@@ -174,6 +178,7 @@ def encode_state(seq: int, t: float, x: np.ndarray, tension: np.ndarray, twist: 
                       "substeps": int(solver["substeps"])}
         solver_out.update({k: _canonical(solver[k]) for k in sorted(solver) if k not in solver_out})
         grasps_out = [{"id": str(g["id"]), "vertex": int(g["vertex"]), "device": str(g["device"]),
+                       "holds": str(g.get("holds", "thread")), "frac": float(g.get("frac", 0.0)),
                        "pos": _vec3(g["pos"], "grasp pos"), "force": _vec3(g["force"], "grasp force")}
                       for g in grasps]
     except KeyError as exc:
@@ -191,6 +196,8 @@ def encode_state(seq: int, t: float, x: np.ndarray, tension: np.ndarray, twist: 
         msg["tissue"] = _canonical(tissue)
     if needle is not None:
         msg["needle"] = _canonical(needle)
+    if tools is not None:
+        msg["tools"] = _canonical(tools)
     return _pack(msg)
 
 

@@ -22,7 +22,8 @@ NEEDLE_PRESETS = {"3/8-12mm": (3.0 / 8.0, 0.012), "1/2-17mm": (0.5, 0.017), "3/8
 @dataclass
 class NeedleSpec:
     par: np.ndarray          # needle.NP_*
-    grasp: str | None        # the grasp on vertex 0 whose stylus holds the needle
+    grasp: str | None        # the grasp on vertex 0 whose stylus holds the needle at the start, if any (a
+                             # tool's jaw may take it later: the rotational coupling acts whenever one holds it)
     orientation: np.ndarray  # (4,) w, x, y, z: body to world at t = 0
 
 
@@ -66,8 +67,6 @@ def read_needle(sec: Section | None, grasps: dict, kinematic: list[int]) -> Need
         if grasps[grasp].vertex != 0:
             raise sec.error("grasp", f"grasp {grasp!r} holds vertex {grasps[grasp].vertex}; the needle is swaged to "
                                      "vertex 0, so its grasp must hold vertex 0")
-    else:
-        par[NP_K_ROT] = 0.0   # nothing holds it: it turns freely
     if 0 in kinematic:
         raise sec.error("grasp", "vertex 0 is pinned or driven; the needle's swage must be free to move")
     sec.finish()

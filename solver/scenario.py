@@ -67,6 +67,19 @@ class GraspSpec:
     stiffness: float   # N/m
     damping: float     # N*s/m
     max_force: float   # N
+    kind: str = "thread"   # what it holds: "needle" (its swage, vertex 0) or "thread"
+    frac: float = 0.0      # it holds the point frac of the way from vertex to vertex + 1 (0: the vertex)
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Where a device's workspace sits in a scene: the tool is at ``origin + offset + scale (stylus - origin)``,
+    ``origin`` the device's origin in the scene (its transform's offset), plus what clutching added."""
+    offset: tuple[float, float, float] = (0.0, 0.0, 0.0)   # m
+    scale: float = 1.0                                       # tool motion per stylus motion
+
+
+MAX_MOTION_SCALE = 20.0     # tool motion per stylus motion: past it a hand's tremor is centimetres
 
 
 @dataclass
@@ -84,6 +97,7 @@ class Scenario:
     needle_grasp: str | None = None  # the grasp whose stylus holds the needle (its orientation turns it)
     base_dir: str = "."              # the directory its relative file references resolved against
     files_read: tuple[str, ...] = ()  # real paths of the files it read (preset, shape.file): a `set` may reread them
+    workspaces: dict[str, Workspace] = field(default_factory=dict)   # device name -> its workspace in this scene
 
     def new_state(self) -> ThreadState:
         """A fresh copy of the initial state."""
@@ -339,6 +353,8 @@ def build_scenario(data: dict, file: str, *, policy: FilePolicy | None = None,
     contact = _contact(top.section("contact", None), params, rest)
     tissue = read_tissue(top.section("tissue", None), params, rest)
     needle = read_needle(top.section("needle", None), {g.id: g for g in grasps}, kinematic)
+    if needle is not None and needle.grasp is not None:
+        grasps = [dataclasses.replace(g, kind="needle") if g.id == needle.grasp else g for g in grasps]
 
     # -- timeline --------------------------------------------------------------------------------------
     timeline = _timeline(top.sections("timeline"), n, x0, kinematic, {g.id: g for g in grasps}, grasp_targets,
@@ -357,6 +373,7 @@ def build_scenario(data: dict, file: str, *, policy: FilePolicy | None = None,
 
     v0 = _initial_velocity(top.section("initial_velocity", None), n, rest)
 
+    workspaces = _workspaces(top.section("devices", {}))
     rsec = top.section("record", {})
     state_rate = rsec.get("state_rate", float, 100.0, above=0.0, maxval=1.0 / settings.tick)
     rsec.finish()
@@ -366,7 +383,23 @@ def build_scenario(data: dict, file: str, *, policy: FilePolicy | None = None,
     return Scenario(name=name, description=description, file=file, duration=duration, state_rate=state_rate,
                     model=model, initial=state, grasps=grasps, force_vertices=[v for v, _ in forces],
                     source=data, needle_grasp=needle.grasp if needle is not None else None,
-                    base_dir=str(files.base_dir), files_read=tuple(files.read))
+                    base_dir=str(files.base_dir), files_read=tuple(files.read), workspaces=workspaces)
+
+
+def _workspaces(sec: Section) -> dict[str, Workspace]:
+    """The scenario's ``devices`` section: per device name, where its workspace sits in this scene
+    (``workspace_offset``, m) and its ``motion_scale``. A server config's own values for a device win."""
+    out = {}
+    for name in sec.keys():
+        d = sec.section(name)
+        offset = d.vector("workspace_offset", 3, [0.0, 0.0, 0.0])
+        if not all(abs(v) <= MAX_POSITION for v in offset):
+            raise d.error("workspace_offset", f"must be within {MAX_POSITION:g} m in each coordinate")
+        out[str(name)] = Workspace(tuple(offset), d.get("motion_scale", float, 1.0, above=0.0,
+                                                        maxval=MAX_MOTION_SCALE))
+        d.finish()
+    sec.finish()
+    return out
 
 
 def _solver_settings(ssec: Section) -> SolverSettings:

@@ -43,8 +43,8 @@ def test_state_round_trip_float32_and_determinism():
     np.testing.assert_array_equal(m["x"], a["x"].astype(np.float32))
     np.testing.assert_array_equal(m["tension"], a["tension"].astype(np.float32))
     assert m["twist"] == 0.25 and m["contacts"] == 2
-    assert m["grasps"] == [{"id": "g0", "vertex": 3, "device": "left", "pos": [0.1, 0.2, 0.3],
-                            "force": [1.0, -2.0, 0.5]}]
+    assert m["grasps"] == [{"id": "g0", "vertex": 3, "device": "left", "holds": "thread", "frac": 0.0,
+                            "pos": [0.1, 0.2, 0.3], "force": [1.0, -2.0, 0.5]}]
     assert m["energy"] == a["energy"]
     assert m["solver"] == a["solver"]
     # same thing through the other entry points

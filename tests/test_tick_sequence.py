@@ -148,7 +148,7 @@ def test_a_reset_with_a_live_device_keeps_it_driving():
         loop.set_device_pose("stylus0", np.array([0.40, 0.02, 0.03]))
         at = loop.state.x[40].copy()
         loop.set_device_pose("hand", at, np.array([1.0, 0.0, 0.0, 0.0]))
-        loop.on_buttons("hand", 1, at)
+        loop.on_buttons("hand", 1)
         assert any(g.device == "hand" for g in loop.grasps)
 
     _reset_against("default", 400, 400, drive, device="remote", devices=(DeviceConfig(name="hand"),))

@@ -1,0 +1,138 @@
+"""A tool's jaw: what its grasp button closes on, and how what it holds follows the tool.
+
+Each stylus drives a tool whose jaw is at the tool's tip (the stylus through its workspace mapping and clutch,
+server/device.py). Closing the jaw takes, of what lies within its reach (``grasp_radius``), by priority and then
+distance:
+
+1. the **needle**, anywhere along its arc (the swage is the arc's start, so it belongs to the needle): the jaw
+   keeps the needle's pose relative to it as it was when the jaw closed, position and orientation. The needle's
+   position is its swage (the thread's vertex 0, solver/needle.py), so the jaw's grasp couples vertex 0 to the
+   point the held pose puts the swage at, ``p_jaw + q_jaw r``, and the needle's rotational coupling turns it
+   toward ``q_jaw q_r`` (``r``, ``q_r``: the swage's position and the needle's orientation in the jaw's frame
+   at the closing). A needle held a third of the way from the swage turns about the jaw, as a driver turns it.
+2. the **thread**, at the closest point along any segment (a grasp holds a point ``(1 - f) x_v + f x_v+1``).
+
+Units: SI; quaternions (w, x, y, z), body or jaw to world.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..solver.needle import NP_ARC, NP_RADIUS, NS_Q
+from ..solver.scenario import GraspSpec
+
+KIND_NEEDLE = "needle"
+KIND_THREAD = "thread"
+
+
+def rotate(q, v) -> tuple[float, float, float]:
+    """``v`` (3) turned by the unit quaternion ``q`` (w, x, y, z): q v q^-1."""
+    w, x, y, z = float(q[0]), float(q[1]), float(q[2]), float(q[3])
+    vx, vy, vz = float(v[0]), float(v[1]), float(v[2])
+    # t = 2 (q_xyz x v); v' = v + w t + q_xyz x t
+    tx = 2.0 * (y * vz - z * vy)
+    ty = 2.0 * (z * vx - x * vz)
+    tz = 2.0 * (x * vy - y * vx)
+    return (vx + w * tx + (y * tz - z * ty),
+            vy + w * ty + (z * tx - x * tz),
+            vz + w * tz + (x * ty - y * tx))
+
+
+def conj(q) -> tuple[float, float, float, float]:
+    """The inverse of a unit quaternion."""
+    return float(q[0]), -float(q[1]), -float(q[2]), -float(q[3])
+
+
+def mul(a, b) -> tuple[float, float, float, float]:
+    """The Hamilton product a b."""
+    a0, a1, a2, a3 = float(a[0]), float(a[1]), float(a[2]), float(a[3])
+    b0, b1, b2, b3 = float(b[0]), float(b[1]), float(b[2]), float(b[3])
+    return (a0 * b0 - a1 * b1 - a2 * b2 - a3 * b3,
+            a0 * b1 + a1 * b0 + a2 * b3 - a3 * b2,
+            a0 * b2 - a1 * b3 + a2 * b0 + a3 * b1,
+            a0 * b3 + a1 * b2 - a2 * b1 + a3 * b0)
+
+
+def _unit(q) -> tuple[float, float, float, float]:
+    n = math.sqrt(sum(float(v) * float(v) for v in q))
+    return tuple(float(v) / n for v in q)
+
+
+@dataclass(eq=False)
+class Hold:
+    """What one jaw holds: its grasp (a coupling slot) and, for the needle, the needle's pose in the jaw's frame."""
+    grasp: GraspSpec
+    kind: str                                   # KIND_NEEDLE or KIND_THREAD
+    offset: np.ndarray = field(default_factory=lambda: np.zeros(3))   # m: the swage in the jaw's frame
+    q_rel: np.ndarray = field(default_factory=lambda: np.array([1.0, 0.0, 0.0, 0.0]))   # the needle in it
+    jaw_quat: np.ndarray = field(default_factory=lambda: np.array([1.0, 0.0, 0.0, 0.0]))  # the jaw's, last known
+    goal: np.ndarray = field(default_factory=lambda: np.zeros(3))     # m, scene: where the grasp's target is led
+
+    def follow(self, jaw: np.ndarray, jaw_quat, nst: np.ndarray, qt: int) -> None:
+        """The jaw is at ``jaw`` (m) turned ``jaw_quat`` (unit, or None: as it was): the needle's swage goal
+        ``p_jaw + q_jaw r`` into ``goal`` and its orientation target ``q_jaw q_r`` into ``nst[qt:qt+4]``.
+        A thread hold's goal is the jaw itself."""
+        if jaw_quat is not None:
+            self.jaw_quat[:] = jaw_quat
+        if self.kind != KIND_NEEDLE:
+            self.goal[:] = jaw
+            return
+        rx, ry, rz = rotate(self.jaw_quat, self.offset)
+        self.goal[0] = float(jaw[0]) + rx
+        self.goal[1] = float(jaw[1]) + ry
+        self.goal[2] = float(jaw[2]) + rz
+        q = mul(self.jaw_quat, self.q_rel)
+        nst[qt], nst[qt + 1], nst[qt + 2], nst[qt + 3] = q
+
+    def details(self) -> dict:
+        """What a `grasp` event says of it beyond the grasp's own fields (a resimulation rebuilds it from them)."""
+        if self.kind != KIND_NEEDLE:
+            return {"holds": self.kind}
+        return {"holds": self.kind, "offset": [float(v) for v in self.offset],
+                "q_rel": [float(v) for v in self.q_rel], "jaw_quat": [float(v) for v in self.jaw_quat]}
+
+
+def needle_hold(grasp: GraspSpec, jaw: np.ndarray, jaw_quat, swage: np.ndarray, needle_quat) -> Hold:
+    """The hold of a jaw at ``jaw`` (m) turned ``jaw_quat`` closing on the needle whose swage is at ``swage``
+    (m) turned ``needle_quat``: ``r = q_jaw^-1 (swage - p_jaw)``, ``q_r = q_jaw^-1 q_needle``."""
+    qj = _unit(jaw_quat)
+    inv = conj(qj)
+    h = Hold(grasp, KIND_NEEDLE)
+    h.offset[:] = rotate(inv, np.asarray(swage, float) - np.asarray(jaw, float))
+    h.q_rel[:] = _unit(mul(inv, _unit(needle_quat)))
+    h.jaw_quat[:] = qj
+    h.goal[:] = swage
+    return h
+
+
+def needle_in_reach(x0: np.ndarray, nst: np.ndarray, npar: np.ndarray, jaw: np.ndarray) -> tuple[float, float]:
+    """(distance m, arc angle rad from the swage) of the needle's point closest to ``jaw``: the arc
+    ``R (sin t, 1 - cos t, 0)``, 0 <= t <= A, in the needle's body frame (solver/needle.py)."""
+    radius, arc = float(npar[NP_RADIUS]), float(npar[NP_ARC])
+    bx, by, bz = rotate(conj(nst[NS_Q:NS_Q + 4]), np.asarray(jaw, float) - x0)
+    theta = min(max(math.atan2(bx, radius - by), 0.0), arc)
+    ax, ay = radius * math.sin(theta), radius * (1.0 - math.cos(theta))
+    return math.sqrt((bx - ax) ** 2 + (by - ay) ** 2 + bz * bz), theta
+
+
+def thread_in_reach(x: np.ndarray, kinematic: np.ndarray, jaw: np.ndarray) -> tuple[float, int, float]:
+    """(distance m, segment v, fraction f) of the thread's point closest to ``jaw`` on a segment neither of
+    whose ends is pinned or driven: the point ``(1 - f) x_v + f x_v+1``, 0 <= f < 1 (a point at a segment's
+    end is its next segment's start). (inf, -1, 0) if there is none. Allocates: a button press, not a tick."""
+    a, b = x[:-1], x[1:]
+    e = b - a
+    ee = np.einsum("ij,ij->i", e, e)
+    t = np.clip(np.einsum("ij,ij->i", np.asarray(jaw, float) - a, e) / np.where(ee > 0.0, ee, 1.0), 0.0, 1.0)
+    d2 = ((a + t[:, None] * e - jaw) ** 2).sum(axis=1)
+    k = kinematic.astype(bool)
+    d2[k[:-1] | k[1:]] = np.inf
+    v = int(np.argmin(d2))
+    if not math.isfinite(d2[v]):
+        return math.inf, -1, 0.0
+    dist, f = math.sqrt(float(d2[v])), float(t[v])
+    if f >= 1.0:   # the segment's end: its vertex v+1 (free, since the segment is), held as a vertex
+        v, f = v + 1, 0.0
+    return dist, v, f
