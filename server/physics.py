@@ -336,12 +336,19 @@ class PhysicsLoop:
         and in the state; noted in ``coupling_limited``."""
         self.coupling_limited = []
         for k, g in enumerate(self.grasps):
-            k_max = self.stiffness_limit.get(g.device)
+            k_max = self.coupling_limit(g.device)
             if k_max is not None and g.stiffness > k_max:
                 # a coupling stiffer than the device renders makes it buzz: the device's own limit applies
                 self.grasps[k] = replace(g, stiffness=k_max)
                 self.state.grasp_k[g.slot] = k_max
                 self.coupling_limited.append((g.device, g.stiffness, k_max))
+
+    def coupling_limit(self, device: str) -> float | None:
+        """The stiffest coupling (N/m) ``device`` renders in this scene, or None if its driver gave no limit:
+        its nominal max stiffness over its motion scale (a tool moving s times the hand makes a coupling of k
+        feel k s at the hand)."""
+        k_max = self.stiffness_limit.get(device)
+        return None if k_max is None else k_max / self.cfg.workspace_of(device, self.scenario)[1]
 
     def start_scene(self) -> None:
         """What a scene's start sets beside its state: the watch read from the state, no device live in it yet,
@@ -454,11 +461,10 @@ class PhysicsLoop:
                 hit = True
                 hold = self.holds.get(g.id)
                 if hold is not None and hold.kind == KIND_NEEDLE:
-                    # the jaw carries the needle in the pose it took it in (server/jaws.py)
-                    hold.follow(pos, unit, self.state.nst, NS_QT)
-                    self.state.nst[NS_WT] = self.state.nst[NS_WT + 1] = self.state.nst[NS_WT + 2] = 0.0
-                    if quat is not None:   # recorded with the force: a resimulation turns the jaw alike
-                        dev.quat[:] = quat
+                    # the jaw carries the needle in the pose it took it in (follow_styluses, server/jaws.py)
+                    if unit is not None:
+                        hold.jaw_quat[:] = unit
+                        dev.quat[:] = quat   # recorded with the force: a resimulation turns the jaw alike
                         dev.has_quat = True
                 elif quat is not None and g.id == self.scenario.needle_grasp:
                     qn = math.sqrt(float(quat[0] ** 2 + quat[1] ** 2 + quat[2] ** 2 + quat[3] ** 2))
@@ -486,7 +492,13 @@ class PhysicsLoop:
             if dev is None or not dev.has_stylus:
                 continue
             hold = self.holds.get(g.id)
-            goal = hold.goal if hold is not None and hold.kind == KIND_NEEDLE else dev.stylus
+            goal = dev.stylus
+            if hold is not None and hold.kind == KIND_NEEDLE:
+                # the swage where the jaw carries it, and the needle's orientation turned toward the jaw's
+                nst = self.state.nst
+                hold.follow(dev.stylus, nst, NS_QT)
+                nst[NS_WT] = nst[NS_WT + 1] = nst[NS_WT + 2] = 0.0
+                goal = hold.goal
             step_max = dev.max_step
             vel = self.state.grasp_vel[g.slot]
             target = self.state.grasp_target[g.slot]
@@ -653,7 +665,8 @@ class PhysicsLoop:
                 not 0.0 < max_force <= MAX_GRASP_FORCE:
             raise ValueError(f"stiffness must be in (0, {MAX_GRASP_STIFFNESS:g}] N/m, damping in [0, "
                              f"{MAX_GRASP_DAMPING:g}] N s/m, max_force in (0, {MAX_GRASP_FORCE:g}] N")
-        stiffness = min(stiffness, self.stiffness_limit.get(device, stiffness))   # what the device can render
+        k_max = self.coupling_limit(device)   # what the device can render
+        stiffness = stiffness if k_max is None else min(stiffness, k_max)
         kind = hold.kind if hold is not None else (
             KIND_NEEDLE if self.model.needle_on and vertex == 0 and frac == 0.0 else KIND_THREAD)
         spec = GraspSpec(id=gid, slot=free[0], vertex=vertex, device=device, stiffness=stiffness,
@@ -680,6 +693,22 @@ class PhysicsLoop:
                                            **(point or {}),
                                            "pos": [float(v) for v in held]})
         return spec
+
+    def grasp_as_recorded(self, e: dict) -> GraspSpec:
+        """Make again the grasp a recorded `grasp` event ``e`` says was made (a resimulation), with what a
+        tool's jaw held by it (the needle's pose in the jaw's frame)."""
+        hold = None
+        if e.get("holds") == KIND_NEEDLE and "offset" in e:
+            hold = Hold(None, KIND_NEEDLE)
+            hold.offset[:] = e["offset"]
+            hold.q_rel[:] = e["q_rel"]
+            hold.jaw_quat[:] = e["jaw_quat"]
+            hold.goal[:] = self.state.x[0]
+        elif "distance" in e:
+            hold = Hold(None, e.get("holds", KIND_THREAD))
+        return self.add_grasp(e["vertex"], e["device"], e["id"], e.get("stiffness", 1000.0), e.get("damping", 0.0),
+                              e.get("max_force", 3.0), frac=e.get("frac", 0.0), hold=hold,
+                              point={k: e[k] for k in ("arc", "distance") if k in e})
 
     def remove_grasp(self, gid: str) -> bool:
         """Let go of grasp ``gid``; publishes a `release` event. False if there is no such grasp."""

@@ -1,0 +1,276 @@
+"""A tool's jaw (server/jaws.py) and a device's workspace mapping and clutch (server/device.py), through the physics
+loop as a live stylus drives it: the needle taken anywhere along its arc keeps its pose relative to the jaw,
+released and taken again near its tip, handed over; the thread taken mid-segment; the clutch holding the tool
+still with no force step on the hand; the needle preferred over the thread within reach."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from suturesim.server import protocol
+from suturesim.server.config import DeviceConfig, ServerConfig
+from suturesim.server.physics import PhysicsLoop
+from suturesim.solver.needle import NP_ARC, NP_RADIUS, NS_Q
+from suturesim.solver.scenario import build_scenario
+
+SCENE = {
+    "name": "jaws", "duration": 10.0,
+    "thread": {"preset": "silk-3-0", "length": 0.06, "segments": 24},
+    "gravity": [0.0, 0.0, 0.0],
+    "shape": {"kind": "straight", "start": [0.0, 0.0, 0.0], "direction": [-1.0, 0.0, 0.0]},
+    "needle": {"preset": "3/8-19mm", "orientation": [1.0, 0.0, 0.0, 0.0]},
+    "devices": {"left": {}, "right": {}},
+}
+RIGHT, LEFT = "right", "left"
+GRASP, CLUTCH = 1, 2
+
+
+def make_loop(scene: dict | None = None, **device_settings) -> tuple[PhysicsLoop, list]:
+    out: list[tuple[bytes, bytes]] = []
+    devices = tuple(DeviceConfig(name=d, backend="remote", **device_settings) for d in (RIGHT, LEFT))
+    cfg = ServerConfig(file="<test>", scenario=build_scenario(scene or SCENE, "<test>"), devices=devices)
+    return PhysicsLoop(cfg, sink=lambda topic, payload: out.append((topic, bytes(payload)))), out
+
+
+def send(loop: PhysicsLoop, device: str, pos, quat=(1.0, 0.0, 0.0, 0.0), buttons: int = 0) -> None:
+    """A stylus sample as the remote backend takes it."""
+    loop.stylus_sample(loop.devices[device], np.asarray(pos, float), np.asarray(quat, float), buttons)
+
+
+def tick(loop: PhysicsLoop, n: int = 1) -> None:
+    for _ in range(n):
+        loop.seq += 1
+        loop.tick_scene(0)
+
+
+def events(out: list, kind: str) -> list[dict]:
+    return [m for t, p in out if t == protocol.TOPIC_EVENT for m in [protocol.decode_event(p)] if m["kind"] == kind]
+
+
+def forces(out: list, device: str) -> np.ndarray:
+    return np.array([m["force"] for t, p in out if t == protocol.TOPIC_FORCE
+                     for m in [protocol.decode_force(p)] if m["device"] == device])
+
+
+def quat_of(axis, angle_deg: float) -> np.ndarray:
+    a = np.asarray(axis, float) / np.linalg.norm(axis)
+    h = math.radians(angle_deg) / 2.0
+    return np.array([math.cos(h), *(math.sin(h) * a)])
+
+
+def qmul(a, b) -> np.ndarray:
+    a0, a1, a2, a3 = a
+    b0, b1, b2, b3 = b
+    return np.array([a0 * b0 - a1 * b1 - a2 * b2 - a3 * b3, a0 * b1 + a1 * b0 + a2 * b3 - a3 * b2,
+                     a0 * b2 - a1 * b3 + a2 * b0 + a3 * b1, a0 * b3 + a1 * b2 - a2 * b1 + a3 * b0])
+
+
+def rot(q, v) -> np.ndarray:
+    w, x, y, z = q
+    m = np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+                  [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+                  [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]])
+    return m @ np.asarray(v, float)
+
+
+def arc_point(loop: PhysicsLoop, theta: float) -> np.ndarray:
+    r = loop.model.needle_par[NP_RADIUS]
+    q = loop.state.nst[NS_Q:NS_Q + 4]
+    return loop.state.x[0] + rot(q, [r * math.sin(theta), r * (1 - math.cos(theta)), 0.0])
+
+
+def angle_between(qa, qb) -> float:
+    """Degrees between two orientations."""
+    return math.degrees(2.0 * math.acos(min(1.0, abs(float(np.dot(qa, qb))))))
+
+
+def test_a_jaw_takes_the_needle_at_mid_arc_and_carries_it_in_that_pose():
+    loop, out = make_loop()
+    arc = loop.model.needle_par[NP_ARC]
+    jaw = arc_point(loop, arc / 3.0) + [0.0, 0.0, 0.002]     # 2 mm above a third of the way along
+    q_jaw = quat_of([1.0, 2.0, 0.5], 40.0)
+    send(loop, RIGHT, jaw, q_jaw)
+    tick(loop)
+    send(loop, RIGHT, jaw, q_jaw, GRASP)
+    tick(loop)
+    (g,) = events(out, "grasp")
+    assert g["holds"] == "needle" and g["device"] == RIGHT and g["vertex"] == 0
+    assert g["arc"] == pytest.approx(arc / 3.0, abs=1e-6) and g["distance"] == pytest.approx(0.002, abs=1e-6)
+    # where the held point sits in the jaw's frame, and the needle's orientation in it, at the closing
+    held_in_jaw = rot(qmul([q_jaw[0], *-q_jaw[1:]], [1, 0, 0, 0]), arc_point(loop, arc / 3.0) - jaw)
+    q_rel = qmul([q_jaw[0], *-q_jaw[1:]], loop.state.nst[NS_Q:NS_Q + 4])
+    # the hand moves 3 cm and turns 60 degrees about another axis over 0.3 s, then holds still
+    turn = quat_of([0.0, 1.0, -1.0], 60.0)
+    for k in range(1, 301):
+        s = k / 300.0
+        q = qmul(quat_of([0.0, 1.0, -1.0], 60.0 * s), q_jaw)
+        send(loop, RIGHT, jaw + [0.03 * s, 0.0, 0.01 * s], q, GRASP)
+        tick(loop)
+    end_jaw, end_q = jaw + [0.03, 0.0, 0.01], qmul(turn, q_jaw)
+    for _ in range(700):
+        send(loop, RIGHT, end_jaw, end_q, GRASP)
+        tick(loop)
+    # the needle turned with the jaw, and the point it was held at is where the jaw carries it
+    assert angle_between(loop.state.nst[NS_Q:NS_Q + 4], qmul(end_q, q_rel)) < 1.0
+    expected = end_jaw + rot(end_q, held_in_jaw)
+    assert np.linalg.norm(arc_point(loop, arc / 3.0) - expected) < 5e-4
+
+
+def test_released_needle_is_taken_again_near_its_tip_and_handed_over():
+    loop, out = make_loop()
+    arc = loop.model.needle_par[NP_ARC]
+    mid = arc_point(loop, arc / 2.0)
+    send(loop, RIGHT, mid, buttons=GRASP)
+    tick(loop, 50)
+    send(loop, RIGHT, mid, buttons=0)                # the jaw opens: the needle stays where physics puts it
+    tick(loop, 20)
+    assert [e["holds"] for e in events(out, "release")] == ["needle"]
+    assert not loop.grasps
+    tip = arc_point(loop, arc * 0.95)
+    send(loop, RIGHT, tip + [0.0, 0.0, 0.001], buttons=GRASP)   # retaken near the tip
+    tick(loop, 20)
+    g = events(out, "grasp")[-1]
+    assert g["holds"] == "needle" and g["arc"] == pytest.approx(arc * 0.95, abs=0.02)
+    # the other hand takes it from the first: the first lets go of it in the same tick
+    send(loop, LEFT, arc_point(loop, arc * 0.2), buttons=GRASP)
+    tick(loop)
+    assert [(e["device"], e["holds"]) for e in events(out, "release")][-1] == (RIGHT, "needle")
+    assert events(out, "grasp")[-1]["device"] == LEFT
+    assert [(g.device, g.kind) for g in loop.grasps] == [(LEFT, "needle")]
+
+
+def test_the_needle_wins_over_the_thread_in_reach_and_a_miss_says_so():
+    loop, out = make_loop()
+    # 2 mm from the swage: the thread's first vertex is the swage, and the needle's
+    send(loop, RIGHT, loop.state.x[0] + [0.0, 0.002, 0.0], buttons=GRASP)
+    tick(loop)
+    assert events(out, "grasp")[-1]["holds"] == "needle"
+    send(loop, LEFT, [0.5, 0.5, 0.5], buttons=GRASP)   # nothing within 10 mm
+    tick(loop)
+    assert events(out, "grasp_missed")[-1]["device"] == LEFT
+
+
+def test_the_thread_is_taken_at_a_point_along_a_segment():
+    loop, out = make_loop()
+    x = loop.state.x
+    point = 0.7 * x[12] + 0.3 * x[13]
+    send(loop, LEFT, point + [0.0, 0.003, 0.0], buttons=GRASP)
+    tick(loop)
+    g = events(out, "grasp")[-1]
+    assert g["holds"] == "thread" and g["vertex"] == 12 and g["frac"] == pytest.approx(0.3, abs=1e-9)
+    assert np.allclose(g["pos"], point, atol=1e-12)
+    # drawn 2 cm sideways, the held point follows the jaw
+    for k in range(1, 201):
+        send(loop, LEFT, point + [0.0, 0.003 + 0.02 * k / 200, 0.0], buttons=GRASP)
+        tick(loop)
+    tick(loop, 300)
+    x = loop.state.x
+    held = 0.7 * x[12] + 0.3 * x[13]
+    assert np.linalg.norm(held - (point + [0.0, 0.023, 0.0])) < 5e-4
+
+
+def test_the_clutch_holds_the_tool_still_with_no_force_step_and_reengages_where_it_is():
+    loop, out = make_loop(dict(SCENE, boundary={"pinned": [12]}))
+    end = loop.state.x[-1].copy()
+    send(loop, LEFT, end, buttons=GRASP)
+    for k in range(1, 401):                          # draw the tail 3 cm away: the thread pulls back
+        send(loop, LEFT, end + [-0.03 * k / 400, 0.0, 0.0], buttons=GRASP)
+        tick(loop)
+    tick(loop, 100)
+    held_at = loop.devices[LEFT].stylus.copy()
+    f_before = forces(out, LEFT)[-1]
+    assert np.linalg.norm(f_before) > 0.05
+    n_before = len(forces(out, LEFT))
+    # clutched, the hand goes back 4 cm: the tool holds still, the grasp holds, the hand's force ramps to zero
+    for k in range(1, 201):
+        send(loop, LEFT, held_at + [0.04 * k / 200, 0.0, 0.0], buttons=GRASP | CLUTCH)
+        tick(loop)
+    assert [e["on"] for e in events(out, "clutch")] == [True]
+    assert np.array_equal(loop.devices[LEFT].stylus, held_at) and [g.device for g in loop.grasps] == [LEFT]
+    assert np.linalg.norm(forces(out, LEFT)[-1]) < 1e-9
+    # released, the tool re-engages where it is: a 1 cm move of the hand moves it 1 cm from there
+    here = held_at + [0.04, 0.0, 0.0]
+    send(loop, LEFT, here, buttons=GRASP)
+    tick(loop)
+    assert np.allclose(loop.devices[LEFT].stylus, held_at, atol=1e-15)
+    for k in range(1, 101):
+        send(loop, LEFT, here + [0.0, 0.0, 0.01 * k / 100], buttons=GRASP)
+        tick(loop)
+    assert np.allclose(loop.devices[LEFT].stylus, held_at + [0.0, 0.0, 0.01], atol=1e-12)
+    # the force stream never stepped by more than the slew limit allows in a tick
+    f = forces(out, LEFT)[n_before - 1:]
+    steps = np.linalg.norm(np.diff(f, axis=0), axis=1)
+    slew = loop.cfg.safety.max_slew_n_per_s * loop.cfg.loop.tick_s
+    assert steps.max() <= slew * 1.0001
+    assert np.linalg.norm(f[-1]) > 0.05            # and the hand feels the thread again
+
+
+def test_a_scene_places_and_scales_a_devices_workspace_and_the_config_wins():
+    scene = dict(SCENE, devices={RIGHT: {"workspace_offset": [0.1, 0.0, -0.02], "motion_scale": 2.0}})
+    loop, _ = make_loop(scene)
+    origin = np.array(loop.cfg.device_config(RIGHT).transform.offset)
+    p = origin + [0.01, -0.02, 0.03]
+    send(loop, RIGHT, p)
+    assert np.allclose(loop.devices[RIGHT].stylus, origin + [0.1, 0.0, -0.02] + 2.0 * (p - origin), atol=1e-15)
+    loop, _ = make_loop(scene, motion_scale=1.0, workspace_offset=(0.0, 0.0, 0.0))
+    send(loop, RIGHT, p)
+    assert np.array_equal(loop.devices[RIGHT].stylus, p)
+
+
+TOUCH_BOX = np.array([0.160, 0.120, 0.070])   # m: a Touch's usable workspace (x, y, z in its own frame), about
+                                              # its origin
+
+
+def scripted_paths(scenario) -> dict[str, np.ndarray]:
+    """Each grasp device's scripted target path (m, every 10 ms) from the scene's timeline alone."""
+    from suturesim.solver.motion import apply_motions
+
+    m, st = scenario.model, scenario.new_state()
+    h = 0.01
+    paths: dict[str, list] = {g.device: [] for g in scenario.grasps}
+    for k in range(int(scenario.duration / h)):
+        apply_motions(k * h, h, m.mot_kind, m.mot_index, m.mot_t0, m.mot_t1, m.mot_vel, st.kin_target,
+                      st.grasp_target, st.twist, st.nst, st.grasp_k, st.grasp_c, st.grasp_fmax)
+        for g in scenario.grasps:
+            if st.grasp_k[g.slot] > 0.0:
+                paths[g.device].append(st.grasp_target[g.slot].copy())
+    return {d: np.array(p) for d, p in paths.items() if p}
+
+
+@pytest.mark.parametrize("name", ["two-hand-knot", "reef-knot-suture", "simple-interrupted-suture",
+                                  "needle-tie-surgeons-knot"])
+def test_a_touch_reaches_every_scripted_move_of_its_hand_in_each_haptic_scene(name):
+    """Each hand's scripted path in the scene lies inside a Touch's workspace as the scene maps it, so a person
+    makes the same moves without clutching."""
+    from suturesim.server.config import OPENHAPTICS_TRANSFORM
+    from suturesim.solver.scenario import load_scenario
+
+    sc = load_scenario(name)
+    r = OPENHAPTICS_TRANSFORM.matrix
+    origin = np.array(OPENHAPTICS_TRANSFORM.offset)
+    for device, ws in sc.workspaces.items():
+        path = scripted_paths(sc)[device]
+        # the hand's stylus for each point: p = origin + offset + s (stylus - origin), the stylus in device mm
+        stylus = origin + (path - origin - ws.offset) / ws.scale
+        in_device = (stylus - origin) @ r   # R^T (stylus - origin): the device's axes, in m
+        assert np.all(np.abs(in_device) <= TOUCH_BOX / 2.0), (device, np.abs(in_device).max(axis=0))
+
+
+def test_in_the_default_scene_a_touch_lifts_the_thread_and_pulls_it_to_the_couplings_limit():
+    """The thread's end (0.45 m from its pinned start) pulled straight out to the coupling's 3 N at 1000 N/m is
+    at 0.453 m; a lift of 5 cm above it; both inside the Touch's workspace as the default scene maps it."""
+    from suturesim.server.config import OPENHAPTICS_TRANSFORM
+    from suturesim.solver.scenario import load_scenario
+
+    sc = load_scenario("default")
+    ws = sc.workspaces["stylus0"]
+    origin = np.array(OPENHAPTICS_TRANSFORM.offset)
+    g = sc.grasps[0]
+    length = float(np.linalg.norm(sc.initial.x[-1] - sc.initial.x[0]))
+    taut = np.array([length + g.max_force / g.stiffness + 0.005, 0.0, 0.0])   # 5 mm past the limit
+    for point in (taut, np.array([0.40, 0.0, 0.05])):
+        stylus = origin + (point - origin - ws.offset) / ws.scale
+        in_device = (stylus - origin) @ OPENHAPTICS_TRANSFORM.matrix
+        assert np.all(np.abs(in_device) <= TOUCH_BOX / 2.0), (point, in_device)
