@@ -274,3 +274,16 @@ def test_in_the_default_scene_a_touch_lifts_the_thread_and_pulls_it_to_the_coupl
         stylus = origin + (point - origin - ws.offset) / ws.scale
         in_device = (stylus - origin) @ OPENHAPTICS_TRANSFORM.matrix
         assert np.all(np.abs(in_device) <= TOUCH_BOX / 2.0), (point, in_device)
+
+
+@pytest.mark.parametrize("devices, key, reason", [
+    ({"s0": {"motion_scale": 0.0}}, "devices.s0.motion_scale", "must be > 0"),
+    ({"s0": {"workspace_offset": [0.0, 2000.0, 0.0]}}, "devices.s0.workspace_offset", "within 1000 m"),
+    ({"s0": {"scale": 2.0}}, "devices.s0.scale", ""),
+])
+def test_a_scenes_device_section_is_checked_where_it_enters(devices, key, reason):
+    from suturesim.solver.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        build_scenario(dict(SCENE, devices=devices), "scene.yaml")
+    assert info.value.file == "scene.yaml" and info.value.key == key and reason in info.value.reason

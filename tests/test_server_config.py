@@ -192,6 +192,12 @@ def test_endpoint_not_a_string_and_duplicate(tmp_path):
     ("loop: {sndhwm: 0}", "loop.sndhwm", "must be >= 1"),
     ("security: {max_message_bytes: 10}", "security.max_message_bytes", "must be >= 1024"),
     ("security: {insecure: 1}", "security.insecure", "must be true or false"),
+    ("devices: {s0: {grasp_button: 3, clutch_button: 2}}", "devices.s0.clutch_button", "shares a button"),
+    ("devices: {s0: {grasp_mode: tap}}", "devices.s0.grasp_mode", "hold"),
+    ("devices: {s0: {motion_scale: 0}}", "devices.s0.motion_scale", "must be > 0"),
+    ("devices: {s0: {motion_scale: 50}}", "devices.s0.motion_scale", "must be <= 20"),
+    ("devices: {s0: {workspace_offset: [0, 1]}}", "devices.s0.workspace_offset", "list of 3"),
+    ("devices: {s0: {frame: device}}", "devices.s0.frame", "only a remote device"),
 ])
 def test_bad_values(tmp_path, text, key, reason):
     _error(tmp_path, text, key, reason)
