@@ -69,6 +69,8 @@ class Device:
     motion_scale: float = 1.0              # tool motion per stylus motion
     shift: np.ndarray = field(default_factory=_zeros3)    # m: what clutching has added to the tool's position
     quat_shift: np.ndarray = field(default_factory=_unit_quat)   # ... and to its orientation (tool = shift hand)
+    frame: np.ndarray = field(default_factory=_unit_quat)   # the device's axes in the scene (w x y z: its
+                                           # transform's rotation): an operator's view looks along them
     mapped: bool = False                   # the mapping is not the identity (else the tool is the stylus, bit for bit)
     clutched: bool = False                 # the clutch is held: the tool holds still, the hand feels no force
     driver_flags: int = 0                  # the safety flags its driver reported (OR'd into its force's flags)
@@ -87,8 +89,10 @@ class Device:
         self.flags = 0
         self.has_quat = False
 
-    def set_workspace(self, origin, offset, scale: float) -> None:
-        """The mapping of this scene (m, m, dimensionless); what clutching added starts again from nothing."""
+    def set_workspace(self, origin, offset, scale: float, frame=(1.0, 0.0, 0.0, 0.0)) -> None:
+        """The mapping of this scene (m, m, dimensionless; ``frame`` the device's axes in the scene, w x y z);
+        what clutching added starts again from nothing."""
+        self.frame[:] = frame
         self.origin[:] = origin
         self.offset[:] = offset
         self.motion_scale = float(scale)
@@ -124,6 +128,10 @@ class Device:
             pos_out[i] = o + self.offset[i] + s * (float(pos[i]) - o) + self.shift[i]
         quat_mul_into(self.quat_shift, self.hand_quat, quat_out)
         return True
+
+    def workspace_centre(self) -> list[float]:
+        """Where the centre of the device's workspace (its origin) is in the scene now (m), clutching included."""
+        return [float(self.origin[i] + self.offset[i] + self.shift[i]) for i in range(3)]
 
     def clutch(self, on: bool, tool: np.ndarray, tool_quat: np.ndarray) -> None:
         """Hold (``on``) or let go of the clutch. Letting go re-engages the tool where it is (``tool``, m, and

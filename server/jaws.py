@@ -71,12 +71,10 @@ class Hold:
     jaw_quat: np.ndarray = field(default_factory=lambda: np.array([1.0, 0.0, 0.0, 0.0]))  # the jaw's, last known
     goal: np.ndarray = field(default_factory=lambda: np.zeros(3))     # m, scene: where the grasp's target is led
 
-    def follow(self, jaw: np.ndarray, jaw_quat, nst: np.ndarray, qt: int) -> None:
-        """The jaw is at ``jaw`` (m) turned ``jaw_quat`` (unit, or None: as it was): the needle's swage goal
-        ``p_jaw + q_jaw r`` into ``goal`` and its orientation target ``q_jaw q_r`` into ``nst[qt:qt+4]``.
-        A thread hold's goal is the jaw itself."""
-        if jaw_quat is not None:
-            self.jaw_quat[:] = jaw_quat
+    def follow(self, jaw: np.ndarray, nst: np.ndarray, qt: int) -> None:
+        """The jaw is at ``jaw`` (m) turned ``jaw_quat``: the needle's swage goal ``p_jaw + q_jaw r`` into
+        ``goal`` and its orientation target ``q_jaw q_r`` into ``nst[qt:qt+4]``. A thread hold's goal is the
+        jaw itself."""
         if self.kind != KIND_NEEDLE:
             self.goal[:] = jaw
             return

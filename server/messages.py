@@ -134,10 +134,11 @@ class MessageBuilder:
             if not dev.has_stylus:
                 continue
             held = next((g for g in self.grasps if g.device == dev.name), None)
-            tools.append(protocol.SortedMap(clutched=dev.clutched, device=dev.name,
-                                            grasp=None if held is None else held.id,
+            tools.append(protocol.SortedMap(centre=dev.workspace_centre(), clutched=dev.clutched, device=dev.name,
+                                            frame=dev.frame.tolist(), grasp=None if held is None else held.id,
                                             holds=None if held is None else held.kind,
-                                            pos=dev.stylus.tolist(), quat=dev.tool_quat.tolist()))
+                                            pos=dev.stylus.tolist(), quat=dev.tool_quat.tolist(),
+                                            scale=dev.motion_scale))
         return tools or None
 
     def _tissue(self, state: ThreadState) -> protocol.SortedMap:

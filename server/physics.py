@@ -270,7 +270,8 @@ class PhysicsLoop:
         """``dev``'s workspace mapping in the running scene (ServerConfig.workspace_of), about the device's origin
         in the scene (its transform's offset); what clutching added starts again from nothing."""
         offset, scale = self.cfg.workspace_of(dev.name, self.scenario)
-        dev.set_workspace(self.cfg.device_config(dev.name).transform.offset, offset, scale)
+        t = self.cfg.device_config(dev.name).transform
+        dev.set_workspace(t.offset, offset, scale, t.quat)
 
     def _device_settings(self, name: str) -> tuple[float, int]:
         """A new device record's settings (DeviceTable): the most its grasps move per tick (m), its link slot."""

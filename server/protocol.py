@@ -162,7 +162,8 @@ def encode_state(seq: int, t: float, x: np.ndarray, tension: np.ndarray, twist: 
     :param needle: in a scene with a needle: ``{"pos"[3] swage (m), "quat"[4] (w, x, y, z), "radius" (m),
         "arc" (rad), "tip"[3] (m), "torque"[3] (N m, felt)}``; omitted otherwise.
     :param tools: each stylus's tool: ``{"device", "pos"[3] (m, the jaw), "quat"[4] (w, x, y, z), "clutched",
-        "holds" ("needle"|"thread"|None), "grasp" (id or None)}``; omitted when no device has a stylus.
+        "holds" ("needle"|"thread"|None), "grasp" (id or None), "frame"[4] (the device's axes), "centre"[3] (m,
+        its workspace's centre), "scale"}``; omitted when no device has a stylus.
     """
     x = np.asarray(x)
     if x.ndim != 2 or x.shape[1] != 3 or x.shape[0] < 1:

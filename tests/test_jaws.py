@@ -139,6 +139,11 @@ def test_released_needle_is_taken_again_near_its_tip_and_handed_over():
     assert [(e["device"], e["holds"]) for e in events(out, "release")][-1] == (RIGHT, "needle")
     assert events(out, "grasp")[-1]["device"] == LEFT
     assert [(g.device, g.kind) for g in loop.grasps] == [(LEFT, "needle")]
+    tick(loop, 10)   # a state message: each tool, and what it holds
+    state = [protocol.decode_state(p) for t, p in out if t == protocol.TOPIC_STATE][-1]
+    tools = {tl["device"]: tl for tl in state["tools"]}
+    assert tools[LEFT]["holds"] == "needle" and tools[RIGHT]["holds"] is None and not tools[LEFT]["clutched"]
+    assert [g["holds"] for g in state["grasps"]] == ["needle"]
 
 
 def test_the_needle_wins_over_the_thread_in_reach_and_a_miss_says_so():
