@@ -285,8 +285,9 @@ def _apply_events(loop, events: list[dict], ev_i: int, seq: int, report: ResimRe
         ev_i += 1
         kind = e["kind"]
         if kind == "grasp":
-            loop.add_grasp(e["vertex"], e["device"], e["id"], e.get("stiffness", 1000.0),
-                           e.get("damping", 0.0), e.get("max_force", 3.0), e.get("frac", 0.0))
+            loop.grasp_as_recorded(e)
+        elif kind == "clutch":   # a clutched hand felt no force; its tool's pose is in the recorded stylus
+            loop.devices[e["device"]].clutched = bool(e["on"])
         elif kind == "release":
             loop.remove_grasp(e["id"])
         elif kind == "reset":
