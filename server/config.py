@@ -159,9 +159,12 @@ class ServerConfig:
 
     def workspace_of(self, name: str, scenario: Scenario) -> tuple[tuple[float, float, float], float]:
         """Device ``name``'s workspace in ``scenario``: (offset m, motion scale); this config's own values win
-        over the scenario's."""
+        over the scenario's. A scene places the workspace of a device whose poses come in its own frame (an
+        OpenHaptics device, a remote one with ``frame: device``); a remote stylus sending scene positions is
+        already where it says (only this config's own values map it)."""
         dc = self.device_config(name)
-        ws = scenario.workspaces.get(name)
+        in_scene = self.backend_of(name) in ("remote", "simulated", "replay") and dc.frame == "scene"
+        ws = None if in_scene else scenario.workspaces.get(name)
         offset = dc.workspace_offset if dc.workspace_offset is not None else (
             ws.offset if ws is not None else (0.0, 0.0, 0.0))
         scale = dc.motion_scale if dc.motion_scale is not None else (ws.scale if ws is not None else 1.0)

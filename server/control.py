@@ -351,7 +351,7 @@ class ControlHandler:
         try:
             spec = self.loop.add_grasp(vertex, device or None, gid, _number(req, "stiffness", 1000.0),
                                        _number(req, "damping", 0.0), _number(req, "max_force", 3.0),
-                                       _number(req, "frac", 0.0))
+                                       frac=_number(req, "frac", 0.0))
         except ValueError as exc:
             raise RequestError(str(exc)) from None
         return {"id": spec.id, "slot": spec.slot}

@@ -158,8 +158,11 @@ class MessageBuilder:
                 pos=(state.pst[p, PS_X:PS_X + 3] + pun_f[q, PF_LOCAL:PF_LOCAL + 3]).tolist()))
         g = float(pad_gap(m.pads, state.pst))
         w = self.watch
+        targets = [protocol.SortedMap(id=tg.id, kind=tg.kind, pad=m.pad_ids[tg.pad],
+                                      pos=[float(state.pst[tg.pad, PS_X + i] + tg.local[i]) for i in range(3)])
+                   for tg in self.scenario.targets]
         return protocol.SortedMap(gap=g if math.isfinite(g) else None, knot=w.knot, linking=w.link, pads=pads,
-                                  punctures=punctures, throws=w.throws)
+                                  punctures=punctures, throws=w.throws, **({"targets": targets} if targets else {}))
 
     def _needle(self, state: ThreadState) -> protocol.SortedMap:
         """The `state` topic's `needle` map (docs/PROTOCOL.md Sec. 3.1), built with its keys in sorted order."""

@@ -414,8 +414,9 @@ class PhysicsLoop:
 
     def all_devices(self, grasp_devices: list[str]) -> list[str]:
         """Every device with a `force` stream, in order: the grasps' and every stylus that exists without a
-        grasp (a device on a backend other than simulated: it gets zero force while it holds nothing)."""
-        others = [d for d in (*self.link_devices, *(d.name for d in self.cfg.devices))
+        grasp (a device on a backend other than simulated, linked, placed by the scene's `devices` section or
+        configured: it gets zero force while it holds nothing)."""
+        others = [d for d in (*self.link_devices, *self.scenario.workspaces, *(d.name for d in self.cfg.devices))
                   if self.cfg.backend_of(d) != "simulated"]
         return list(dict.fromkeys([*grasp_devices, *others]))
 

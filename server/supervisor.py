@@ -272,7 +272,9 @@ class Supervisor:
         if self.zap is not None:
             cfg = self.cfg = replace(cfg, security=replace(cfg.security, zap_endpoint=self.zap.endpoint))
         scenario = load_scenario(cfg.scenario)
-        devices = list(dict.fromkeys([*(g.device for g in scenario.grasps), *(d.name for d in cfg.devices)]))
+        # the scene's styluses: its grasps' devices, the devices its `devices` section places, the configured ones
+        devices = list(dict.fromkeys([*(g.device for g in scenario.grasps), *scenario.workspaces,
+                                      *(d.name for d in cfg.devices)]))
         self.link = DeviceLink.create(max(1, len(devices)))
         self.link.zero_forces(0, time.monotonic_ns())   # zero force on start
         try:

@@ -98,6 +98,7 @@ class Scenario:
     base_dir: str = "."              # the directory its relative file references resolved against
     files_read: tuple[str, ...] = ()  # real paths of the files it read (preset, shape.file): a `set` may reread them
     workspaces: dict[str, Workspace] = field(default_factory=dict)   # device name -> its workspace in this scene
+    targets: tuple = ()              # tissue_config.Target: where the needle should enter and leave the pads
 
     def new_state(self) -> ThreadState:
         """A fresh copy of the initial state."""
@@ -383,7 +384,8 @@ def build_scenario(data: dict, file: str, *, policy: FilePolicy | None = None,
     return Scenario(name=name, description=description, file=file, duration=duration, state_rate=state_rate,
                     model=model, initial=state, grasps=grasps, force_vertices=[v for v, _ in forces],
                     source=data, needle_grasp=needle.grasp if needle is not None else None,
-                    base_dir=str(files.base_dir), files_read=tuple(files.read), workspaces=workspaces)
+                    base_dir=str(files.base_dir), files_read=tuple(files.read), workspaces=workspaces,
+                    targets=tissue.targets if tissue is not None else ())
 
 
 def _workspaces(sec: Section) -> dict[str, Workspace]:

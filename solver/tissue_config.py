@@ -27,12 +27,25 @@ class PassSpec:
     file: str
 
 
+@dataclass(frozen=True)
+class Target:
+    """A mark on a pad's surface where the needle should enter or leave it (a practice scene's targets)."""
+    id: str
+    pad: int
+    local: tuple[float, float, float]   # m: from the pad's centre at rest; the mark moves with its pad
+    kind: str                           # "entry" or "exit"
+
+
+TARGET_KINDS = ("entry", "exit")
+
+
 @dataclass
 class TissueSpec:
     par: np.ndarray                   # tissue.TP_*
     pads: np.ndarray                  # (P, tissue.PD_COUNT)
     ids: tuple
     passes: list[PassSpec] = field(default_factory=list)
+    targets: tuple[Target, ...] = ()
 
     def thread_through(self, state: ThreadState, model: ThreadModel) -> None:
         """Put the passes into ``state`` as punctures at the thread's closest points; the thread must run
@@ -138,5 +151,29 @@ def read_tissue(sec: Section | None, params, rest: np.ndarray) -> TissueSpec | N
         passes.append(PassSpec(pad=p, entry=pts[0], exit=pts[1], key=qs.path,
                                file=qs.file))
         qs.finish()
+    targets = _targets(sec, pads, ids)
     sec.finish()
-    return TissueSpec(par=par, pads=pads, ids=tuple(ids), passes=passes)
+    return TissueSpec(par=par, pads=pads, ids=tuple(ids), passes=passes, targets=targets)
+
+
+def _targets(sec: Section, pads: np.ndarray, ids: list) -> tuple[Target, ...]:
+    """The `tissue.targets` list: each mark's `id`, `pad`, `pos` (m, on that pad's surface at rest) and `kind`."""
+    out: list[Target] = []
+    for ts in sec.sections("targets"):
+        tid = ts.get("id", str, f"target{len(out)}")
+        if any(t.id == tid for t in out):
+            raise ts.error("id", f"a target {tid!r} exists already")
+        pid = ts.get("pad", str)
+        if pid not in ids:
+            raise ts.error("pad", f"no pad {pid!r} (pads: {', '.join(ids)})")
+        p = ids.index(pid)
+        pt = np.array(ts.vector("pos", 3))
+        rel = np.abs(pt - pads[p, PD_REST:PD_REST + 3]) - pads[p, PD_HALF:PD_HALF + 3]
+        tol = 1e-6 + 1e-3 * float(pads[p, PD_HALF:PD_HALF + 3].min())
+        if np.any(rel > tol) or np.all(rel < -tol):
+            raise ts.error("pos", f"must lie on the surface of pad {pid!r}, got {list(pt)}")
+        local = pt - pads[p, PD_REST:PD_REST + 3]
+        out.append(Target(tid, p, (float(local[0]), float(local[1]), float(local[2])),
+                          ts.get("kind", str, choices=TARGET_KINDS)))
+        ts.finish()
+    return tuple(out)

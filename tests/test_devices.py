@@ -34,6 +34,8 @@ device: openhaptics
 devices:
   stylus0:
     transform: {rotation_deg: [0, 0, 0], scale: 0.001, offset: [0.45, 0.0, 0.0]}
+    workspace_offset: [0, 0, 0]    # the device's origin where the transform puts it, not the scene's workspace
+    motion_scale: 1.0
 """
 
 # slack (50 mm in), then 0.5 mm past the thread's reach (taut: ~0.5 N through the 1000 N/m coupling), a step
@@ -341,9 +343,12 @@ devices:
   stylus0:
     hd_name: Right Touch
     transform: {rotation_deg: [0, 0, 0], scale: 0.001, offset: [0.45, 0.0, 0.0]}
+    workspace_offset: [0, 0, 0]    # the device's origin where the transform puts it, not the scene's workspace
+    motion_scale: 1.0
   stylus1:
     hd_name: Left Touch
     transform: {rotation_deg: [0, 0, 180], scale: 0.001, offset: [0.0, 0.0, 0.0]}
+    workspace_offset: [0, 0, 0]
 """
     script = [(0.0, 0.0, 0, 0, 0), (4.0, 0.0, 0, 0, 0), (5.0, 10.0, 0, 0, 0), (60.0, 10.0, 0, 0, 0)]
     r = rig(script=script, config=config).serve()
@@ -415,9 +420,12 @@ device: openhaptics
 devices:
   stylus0:
     transform: {{rotation_deg: [90, 0, 0], scale: 0.001, offset: [{SWAGE[0]}, {SWAGE[1]}, {SWAGE[2]}]}}
+    workspace_offset: [0, 0, 0]    # the device's origin at the swage, not where the scene puts the workspace
   stylus1:
     hd_name: Left Device
     grasp_button: 2
+    clutch_button: 0               # no clutch: button 2 is this hand's grasp button
+    workspace_offset: [0, 0, 0]
     transform: {{rotation_deg: [90, 0, 0], scale: 0.001, offset: [{TAIL[0]}, {TAIL[1]}, {TAIL[2]}]}}
 """
 # "Default Device" holds the needle: it lifts it 30 mm (device y: scene z), then turns it 90 degrees about the

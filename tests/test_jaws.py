@@ -29,6 +29,7 @@ GRASP, CLUTCH = 1, 2
 
 def make_loop(scene: dict | None = None, **device_settings) -> tuple[PhysicsLoop, list]:
     out: list[tuple[bytes, bytes]] = []
+    device_settings.setdefault("frame", "device" if "devices" in (scene or {}) else "scene")
     devices = tuple(DeviceConfig(name=d, backend="remote", **device_settings) for d in (RIGHT, LEFT))
     cfg = ServerConfig(file="<test>", scenario=build_scenario(scene or SCENE, "<test>"), devices=devices)
     return PhysicsLoop(cfg, sink=lambda topic, payload: out.append((topic, bytes(payload)))), out
