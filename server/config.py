@@ -21,7 +21,7 @@ from ..haptics.safety import SafetyConfig
 from ..haptics.transform import DeviceTransform
 from ..solver.config import ConfigError, Section, load_yaml
 from ..solver.presets import CONFIG_DIR
-from ..solver.scenario import MAX_MOTION_SCALE, SCENARIOS_DIR, Scenario, load_scenario, scenario_names
+from ..solver.scenario import MAX_MOTION_SCALE, SCENARIOS_DIR, TOOLS, Scenario, load_scenario, scenario_names
 
 DEFAULT_CONFIG = CONFIG_DIR / "server.yaml"
 _CLI = "(given on the command line)"
@@ -120,6 +120,8 @@ class DeviceConfig:
                                           # scenario's, else 1)
     workspace_offset: tuple[float, float, float] | None = None   # m: where the workspace is moved in the scene
                                           # (None: the scenario's, else none)
+    tool: str | None = None               # needle_driver | forceps (forceps also hold tissue); None: the scenario's,
+                                          # else needle_driver
     frame: str = "scene"                  # remote only: samples in the scene frame (m), or in the device's own
                                           # frame and units, mapped by `transform` as an OpenHaptics pose is
     stiffness: float = 1000.0             # N/m: the virtual coupling of a button grasp
@@ -169,6 +171,13 @@ class ServerConfig:
             ws.offset if ws is not None else (0.0, 0.0, 0.0))
         scale = dc.motion_scale if dc.motion_scale is not None else (ws.scale if ws is not None else 1.0)
         return offset, scale
+
+    def tool_of(self, name: str, scenario: Scenario) -> str:
+        """The tool device ``name`` drives in ``scenario``: this config's, else the scenario's, else a needle
+        driver."""
+        dc = self.device_config(name)
+        ws = scenario.workspaces.get(name)
+        return dc.tool or (ws.tool if ws is not None else None) or "needle_driver"
 
     def backend_of(self, name: str) -> str:
         """The backend driving device ``name``."""
@@ -478,6 +487,7 @@ def _devices(sec: Section, default_backend: str, security: SecurityConfig,
             workspace_offset=tuple(d.vector("workspace_offset", 3, [0.0, 0.0, 0.0]))
             if d.has("workspace_offset") else None,
             frame=d.get("frame", str, DeviceConfig.frame, choices=DEVICE_FRAMES),
+            tool=d.get("tool", str, None, choices=TOOLS) if d.has("tool") else None,
             stiffness=d.get("stiffness", float, DeviceConfig.stiffness, above=0.0, maxval=1e6),
             damping=d.get("damping", float, DeviceConfig.damping, minval=0.0, maxval=1e3),
             max_force=d.get("max_force", float, DeviceConfig.max_force, above=0.0, maxval=100.0),
@@ -540,7 +550,7 @@ def server_metadata(cfg: ServerConfig) -> dict[str, str]:
 
     def device(d: DeviceConfig) -> dict:
         out = {k: getattr(d, k) for k in ("name", "backend", "hd_name", "grasp_button", "grasp_radius",
-                                         "grasp_mode", "clutch_button", "motion_scale", "frame",
+                                         "grasp_mode", "clutch_button", "motion_scale", "frame", "tool",
                                          "stiffness", "damping", "max_force", "max_speed")}
         out["workspace_offset"] = None if d.workspace_offset is None else list(d.workspace_offset)
         t = d.transform

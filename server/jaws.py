@@ -10,7 +10,10 @@ distance:
    point the held pose puts the swage at, ``p_jaw + q_jaw r``, and the needle's rotational coupling turns it
    toward ``q_jaw q_r`` (``r``, ``q_r``: the swage's position and the needle's orientation in the jaw's frame
    at the closing). A needle held a third of the way from the swage turns about the jaw, as a driver turns it.
-2. the **thread**, at the closest point along any segment (a grasp holds a point ``(1 - f) x_v + f x_v+1``).
+2. the **thread**, at the closest point along any segment (a grasp holds a point ``(1 - f) x_v + f x_v+1``);
+3. with forceps (``tool: forceps``), a **tissue pad** whose surface is within reach (an edge held and presented):
+   the jaw keeps the offset from it to the pad's centre, and the pad follows the jaw through a coupling
+   (solver/tissue.py step_pads).
 
 Units: SI; quaternions (w, x, y, z), body or jaw to world.
 """
@@ -22,10 +25,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..solver.needle import NP_ARC, NP_RADIUS, NS_Q
+from ..solver.tissue import PD_HALF, PS_X
 from ..solver.scenario import GraspSpec
 
 KIND_NEEDLE = "needle"
 KIND_THREAD = "thread"
+KIND_TISSUE = "tissue"
+TOOLS = ("needle_driver", "forceps")   # what a tool is: both take the needle and the thread, forceps tissue too
 
 
 def rotate(q, v) -> tuple[float, float, float]:
@@ -66,7 +72,8 @@ class Hold:
     """What one jaw holds: its grasp (a coupling slot) and, for the needle, the needle's pose in the jaw's frame."""
     grasp: GraspSpec
     kind: str                                   # KIND_NEEDLE or KIND_THREAD
-    offset: np.ndarray = field(default_factory=lambda: np.zeros(3))   # m: the swage in the jaw's frame
+    offset: np.ndarray = field(default_factory=lambda: np.zeros(3))   # m: the swage in the jaw's frame (needle),
+                                                                       # or the pad's centre from the jaw (tissue)
     q_rel: np.ndarray = field(default_factory=lambda: np.array([1.0, 0.0, 0.0, 0.0]))   # the needle in it
     jaw_quat: np.ndarray = field(default_factory=lambda: np.array([1.0, 0.0, 0.0, 0.0]))  # the jaw's, last known
     goal: np.ndarray = field(default_factory=lambda: np.zeros(3))     # m, scene: where the grasp's target is led
@@ -75,6 +82,9 @@ class Hold:
         """The jaw is at ``jaw`` (m) turned ``jaw_quat``: the needle's swage goal ``p_jaw + q_jaw r`` into
         ``goal`` and its orientation target ``q_jaw q_r`` into ``nst[qt:qt+4]``. A thread hold's goal is the
         jaw itself."""
+        if self.kind == KIND_TISSUE:   # a pad does not turn: its centre keeps its offset from the jaw
+            self.goal[:] = jaw + self.offset
+            return
         if self.kind != KIND_NEEDLE:
             self.goal[:] = jaw
             return
@@ -87,6 +97,8 @@ class Hold:
 
     def details(self) -> dict:
         """What a `grasp` event says of it beyond the grasp's own fields (a resimulation rebuilds it from them)."""
+        if self.kind == KIND_TISSUE:
+            return {"holds": self.kind, "offset": [float(v) for v in self.offset]}
         if self.kind != KIND_NEEDLE:
             return {"holds": self.kind}
         return {"holds": self.kind, "offset": [float(v) for v in self.offset],
@@ -134,3 +146,25 @@ def thread_in_reach(x: np.ndarray, kinematic: np.ndarray, jaw: np.ndarray) -> tu
     if f >= 1.0:   # the segment's end: its vertex v+1 (free, since the segment is), held as a vertex
         v, f = v + 1, 0.0
     return dist, v, f
+
+
+def pad_in_reach(pads: np.ndarray, pst: np.ndarray, jaw: np.ndarray) -> tuple[float, int]:
+    """(distance m, pad) of the pad whose box surface is closest to ``jaw`` (0 inside it): pads are axis-aligned
+    boxes of half extents ``pads[p, PD_HALF:]`` centred at ``pst[p, PS_X:]`` (solver/tissue.py). (inf, -1)
+    without pads."""
+    best, which = math.inf, -1
+    for p in range(pads.shape[0]):
+        out = np.maximum(np.abs(np.asarray(jaw, float) - pst[p, PS_X:PS_X + 3]) - pads[p, PD_HALF:PD_HALF + 3], 0.0)
+        d = float(np.sqrt((out * out).sum()))
+        if d < best:
+            best, which = d, p
+    return best, which
+
+
+def tissue_hold(grasp, jaw: np.ndarray, centre: np.ndarray) -> Hold:
+    """The hold of a jaw at ``jaw`` (m) closing on a pad centred at ``centre`` (m): the pad's centre kept at
+    ``jaw + (centre - jaw at the closing)``."""
+    h = Hold(grasp, KIND_TISSUE)
+    h.offset[:] = np.asarray(centre, float) - np.asarray(jaw, float)
+    h.goal[:] = centre
+    return h

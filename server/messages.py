@@ -112,6 +112,7 @@ class MessageBuilder:
         """The `state` payload (docs/PROTOCOL.md Sec. 3.1): positions, tensions (N), twist (rad), grasps,
         energies (J), and the last tick's solver and self-contact statistics."""
         grasps = [{"id": g.id, "vertex": g.vertex, "device": g.device, "holds": g.kind, "frac": g.frac,
+                   **({"pad": self.scenario.model.pad_ids[g.pad]} if g.pad >= 0 else {}),
                    "pos": state.grasp_target[g.slot], "force": state.grasp_force[g.slot]}
                   for g in self.grasps]
         cs = state.contact_stats
@@ -186,7 +187,8 @@ class MessageBuilder:
                 # a clutched hand moves freely: its force ramps to zero at the pipeline's slew rate, and back
                 if g.device == dev.name and not dev.clutched:
                     raw -= state.grasp_force[g.slot]
-                    axial = max(axial, self.axial(state, g.vertex, float(state.grasp_frac[g.slot])))
+                    if g.vertex >= 0:   # the thread's axial force where a grasp holds it (a pad has none)
+                        axial = max(axial, self.axial(state, g.vertex, float(state.grasp_frac[g.slot])))
             dev.flags = dev.safety.step(raw, t, t, self.tick, dev.force) | dev.driver_flags
             dev.axial = axial
 

@@ -23,6 +23,7 @@ from ..haptics.link import DeviceLink
 from ..solver.integrator import SolverDivergence, Stepper, warm_up
 from ..solver.motion import MOTION_GRASP, MOTION_SPIN
 from ..solver.needle import NS_Q, NS_QT, NS_WT
+from ..solver.tissue import PS_X
 from ..solver.model import MAX_GRASPS
 from ..solver.scenario import (MAX_GRASP_DAMPING, MAX_GRASP_FORCE, MAX_GRASP_STIFFNESS, GraspSpec, Scenario,
                                build_scenario, load_scenario)
@@ -30,7 +31,8 @@ from . import protocol
 from .config import ServerConfig
 from .console import say
 from .device import Device, DeviceTable, quat_mul_into, unit_quat_or_none
-from .jaws import KIND_NEEDLE, KIND_THREAD, Hold, needle_hold, needle_in_reach, thread_in_reach
+from .jaws import (KIND_NEEDLE, KIND_THREAD, KIND_TISSUE, Hold, needle_hold, needle_in_reach, pad_in_reach,
+                   thread_in_reach, tissue_hold)
 from .messages import MessageBuilder
 from .scene import SceneRunner
 from .security import SocketSecurity
@@ -501,6 +503,9 @@ class PhysicsLoop:
                 hold.follow(dev.stylus, nst, NS_QT)
                 nst[NS_WT] = nst[NS_WT + 1] = nst[NS_WT + 2] = 0.0
                 goal = hold.goal
+            elif hold is not None and hold.kind == KIND_TISSUE:   # the pad's centre where the jaw carries it
+                hold.follow(dev.stylus, self.state.nst, NS_QT)
+                goal = hold.goal
             step_max = dev.max_step
             vel = self.state.grasp_vel[g.slot]
             target = self.state.grasp_target[g.slot]
@@ -606,8 +611,9 @@ class PhysicsLoop:
 
     def close_jaw(self, device: str) -> None:
         """``device``'s jaw closes on what lies within its reach (``grasp_radius``): the needle anywhere along
-        its arc, taken from the other hand if it holds it, else the thread's closest point (server/jaws.py).
-        A `grasp_missed` event if nothing is in reach."""
+        its arc, taken from the other hand if it holds it, else the thread's closest point, else (forceps) a
+        tissue pad, taken from the other hand if it holds it (server/jaws.py). A `grasp_missed` event if nothing
+        is in reach."""
         dev = self.devices[device]
         dc = self.cfg.device_config(device)
         st, model = self.state, self.model
@@ -630,18 +636,27 @@ class PhysicsLoop:
                 self.add_grasp(v, device, None, dc.stiffness, dc.damping, dc.max_force, frac=frac,
                                hold=Hold(None, KIND_THREAD), point={"distance": dist})
                 return
+            if model.tissue_on and self.cfg.tool_of(device, self.scenario) == "forceps":
+                dist, p = pad_in_reach(model.pads, st.pst, jaw)
+                if dist <= dc.grasp_radius:
+                    for g in [g for g in self.grasps if g.pad == p]:    # a handover: the other hand lets go
+                        self.remove_grasp(g.id)
+                    hold = tissue_hold(None, jaw, st.pst[p, PS_X:PS_X + 3])
+                    self.add_grasp(-1, device, None, dc.stiffness, dc.damping, dc.max_force, pad=p, hold=hold,
+                                   point={"distance": dist})
+                    return
             self.event("grasp_missed", device=device, radius=dc.grasp_radius)
         except ValueError as exc:
             self.event("grasp_missed", device=device, reason=str(exc))
 
     # -- grasps -----------------------------------------------------------------------------------------
-    def add_grasp(self, vertex: int, device: str | None, gid: str | None, stiffness: float, damping: float,
-                  max_force: float, *, frac: float = 0.0, hold: Hold | None = None,
-                  point: dict | None = None) -> GraspSpec:
-        """Couple ``device`` to ``vertex`` (a virtual coupling: N/m, N s/m, N), or to the point ``frac`` of the
-        way along segment ``vertex``; ``hold``: what a tool's jaw holds by it (server/jaws.py). Publishes a
-        `grasp` event saying what is held (``kind``, the point, and ``point``'s details). Raises ValueError
-        saying why not."""
+    def _grasp_point(self, vertex: int, frac: float, pad: int) -> tuple[int, float]:
+        """A grasp's point checked: (vertex, frac) of a thread point, or (-1, 0) for tissue pad ``pad`` >= 0.
+        Raises ValueError saying why not."""
+        if pad >= 0:
+            if not self.model.tissue_on or not 0 <= pad < self.model.pads.shape[0]:
+                raise ValueError(f"no tissue pad {pad}")
+            return -1, 0.0
         n = self.model.n_vertices
         if not -n <= vertex < n:
             raise ValueError(f"vertex must be in [{-n}, {n - 1}]")
@@ -654,6 +669,17 @@ class PhysicsLoop:
         if self.model.kinematic[vertex] and (frac == 0.0 or self.model.kinematic[vertex + 1]):
             raise ValueError(f"vertex {vertex} is pinned or driven" if frac == 0.0 else
                              f"vertices {vertex} and {vertex + 1} are pinned or driven")
+        return vertex, frac
+
+    def add_grasp(self, vertex: int, device: str | None, gid: str | None, stiffness: float, damping: float,
+                  max_force: float, *, frac: float = 0.0, pad: int = -1, hold: Hold | None = None,
+                  point: dict | None = None) -> GraspSpec:
+        """Couple ``device`` to ``vertex`` (a virtual coupling: N/m, N s/m, N), or to the point ``frac`` of the
+        way along segment ``vertex``, or (``pad`` >= 0, ``vertex`` -1) to tissue pad ``pad``'s centre;
+        ``hold``: what a tool's jaw holds by it (server/jaws.py). Publishes a
+        `grasp` event saying what is held (``kind``, the point, and ``point``'s details). Raises ValueError
+        saying why not."""
+        vertex, frac = self._grasp_point(vertex, frac, pad)
         used = {g.slot for g in self.grasps}
         free = [s for s in range(MAX_GRASPS) if s not in used]
         if not free:
@@ -669,18 +695,20 @@ class PhysicsLoop:
                              f"{MAX_GRASP_DAMPING:g}] N s/m, max_force in (0, {MAX_GRASP_FORCE:g}] N")
         k_max = self.coupling_limit(device)   # what the device can render
         stiffness = stiffness if k_max is None else min(stiffness, k_max)
-        kind = hold.kind if hold is not None else (
+        kind = KIND_TISSUE if pad >= 0 else hold.kind if hold is not None else (
             KIND_NEEDLE if self.model.needle_on and vertex == 0 and frac == 0.0 else KIND_THREAD)
         spec = GraspSpec(id=gid, slot=free[0], vertex=vertex, device=device, stiffness=stiffness,
-                         damping=damping, max_force=max_force, kind=kind, frac=frac)
+                         damping=damping, max_force=max_force, kind=kind, frac=frac, pad=pad)
         st = self.state
         st.grasp_vertex[spec.slot] = vertex
         st.grasp_frac[spec.slot] = frac
+        st.grasp_pad[spec.slot] = pad
         st.grasp_k[spec.slot] = spec.stiffness
         st.grasp_c[spec.slot] = spec.damping
         st.grasp_fmax[spec.slot] = spec.max_force
         # the target starts on the held point: no pull until the device moves
-        held = st.x[vertex] if frac == 0.0 else (1.0 - frac) * st.x[vertex] + frac * st.x[vertex + 1]
+        held = (st.pst[pad, PS_X:PS_X + 3].copy() if pad >= 0 else st.x[vertex] if frac == 0.0 else
+                (1.0 - frac) * st.x[vertex] + frac * st.x[vertex + 1])
         st.grasp_target[spec.slot] = held
         st.grasp_target_prev[spec.slot] = held
         st.grasp_force[spec.slot] = 0.0
@@ -691,7 +719,8 @@ class PhysicsLoop:
             hold.grasp = spec
             self.holds[spec.id] = hold
         self.event("grasp", id=spec.id, vertex=vertex, device=spec.device, stiffness=stiffness, damping=damping,
-                   max_force=max_force, **{"holds": kind, **({"frac": frac} if frac else {}), **details,
+                   max_force=max_force, **{"holds": kind, **({"frac": frac} if frac else {}),
+                                           **({"pad": self.model.pad_ids[pad]} if pad >= 0 else {}), **details,
                                            **(point or {}),
                                            "pos": [float(v) for v in held]})
         return spec
@@ -699,8 +728,13 @@ class PhysicsLoop:
     def grasp_as_recorded(self, e: dict) -> GraspSpec:
         """Make again the grasp a recorded `grasp` event ``e`` says was made (a resimulation), with what a
         tool's jaw held by it (the needle's pose in the jaw's frame)."""
-        hold = None
-        if e.get("holds") == KIND_NEEDLE and "offset" in e:
+        hold, pad = None, -1
+        if e.get("holds") == KIND_TISSUE:
+            pad = list(self.model.pad_ids).index(e["pad"])
+            hold = Hold(None, KIND_TISSUE)
+            hold.offset[:] = e["offset"]
+            hold.goal[:] = self.state.pst[pad, PS_X:PS_X + 3]
+        elif e.get("holds") == KIND_NEEDLE and "offset" in e:
             hold = Hold(None, KIND_NEEDLE)
             hold.offset[:] = e["offset"]
             hold.q_rel[:] = e["q_rel"]
@@ -709,7 +743,7 @@ class PhysicsLoop:
         elif "distance" in e:
             hold = Hold(None, e.get("holds", KIND_THREAD))
         return self.add_grasp(e["vertex"], e["device"], e["id"], e.get("stiffness", 1000.0), e.get("damping", 0.0),
-                              e.get("max_force", 3.0), frac=e.get("frac", 0.0), hold=hold,
+                              e.get("max_force", 3.0), frac=e.get("frac", 0.0), pad=pad, hold=hold,
                               point={k: e[k] for k in ("arc", "distance") if k in e})
 
     def remove_grasp(self, gid: str) -> bool:
@@ -719,6 +753,7 @@ class PhysicsLoop:
                 st = self.state
                 st.grasp_vertex[g.slot] = -1
                 st.grasp_frac[g.slot] = 0.0
+                st.grasp_pad[g.slot] = -1
                 st.grasp_force[g.slot] = 0.0
                 st.grasp_vel[g.slot] = 0.0
                 self.holds.pop(g.id, None)

@@ -180,6 +180,7 @@ def encode_state(seq: int, t: float, x: np.ndarray, tension: np.ndarray, twist: 
         solver_out.update({k: _canonical(solver[k]) for k in sorted(solver) if k not in solver_out})
         grasps_out = [{"id": str(g["id"]), "vertex": int(g["vertex"]), "device": str(g["device"]),
                        "holds": str(g.get("holds", "thread")), "frac": float(g.get("frac", 0.0)),
+                       **({"pad": str(g["pad"])} if "pad" in g else {}),
                        "pos": _vec3(g["pos"], "grasp pos"), "force": _vec3(g["force"], "grasp force")}
                       for g in grasps]
     except KeyError as exc:
@@ -343,7 +344,7 @@ def _check_state(m: dict) -> dict:
             raise _fail(where, f"must be a map, got {type(g).__name__}")
         _get(g, "id", str, where)
         vertex = _get(g, "vertex", int, where)
-        if not 0 <= vertex < n:
+        if not 0 <= vertex < n and not (vertex == -1 and g.get("holds") == "tissue"):   # a pad has no vertex
             raise _fail(where, f"vertex {vertex} out of range [0, {n})")
         _get(g, "device", str, where)
         g["pos"] = _vec3_in(g, "pos", where)

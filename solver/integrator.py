@@ -180,6 +180,7 @@ class Grasps(NamedTuple):
     """The virtual couplings of styluses (or scripted hands) to points of the thread, one row each."""
     vertex: np.ndarray          # (G,) int64, -1 = free
     frac: np.ndarray            # (G,) the point (1 - f) x[v] + f x[v+1] is held, 0 <= f < 1 (0: the vertex)
+    pad: np.ndarray             # (G,) int64, the tissue pad held (vertex -1), -1 = none: tissue.step_pads
     k: np.ndarray               # (G,) N/m
     c: np.ndarray               # (G,) N*s/m
     fmax: np.ndarray            # (G,) N
@@ -282,7 +283,8 @@ def drive(h: float, t: float, rod: Rod, tl: Timeline, body: Body, gr: Grasps, ts
     apply_motions(t, h, tl.kind, tl.index, tl.t0, tl.t1, tl.vel, body.kin_target, target, body.twist, nd.nst,
                   gr.k, gr.c, gr.fmax)
     if ts.on:
-        step_pads(h, ts.pads, ts.pst, PAD_CRACK * ts.par[TP_RADIUS], ts.par[TP_EDGE_MU])
+        step_pads(h, ts.pads, ts.pst, PAD_CRACK * ts.par[TP_RADIUS], ts.par[TP_EDGE_MU], gr.pad, gr.target,
+                  gr.target_prev, gr.k, gr.c, gr.fmax, gr.force, gr.sat)
     held = False
     if nd.on:
         held = needle_held(gr.vertex, gr.k)
@@ -792,7 +794,7 @@ _NO_TRACE = np.zeros((0, 0, 3))
 
 # rows of ThreadState.packed's layout that the step reads (module constants: numba reads them at compile time)
 (_X, _X_PREV, _TENSION, _TENSION_IN, _TENSION_FLOOR, _TWIST, _KIN_TARGET, _EXT_FORCE, _GRASP_VERTEX, _GRASP_FRAC,
- _GRASP_K, _GRASP_C, _GRASP_FMAX, _GRASP_TARGET, _GRASP_TARGET_PREV, _GRASP_VEL, _GRASP_FORCE, _GRASP_SAT, _STATS,
+ _GRASP_PAD, _GRASP_K, _GRASP_C, _GRASP_FMAX, _GRASP_TARGET, _GRASP_TARGET_PREV, _GRASP_VEL, _GRASP_FORCE, _GRASP_SAT, _STATS,
  _INV_MASS_TICK, _CAND_I, _CAND_J, _CAND_S, _CAND_T, _CAND_D, _CAND_N, _CAND_F, _CAND_FP, _CAND_FA, _CAND_NEAR,
  _FP_KEPT, _X_REF, _CONTACT_K, _CONTACT_K_ACT, _TURN, _FOLD, _CONTACT_STATS, _GRID_HEAD, _GRID_NEXT, _GRID_CELLS,
  _GRID_SCRATCH, _ALPHA_EXTRA, _OLD_J, _OLD_N, _OLD_FP, _OLD_NEXT, _SEG_HEAD, _PST, _PUN_I, _PUN_F, _NST, _FORCE,
@@ -800,7 +802,7 @@ _NO_TRACE = np.zeros((0, 0, 3))
  _AGAIN_LEN, _AGAIN_COMPLIANCE, _CLOSEST) = (
     STATE_FIELDS.index(name) for name in (
         "x", "x_prev", "tension", "tension_in", "tension_floor", "twist", "kin_target", "ext_force", "grasp_vertex",
-        "grasp_frac", "grasp_k", "grasp_c", "grasp_fmax", "grasp_target", "grasp_target_prev", "grasp_vel",
+        "grasp_frac", "grasp_pad", "grasp_k", "grasp_c", "grasp_fmax", "grasp_target", "grasp_target_prev", "grasp_vel",
         "grasp_force", "grasp_sat", "stats", "inv_mass_tick", "cand_i", "cand_j", "cand_s", "cand_t", "cand_d",
         "cand_n", "cand_f", "cand_fp", "cand_fa", "cand_near", "fp_kept", "x_ref", "contact_k", "contact_k_act", "turn",
         "fold", "contact_stats", "grid_head", "grid_next", "grid_cells", "grid_scratch", "alpha_extra", "old_j",
@@ -849,7 +851,8 @@ def advance_state(n_sub: int, h: float, t: float, scale: bool, tension_margin: f
                 _vector(cf, sf, lay, _TENSION), _vector(cf, sf, lay, _TENSION_IN),
                 _vector(cf, sf, lay, _TENSION_FLOOR), _vector(cf, sf, lay, _TWIST), _matrix(cf, sf, lay, _KIN_TARGET),
                 _matrix(cf, sf, lay, _EXT_FORCE), _vector(cf, sf, lay, _STATS))
-    gr = Grasps(_vector(ci, si, lay, _GRASP_VERTEX), _vector(cf, sf, lay, _GRASP_FRAC), _vector(cf, sf, lay, _GRASP_K),
+    gr = Grasps(_vector(ci, si, lay, _GRASP_VERTEX), _vector(cf, sf, lay, _GRASP_FRAC),
+                _vector(ci, si, lay, _GRASP_PAD), _vector(cf, sf, lay, _GRASP_K),
                 _vector(cf, sf, lay, _GRASP_C),
                 _vector(cf, sf, lay, _GRASP_FMAX), _matrix(cf, sf, lay, _GRASP_TARGET),
                 _matrix(cf, sf, lay, _GRASP_TARGET_PREV), _matrix(cf, sf, lay, _GRASP_VEL),

@@ -169,6 +169,7 @@ class ThreadState:
     grasp_vertex: np.ndarray      # (G,) int64, grasped vertex or -1
     grasp_frac: np.ndarray        # (G,) where along segment grasp_vertex the grasp holds, 0 <= f < 1: the point
                                   # (1 - f) x[v] + f x[v+1]; 0 = the vertex itself
+    grasp_pad: np.ndarray         # (G,) int64, the tissue pad the grasp holds (its vertex then -1), or -1
     grasp_k: np.ndarray           # (G,) N/m, coupling stiffness
     grasp_c: np.ndarray           # (G,) N*s/m, coupling damping
     grasp_fmax: np.ndarray        # (G,) N, coupling force limit
@@ -253,7 +254,7 @@ class ThreadState:
         buffers every field is a view of, and where each lies in them, one row per field in STATE_FIELDS order
         (buffer BUF_*, offset, rows, columns; 1 column for a vector). A kernel handed these rebuilds the fields
         as views (integrator.advance_state): six arguments instead of one per array (numba unboxes each array
-        argument on every call, about 0.1 us each, and the step reads 67 of the state's). TickCopy copies the
+        argument on every call, about 0.1 us each, and the step reads 68 of the state's). TickCopy copies the
         carried buffers whole."""
         cf, ci, cb = self._carry
         sf, si = self._scratch
@@ -435,7 +436,8 @@ def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
     return ThreadState(
         x=x0.copy(), x_prev=x0 - v * h0, h=np.array([h0]), time=np.zeros(1), tension=z(ns), tension_in=z(ns), tension_floor=z(ns),
         twist=np.array([twist0, 0.0]), kin_target=x0.copy(), ext_force=z(n, 3),
-        grasp_vertex=np.full(MAX_GRASPS, -1, np.int64), grasp_frac=z(MAX_GRASPS), grasp_k=z(MAX_GRASPS),
+        grasp_vertex=np.full(MAX_GRASPS, -1, np.int64), grasp_frac=z(MAX_GRASPS),
+        grasp_pad=np.full(MAX_GRASPS, -1, np.int64), grasp_k=z(MAX_GRASPS),
         grasp_c=z(MAX_GRASPS),
         grasp_fmax=np.full(MAX_GRASPS, np.inf), grasp_target=z(MAX_GRASPS, 3),
         grasp_target_prev=z(MAX_GRASPS, 3), grasp_vel=z(MAX_GRASPS, 3), grasp_force=z(MAX_GRASPS, 3),

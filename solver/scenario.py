@@ -67,8 +67,9 @@ class GraspSpec:
     stiffness: float   # N/m
     damping: float     # N*s/m
     max_force: float   # N
-    kind: str = "thread"   # what it holds: "needle" (its swage, vertex 0) or "thread"
+    kind: str = "thread"   # what it holds: "needle" (its swage, vertex 0), "thread" or "tissue" (a pad)
     frac: float = 0.0      # it holds the point frac of the way from vertex to vertex + 1 (0: the vertex)
+    pad: int = -1          # the tissue pad it holds (vertex -1), or -1
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,11 @@ class Workspace:
     ``origin`` the device's origin in the scene (its transform's offset), plus what clutching added."""
     offset: tuple[float, float, float] = (0.0, 0.0, 0.0)   # m
     scale: float = 1.0                                       # tool motion per stylus motion
+    tool: str | None = None                                  # the tool it drives (None: the server config's)
 
 
 MAX_MOTION_SCALE = 20.0     # tool motion per stylus motion: past it a hand's tremor is centimetres
+TOOLS = ("needle_driver", "forceps")   # a tool's kind (server/jaws.py): forceps also hold tissue
 
 
 @dataclass
@@ -398,7 +401,8 @@ def _workspaces(sec: Section) -> dict[str, Workspace]:
         if not all(abs(v) <= MAX_POSITION for v in offset):
             raise d.error("workspace_offset", f"must be within {MAX_POSITION:g} m in each coordinate")
         out[str(name)] = Workspace(tuple(offset), d.get("motion_scale", float, 1.0, above=0.0,
-                                                        maxval=MAX_MOTION_SCALE))
+                                                        maxval=MAX_MOTION_SCALE),
+                                   d.get("tool", str, None, choices=TOOLS) if d.has("tool") else None)
         d.finish()
     sec.finish()
     return out

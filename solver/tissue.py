@@ -87,9 +87,55 @@ PF_COUNT = 13
 
 
 @njit(cache=True, error_model="numpy")
-def step_pads(h: float, pads: np.ndarray, pst: np.ndarray, crack: float, mu_edge: float) -> None:
+def _pad_coupling(h, pads, pst, p, g, g_target, g_target_prev, g_k, g_c, g_fmax, g_force, g_sat) -> None:
+    """Pad p over one substep h (s) with grasp g's virtual coupling (N/m, N*s/m) to its target (where the jaw
+    holds the pad's centre) beside its own spring-damper: backward Euler on both,
+    m (v1 - v0)/h = f - k (x0 + h v1 - rest) - c v1 + kg (p1 - x0 - h v1) + cg (vp - v1), vp the target's velocity;
+    past the coupling's force limit, a constant pull of the limit toward the target (as a thread grasp's). The
+    force the coupling applied is left in g_force[g] (N, on the pad; the hand feels its reaction)."""
+    m = 1.0 / pads[p, PD_INV_MASS]
+    kg, cg = g_k[g], g_c[g]
+    fx = fy = fz = 0.0
+    for d in range(3):   # the coupling's force were the pad to keep its velocity: saturated or not
+        vp = (g_target[g, d] - g_target_prev[g, d]) / h
+        f = kg * (g_target[g, d] - pst[p, PS_X + d]) + cg * (vp - pst[p, PS_V + d])
+        if d == 0:
+            fx = f
+        elif d == 1:
+            fy = f
+        else:
+            fz = f
+    fmag = math.sqrt(fx * fx + fy * fy + fz * fz)
+    sat = fmag > g_fmax[g]
+    g_sat[g] = 1 if sat else 0
+    for d in range(3):
+        k = pads[p, PD_K + d]
+        c = pads[p, PD_C]
+        x0 = pst[p, PS_X + d]
+        f = pst[p, PS_F + d] - k * (x0 - pads[p, PD_REST + d])
+        if sat:
+            fd = fx if d == 0 else (fy if d == 1 else fz)
+            pull = fd * g_fmax[g] / fmag
+            v1 = (m * pst[p, PS_V + d] + h * (f + pull)) / (m + h * c + h * h * k)
+            g_force[g, d] = pull
+        else:
+            vp = (g_target[g, d] - g_target_prev[g, d]) / h
+            v1 = (m * pst[p, PS_V + d] + h * (f + kg * (g_target[g, d] - x0) + cg * vp)) / (
+                m + h * (c + cg) + h * h * (k + kg))
+            g_force[g, d] = kg * (g_target[g, d] - x0 - h * v1) + cg * (vp - v1)
+        pst[p, PS_V + d] = v1
+        pst[p, PS_DX + d] = h * v1
+        pst[p, PS_X + d] += h * v1
+        pst[p, PS_F + d] = 0.0
+
+
+@njit(cache=True, error_model="numpy")
+def step_pads(h: float, pads: np.ndarray, pst: np.ndarray, crack: float, mu_edge: float, g_pad: np.ndarray,
+              g_target: np.ndarray, g_target_prev: np.ndarray, g_k: np.ndarray, g_c: np.ndarray, g_fmax: np.ndarray,
+              g_force: np.ndarray, g_sat: np.ndarray) -> None:
     """Move every pad over one substep h (s): backward Euler on its spring-damper to the rest centre, the
-    thread's pull (PS_F, gathered over the substep before) explicit; then clear PS_F. Pads closer than
+    thread's pull (PS_F, gathered over the substep before) explicit, and the coupling of a grasp that holds it
+    (``g_pad[g]`` = the pad: a tool's jaw holding a tissue edge, _pad_coupling); then clear PS_F. Pads closer than
     ``crack`` (m) are pushed apart along the axis of least overlap, in proportion to their inverse masses, and
     their closing velocity is removed: the wound's edges meet on the thread that crosses between them and
     stop (the crack is a few thread radii: room for it). Where they meet, Coulomb friction ``mu_edge`` acts
@@ -100,6 +146,13 @@ def step_pads(h: float, pads: np.ndarray, pst: np.ndarray, crack: float, mu_edge
     P = pads.shape[0]
     for p in range(P):
         w = pads[p, PD_INV_MASS]
+        held = -1
+        for g in range(g_pad.shape[0]):
+            if g_pad[g] == p and g_k[g] > 0.0:
+                held = g
+        if held >= 0 and w > 0.0:
+            _pad_coupling(h, pads, pst, p, held, g_target, g_target_prev, g_k, g_c, g_fmax, g_force, g_sat)
+            continue
         for d in range(3):
             if w == 0.0:
                 pst[p, PS_V + d] = 0.0

@@ -293,3 +293,44 @@ def test_a_scenes_device_section_is_checked_where_it_enters(devices, key, reason
     with pytest.raises(ConfigError) as info:
         build_scenario(dict(SCENE, devices=devices), "scene.yaml")
     assert info.value.file == "scene.yaml" and info.value.key == key and reason in info.value.reason
+
+
+def test_forceps_hold_a_tissue_edge_and_the_pad_follows_them():
+    """In suture-practice, forceps closing on the left pad's wound edge (nothing else within reach) hold the pad:
+    drawn up and away, it follows through the coupling against its own springs, and the hand feels the pad's
+    springs; a needle driver closing there takes nothing; let go, the pad springs back."""
+    from suturesim.solver.scenario import load_scenario
+    from suturesim.solver.tissue import PD_K, PD_REST, PS_X
+
+    out: list = []
+    devices = (DeviceConfig(name="stylus0", backend="remote"),
+               DeviceConfig(name="stylus1", backend="remote", tool="forceps"))
+    cfg = ServerConfig(file="<test>", scenario=load_scenario("suture-practice"), devices=devices)
+    loop = PhysicsLoop(cfg, sink=lambda topic, payload: out.append((topic, bytes(payload))))
+    edge = np.array([-0.0025, 0.015, 0.0])                   # on the left pad's wound face, 15 mm from the midline
+    send(loop, "stylus0", edge, buttons=GRASP)                # a needle driver: not tissue
+    tick(loop)
+    assert events(out, "grasp_missed")[-1]["device"] == "stylus0" and not loop.grasps
+    send(loop, "stylus1", edge, buttons=GRASP)
+    tick(loop)
+    g = events(out, "grasp")[-1]
+    assert g["holds"] == "tissue" and g["pad"] == "left" and g["vertex"] == -1 and g["device"] == "stylus1"
+    rest = loop.model.pads[0, PD_REST:PD_REST + 3].copy()
+    for k in range(1, 301):                                   # up 4 mm and away from the wound 3 mm
+        send(loop, "stylus1", edge + np.array([-0.003, 0.0, 0.004]) * k / 300, buttons=GRASP)
+        tick(loop)
+    tick(loop, 700)
+    moved = loop.state.pst[0, PS_X:PS_X + 3] - rest
+    k_pad = loop.model.pads[0, PD_K:PD_K + 3]
+    k_grasp = loop.grasps[0].stiffness
+    # the pad's centre where the coupling and its springs balance: kg (target - x) = k_pad (x - rest)
+    expected = np.array([-0.003, 0.0, 0.004]) * k_grasp / (k_grasp + k_pad)
+    np.testing.assert_allclose(moved, expected, atol=2e-4)
+    f = forces(out, "stylus1")[-1]
+    np.testing.assert_allclose(f, -k_pad * moved, rtol=0.05, atol=0.01)   # the hand holds the springs back
+    state = [protocol.decode_state(p) for t, p in out if t == protocol.TOPIC_STATE][-1]
+    assert [(s["holds"], s.get("pad")) for s in state["grasps"]] == [("tissue", "left")]
+    send(loop, "stylus1", edge + [-0.003, 0.0, 0.004], buttons=0)
+    tick(loop, 1500)
+    assert events(out, "release")[-1]["holds"] == "tissue"
+    assert np.linalg.norm(loop.state.pst[0, PS_X:PS_X + 3] - rest) < 2e-4

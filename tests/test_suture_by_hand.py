@@ -13,7 +13,7 @@ import pytest
 from suturesim.server import protocol
 from suturesim.server.config import DeviceConfig, ServerConfig
 from suturesim.server.physics import PhysicsLoop
-from suturesim.solver.needle import NP_ARC, NP_RADIUS, NS_Q
+from suturesim.solver.needle import NP_ARC, NP_RADIUS
 from suturesim.solver.scenario import load_scenario
 
 RIGHT, LEFT = "stylus0", "stylus1"
@@ -54,10 +54,10 @@ def slerp(a, b, s: float) -> np.ndarray:
 class Scene:
     """The loop as the hands see it: what it published, and samples sent as the remote backend takes them."""
 
-    def __init__(self):
+    def __init__(self, overrides: dict | None = None):
         self.out: list[tuple[bytes, bytes]] = []
         devices = tuple(DeviceConfig(name=d, backend="remote") for d in (RIGHT, LEFT))
-        cfg = ServerConfig(file="<test>", scenario=load_scenario("suture-practice"), devices=devices)
+        cfg = ServerConfig(file="<test>", scenario=load_scenario("suture-practice", overrides), devices=devices)
         self.loop = PhysicsLoop(cfg, sink=lambda topic, payload: self.out.append((topic, bytes(payload))))
         self.radius = float(self.loop.model.needle_par[NP_RADIUS])
         self.arc = float(self.loop.model.needle_par[NP_ARC])
@@ -128,13 +128,21 @@ class Hand:
             self.scene.tick()
 
 
-@pytest.mark.long(cost=20)
-def test_a_hand_picks_up_the_needle_drives_it_through_both_edges_and_the_other_hand_takes_it_at_the_tip():
-    scene = Scene()
+def suture_start(scene: Scene, theta: float = 0.0, approach=(0.0, 0.0, 0.0)) -> None:
+    """The start of a suture by hand in ``scene``, asserting each step: the right hand comes from ``approach``
+    (m, from the needle's point it takes) to the needle, takes it at ``theta`` (rad, a quarter of the arc if 0)
+    from the swage, sets it over the entry mark and bites through both edges; the left takes it near the tip and
+    draws it out. Each hand reads the needle from the `state` and its pose in the jaw from the `grasp` event."""
     scene.tick(300)                                      # the needle lies on the left pad
     right, left = Hand(scene, RIGHT), Hand(scene, LEFT)
-    g = right.take_needle_at(scene.arc / 4.0)     # 101 degrees behind the tip: room for the bite
-    assert g["arc"] == pytest.approx(scene.arc / 4.0, abs=1e-3)   # the state it aimed by is up to 10 ms old
+    theta = theta or scene.arc / 4.0                     # 101 degrees behind the tip: room for the bite
+    swage, q = scene.needle()
+    at = scene.arc_point(swage, q, theta)
+    for k in range(300):                                 # the jaw comes to the needle, open
+        right.set(at + np.asarray(approach) * (1.0 - (k + 1) / 300.0), (1.0, 0.0, 0.0, 0.0), 0)
+        scene.tick()
+    g = right.take_needle_at(theta)
+    assert g["arc"] == pytest.approx(theta, abs=1e-3)    # the state it aimed by is up to 10 ms old
     swage, q = scene.needle()
     right.move_needle(swage + [0.0, 0.0, 0.02], q, 400)                           # lift it 2 cm
     start = CENTRE + rot(Q_BITE, [0.0, -scene.radius, 0.0])
@@ -177,6 +185,26 @@ def test_a_hand_picks_up_the_needle_drives_it_through_both_edges_and_the_other_h
         slew = scene.loop.cfg.safety.max_slew_n_per_s * scene.loop.cfg.loop.tick_s
         assert np.linalg.norm(f, axis=1).max() <= scene.loop.cfg.safety.max_force_n + 1e-9
         assert np.linalg.norm(np.diff(f, axis=0), axis=1).max() <= slew * 1.0001
+
+
+
+
+@pytest.mark.long(cost=10)
+def test_a_hand_picks_up_the_needle_drives_it_through_both_edges_and_the_other_hand_takes_it_at_the_tip():
+    suture_start(Scene())
+
+
+@pytest.mark.long(cost=10)
+@pytest.mark.parametrize("seed", range(4))
+def test_the_suture_start_from_a_perturbed_needle_and_hands(seed):
+    """The needle lies elsewhere on the pad, turned; the right hand comes from elsewhere and takes the needle
+    at another point of its arc: the hands, reading where it is, bite through both edges and draw it out."""
+    rng = np.random.default_rng(seed)
+    yaw = math.radians(rng.uniform(-25.0, 25.0))
+    start = [-0.016 + rng.uniform(-0.004, 0.004), -0.012 + rng.uniform(-0.004, 0.004), 0.0004]
+    scene = Scene({"shape": {"start": start},
+                   "needle": {"orientation": [math.cos(yaw / 2), 0.0, 0.0, math.sin(yaw / 2)]}})
+    suture_start(scene, scene.arc * rng.uniform(0.2, 0.3), rng.uniform(-0.03, 0.03, 3) + [0.0, 0.0, 0.03])
 
 
 def _sample(device: str, seq: int, pos, quat, buttons: int) -> bytes:

@@ -17,6 +17,10 @@ from suturesim.solver.tissue import (PD_C, PD_COUNT, PD_HALF, PD_INV_MASS, PD_K,
 
 F_S, F_K, C_V = 0.3, 0.2, 1.0   # N, N, N*s/m
 
+# step_pads' grasp arguments when no grasp holds a pad
+NO_GRASPS = (np.full(0, -1, np.int64), np.zeros((0, 3)), np.zeros((0, 3)), np.zeros(0), np.zeros(0), np.zeros(0),
+             np.zeros((0, 3)), np.zeros(0, np.int8))
+
 
 def inside(model, state) -> int:
     """Vertices inside a pad other than in a tunnel or within the thread's radius of a puncture."""
@@ -202,7 +206,7 @@ def edges_pressed(mu: float, f_t: float, f_n: float = 0.5, mass: float = 0.1, h:
     for _ in range(steps):
         pst[0, PS_F], pst[1, PS_F] = f_n, -f_n
         pst[0, PS_F + 2], pst[1, PS_F + 2] = f_t, -f_t
-        step_pads(h, pads, pst, crack, mu)
+        step_pads(h, pads, pst, crack, mu, *NO_GRASPS)
         vz.append(pst[:, PS_V + 2].copy())
         xs.append(pst[:, PS_X].copy())
     return np.array(vz), np.array(xs)
