@@ -410,6 +410,8 @@ class PhysicsLoop:
             for slot in range(state.grasp_vertex.shape[0]):
                 if slot not in kept:
                     state.grasp_vertex[slot] = -1
+                    state.grasp_frac[slot] = 0.0
+                    state.grasp_pad[slot] = -1   # a pad held by hand is let go too
                     state.grasp_force[slot] = 0.0
             self.resumed_at = float(state.time[0])
         self.install(scenario, state if restored else None)
