@@ -13,7 +13,7 @@ import pytest
 from suturesim.server import protocol
 from suturesim.server.config import DeviceConfig, ServerConfig
 from suturesim.server.physics import PhysicsLoop
-from suturesim.solver.needle import NP_ARC, NP_RADIUS
+from suturesim.solver.needle import NP_ARC, NP_RADIUS, NP_WIRE
 from suturesim.solver.scenario import load_scenario
 
 RIGHT, LEFT = "stylus0", "stylus1"
@@ -276,3 +276,20 @@ def test_a_session_by_hand_on_the_server_resimulates_exactly(tmp_path, subscribe
                           timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "EXACT" in done.stdout, done.stdout
+
+
+@pytest.mark.long(cost=8)
+def test_a_needle_let_go_in_the_air_falls_and_rests_on_the_tissue():
+    scene = Scene()
+    scene.tick(300)
+    right = Hand(scene, RIGHT)
+    right.take_needle_at(scene.arc / 4.0)
+    swage, q = scene.needle()
+    right.move_needle(swage + [0.0, 0.0, 0.02], q, 400)
+    right.set(scene.poses[RIGHT][0], scene.poses[RIGHT][1], 0)        # opened 2 cm above the pad
+    scene.tick(1500)
+    assert [e["holds"] for e in scene.events("release")] == ["needle"]
+    swage, q = scene.needle()
+    wire = float(scene.loop.model.needle_par[NP_WIRE])
+    # flat on the pad's top face: its swage and its tip a wire's radius above it
+    assert abs(swage[2] - wire) < 1e-4 and abs(scene.arc_point(swage, q, scene.arc)[2] - wire) < 1e-4, swage
