@@ -609,3 +609,60 @@ def test_page_draws_tissue_and_needle(suture_live, browser):
         assert colour_pixels(middle, colour).sum() > 10, f"no {on} puncture dot"
     severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not severe, severe
+
+
+# ---------------------------------------------------------------------------- tools and targets (suture by hand)
+# Two tools over the fake suture scene: stylus0's jaw on the needle's swage, stylus1 clutched above the thread's
+# apex, and the entry and exit marks on the pads' tops either side of the gap.
+TARGETS = [{"id": "entry", "pad": "left", "pos": [-0.03, 0.0, 0.0], "kind": "entry"},
+           {"id": "exit", "pad": "right", "pos": [0.03, 0.0, 0.0], "kind": "exit"}]
+OPERATOR_FRAME = [math.sqrt(0.5), math.sqrt(0.5), 0.0, 0.0]     # OpenHaptics' y up, z toward the user -> scene
+TOOLS = [{"device": "stylus0", "pos": [ARC_RADIUS_M, 0.0, 0.0123456789], "quat": [1.0, 0.0, 0.0, 0.0],
+          "clutched": False, "holds": "needle", "grasp": "g1", "frame": OPERATOR_FRAME,
+          "centre": [0.05, 0.0, 0.03], "scale": 1.0},
+         {"device": "stylus1", "pos": [-0.05, 0.0, 0.06], "quat": [0.0, 1.0, 0.0, 0.0], "clutched": True,
+          "holds": None, "grasp": None, "frame": OPERATOR_FRAME, "centre": [-0.05, 0.0, 0.03], "scale": 2.0}]
+
+
+def encode_tools_state(seq: int, t: float, tools=TOOLS, targets=TARGETS) -> bytes:
+    """The fake suture state with tissue targets, two tools and stylus0's grasp on the needle (vertex 0)."""
+    tissue, needle = suture_maps(t)
+    grasps = [{"id": "g1", "vertex": 0, "device": "stylus0", "holds": "needle", "pos": TOOLS[0]["pos"],
+               "force": [0.0, 0.0, -0.1]}]
+    return protocol.encode_state(seq, t, arc(0.0), np.zeros(N_VERTICES - 1, np.float32), 0.0, grasps, 0,
+                                 {"kinetic": 0.0, "elastic": 0.0, "gravity": 0.0},
+                                 {"iters": 1, "residual": 0.0, "substeps": 1},
+                                 tissue=dict(tissue, targets=targets), needle=needle, tools=tools)
+
+
+def test_state_carries_tools_and_targets_cleaned():
+    """The bridge passes state.tools, state.tissue.targets and the grasps' holds and frac through, rounded, strict
+    JSON; items it could not draw are left out, fields of the wrong type become null."""
+    s = json.loads(json.dumps(view.state_to_json(protocol.decode_state(encode_tools_state(1, 0.5))),
+                              allow_nan=False))
+    assert s["tissue"]["targets"] == TARGETS
+    first, second = s["tools"]
+    assert first == dict(TOOLS[0], pos=[ARC_RADIUS_M, 0.0, 0.012346],                    # 1 µm
+                         frame=[0.707107, 0.707107, 0.0, 0.0])
+    assert second["device"] == "stylus1" and second["clutched"] is True and second["holds"] is None
+    assert second["scale"] == 2.0 and second["quat"] == [0.0, 1.0, 0.0, 0.0]
+    assert s["grasps"][0]["holds"] == "needle" and s["grasps"][0]["frac"] == 0.0
+
+    # without them, neither key (a scene with no marks, no stylus yet)
+    plain = view.state_to_json(protocol.decode_state(encode_suture_state(1, 0.5)))
+    assert "tools" not in plain and "targets" not in plain["tissue"]
+
+    # what a publisher might get wrong: the decoder does not check tools or targets
+    odd_tools = [{"device": "a", "pos": [0.0, 0.0]}, {"pos": [0.0, 0.0, 0.0]}, "stylus9",
+                 {"device": "b", "pos": [0.0, 0.0, math.inf], "quat": [1.0, 0.0, 0.0], "clutched": 1,
+                  "holds": "scalpel", "grasp": 7, "frame": "up", "centre": None, "scale": True}]
+    odd_targets = [{"id": "x", "pad": "left", "pos": "here", "kind": "entry"}, 3,
+                   {"id": 5, "pad": "right", "pos": [0.0, 0.0, 0.0], "kind": "middle"}]
+    odd = view.state_to_json(protocol.decode_state(encode_tools_state(2, 0.0, odd_tools, odd_targets)))
+    assert odd["tools"] == [{"device": "b", "pos": [0.0, 0.0, None], "quat": None, "clutched": False,
+                             "holds": None, "grasp": None, "frame": None, "centre": None, "scale": None}]
+    assert odd["tissue"]["targets"] == [{"id": None, "pad": "right", "pos": [0.0, 0.0, 0.0], "kind": None}]
+    json.dumps(odd, allow_nan=False)
+    many = [dict(TOOLS[0], device=f"d{i}") for i in range(view.MAX_DEVICES + 5)]
+    assert len(view.state_to_json(protocol.decode_state(encode_tools_state(3, 0.0, many)))["tools"]) == \
+        view.MAX_DEVICES

@@ -27,8 +27,11 @@ Page protocol (JSON text messages on ``/ws``; unknown keys are to be ignored):
 "events": [{...}, ...], "dropped": {"state": int}}``
     ``age``: seconds since the bridge last received any message (null: none yet); ``received``: messages
     received in total. ``state`` is the decoded ``state`` payload with ``x`` a flat list of n*3 floats (m) and
-    ``tension`` a list of n-1 floats (N), plus its ``tissue`` and ``needle`` maps when it has them (scenes with
-    tissue and a needle: the page draws the pads, the punctures and the needle; absent otherwise). ``t`` in
+    ``tension`` a list of n-1 floats (N), its ``grasps`` with ``holds`` and ``frac`` (null when the publisher
+    left them out), plus its ``tissue`` (with ``targets`` in a scene that marks them), ``needle`` and ``tools``
+    when it has them (scenes with tissue and a needle: the page draws the pads, the punctures, the entry and exit
+    marks and the needle; once a stylus has sent a pose, its tool's jaw; absent otherwise). A target or tool
+    whose position is not 3 numbers is left out, and a tool field of the wrong type is null. ``t`` in
     force points is simulated time (s), ``force_mag`` and ``axial`` are in N. ``recv`` is the bridge's wall
     clock (s, Unix time) when that ``stats`` arrived. Stats and events are the payloads as published.
     Non-finite numbers become null. A frame is sent whenever something arrived, and at least every
@@ -118,10 +121,65 @@ def _num(value: Any, decimals: int = 6) -> Any:
     return round(value, decimals) if math.isfinite(value) else None
 
 
+def _vec(value: Any, k: int = 3) -> list | None:
+    """``value`` as a list of ``k`` floats rounded to 1e-6 (None for a non-finite one), or None if it is not a
+    list of ``k`` numbers (the decoder does not check ``tools`` and ``tissue.targets``: the page gets only what
+    it can draw)."""
+    if not isinstance(value, (list, tuple)) or len(value) != k or \
+            any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value):
+        return None
+    return _floats(value)
+
+
+def _name(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _choice(value: Any, allowed: tuple[str, ...]) -> str | None:
+    return value if value in allowed else None
+
+
+def targets_to_json(targets: Any) -> list[dict]:
+    """``state.tissue.targets`` as the page gets it: each mark's ``id``, ``pad``, ``pos`` (m, to 1 µm) and
+    ``kind`` ("entry", "exit", else None); an item that is not a map with a position is left out."""
+    out = []
+    for tg in targets if isinstance(targets, list) else ():
+        pos = _vec(tg.get("pos")) if isinstance(tg, dict) else None
+        if pos is not None:
+            out.append({"id": _name(tg.get("id")), "pad": _name(tg.get("pad")), "pos": pos,
+                        "kind": _choice(tg.get("kind"), ("entry", "exit"))})
+    return out
+
+
+def tools_to_json(tools: Any) -> list[dict]:
+    """``state.tools`` as the page gets it, at most :data:`MAX_DEVICES`: each tool's ``device``, ``pos`` (m, the
+    jaw, to 1 µm), ``quat`` and ``frame`` (w, x, y, z), ``clutched`` (bool), ``holds`` ("needle", "thread" or
+    None), ``grasp`` (id or None), ``centre`` (m) and ``scale``. An item without a device name and a position is
+    left out; any other field of the wrong type is None (``clutched``: false)."""
+    out = []
+    for tool in tools if isinstance(tools, list) else ():
+        if not isinstance(tool, dict) or not isinstance(tool.get("device"), str):
+            continue
+        pos = _vec(tool.get("pos"))
+        if pos is None:
+            continue
+        scale = tool.get("scale")
+        out.append({"device": tool["device"], "pos": pos, "quat": _vec(tool.get("quat"), 4),
+                    "clutched": tool.get("clutched") is True,
+                    "holds": _choice(tool.get("holds"), ("needle", "thread")), "grasp": _name(tool.get("grasp")),
+                    "frame": _vec(tool.get("frame"), 4), "centre": _vec(tool.get("centre")),
+                    "scale": _num(scale) if isinstance(scale, (int, float)) and not isinstance(scale, bool)
+                    else None})
+        if len(out) == MAX_DEVICES:
+            break
+    return out
+
+
 def tissue_to_json(tissue: dict) -> dict:
     """A decoded ``state.tissue`` map as the page gets it: pad centres and full extents (m) and puncture
-    positions (m) rounded to 1 µm, drags (N) to 1 µN, the gap (m, None with fewer than two pads) to 1 µm."""
-    return {
+    positions (m) rounded to 1 µm, drags (N) to 1 µN, the gap (m, None with fewer than two pads) to 1 µm; its
+    ``targets`` (:func:`targets_to_json`) only when it has them."""
+    out = {
         "pads": [{"id": p["id"], "pos": _floats(p["pos"]), "size": _floats(p["size"])} for p in tissue["pads"]],
         "punctures": [{"pad": p["pad"], "pos": _floats(p["pos"]), "on": p["on"], "drag": _num(p.get("drag"))}
                       for p in tissue["punctures"]],
@@ -130,6 +188,9 @@ def tissue_to_json(tissue: dict) -> dict:
         "throws": _num(tissue.get("throws")),
         "linking": _num(tissue.get("linking")),
     }
+    if "targets" in tissue:
+        out["targets"] = targets_to_json(tissue["targets"])
+    return out
 
 
 def needle_to_json(needle: dict) -> dict:
@@ -144,13 +205,16 @@ def needle_to_json(needle: dict) -> dict:
 
 def state_to_json(m: dict) -> dict:
     """A decoded ``state`` payload (:func:`protocol.decode`) as the page gets it: positions (m) as a flat list
-    of n*3 floats rounded to 1 µm, tensions (N) rounded to 1 µN; only the keys the protocol defines. ``tissue``
-    and ``needle`` (scenes with tissue and a needle) are there only when the payload has them."""
+    of n*3 floats rounded to 1 µm, tensions (N) rounded to 1 µN; only the keys the protocol defines. Each grasp
+    has ``holds`` ("needle", "thread", None if absent or unknown) and ``frac`` (None if absent). ``tissue``
+    and ``needle`` (scenes with tissue and a needle) and ``tools`` (:func:`tools_to_json`, once a stylus has
+    sent a pose) are there only when the payload has them."""
     out = {
         "seq": m["seq"], "t": json_safe(m["t"]), "n": m["n"],
         "x": _floats(m["x"]), "tension": _floats(m["tension"]),
         "twist": json_safe(m["twist"]),
         "grasps": [{"id": g["id"], "vertex": g["vertex"], "device": g["device"],
+                    "holds": _choice(g.get("holds"), ("needle", "thread")), "frac": _frac(g.get("frac")),
                     "pos": json_safe(g["pos"]), "force": json_safe(g["force"])} for g in m["grasps"]],
         "contacts": m["contacts"],
         "energy": json_safe(m["energy"]),
@@ -160,7 +224,16 @@ def state_to_json(m: dict) -> dict:
         out["tissue"] = tissue_to_json(m["tissue"])
     if "needle" in m:
         out["needle"] = needle_to_json(m["needle"])
+    if "tools" in m:
+        out["tools"] = tools_to_json(m["tools"])
     return out
+
+
+def _frac(value: Any) -> float | None:
+    """A grasp's ``frac`` (0 <= frac < 1 along its segment) to 1e-6, or None if it is not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return _num(float(value))
 
 
 # ------------------------------------------------------------------------------------------ the frame buffer
