@@ -336,9 +336,13 @@ def test_http_serves_the_page_and_refuses_foreign_hosts(live):
     _, proc = live
     with urllib.request.urlopen(proc.url, timeout=5) as r:
         assert r.headers["Content-Type"].startswith("text/html") and b'src="viewer.js"' in r.read()
-    for name in ("viewer.js", "scene.js", "plot.js", "util.js", "viewer.css"):
+    for name in ("viewer.js", "scene.js", "tools.js", "geom.js", "plot.js", "util.js", "viewer.css"):
         with urllib.request.urlopen(proc.url + name, timeout=5) as r:
             assert r.status == 200 and r.read()
+    with urllib.request.urlopen(proc.url, timeout=5) as r:
+        page = r.read()
+    # the view menu (orbit or a device's operator) and the tools section of the panel
+    assert b'<select id="view">' in page and b'<table id="tools" hidden>' in page
     with pytest.raises(urllib.error.HTTPError) as missing:
         urllib.request.urlopen(proc.url + "../view.py", timeout=5)
     assert missing.value.code == 404
@@ -612,15 +616,16 @@ def test_page_draws_tissue_and_needle(suture_live, browser):
 
 
 # ---------------------------------------------------------------------------- tools and targets (suture by hand)
-# Two tools over the fake suture scene: stylus0's jaw on the needle's swage, stylus1 clutched above the thread's
-# apex, and the entry and exit marks on the pads' tops either side of the gap.
-TARGETS = [{"id": "entry", "pad": "left", "pos": [-0.03, 0.0, 0.0], "kind": "entry"},
-           {"id": "exit", "pad": "right", "pos": [0.03, 0.0, 0.0], "kind": "exit"}]
+# Two tools over the fake suture scene: stylus0's jaw 12.5 mm over the needle's swage, closed on the needle, its
+# workspace centred on the jaw (so its operator's view has the jaw in the middle); stylus1 clutched above the left
+# pad; and the entry and exit marks on the pads' tops either side of the gap, in front of the punctures.
+TARGETS = [{"id": "entry", "pad": "left", "pos": [-0.02, -0.03, 0.0], "kind": "entry"},
+           {"id": "exit", "pad": "right", "pos": [0.02, -0.03, 0.0], "kind": "exit"}]
 OPERATOR_FRAME = [math.sqrt(0.5), math.sqrt(0.5), 0.0, 0.0]     # OpenHaptics' y up, z toward the user -> scene
-TOOLS = [{"device": "stylus0", "pos": [ARC_RADIUS_M, 0.0, 0.0123456789], "quat": [1.0, 0.0, 0.0, 0.0],
+TOOLS = [{"device": "stylus0", "pos": [ARC_RADIUS_M, 0.0, 0.0125], "quat": [1.0, 0.0, 0.0, 0.0],
           "clutched": False, "holds": "needle", "grasp": "g1", "frame": OPERATOR_FRAME,
-          "centre": [0.05, 0.0, 0.03], "scale": 1.0},
-         {"device": "stylus1", "pos": [-0.05, 0.0, 0.06], "quat": [0.0, 1.0, 0.0, 0.0], "clutched": True,
+          "centre": [ARC_RADIUS_M, 0.0, 0.0125], "scale": 1.0},
+         {"device": "stylus1", "pos": [-0.05, 0.0, 0.0612345678], "quat": [0.0, 1.0, 0.0, 0.0], "clutched": True,
           "holds": None, "grasp": None, "frame": OPERATOR_FRAME, "centre": [-0.05, 0.0, 0.03], "scale": 2.0}]
 
 
@@ -642,9 +647,9 @@ def test_state_carries_tools_and_targets_cleaned():
                               allow_nan=False))
     assert s["tissue"]["targets"] == TARGETS
     first, second = s["tools"]
-    assert first == dict(TOOLS[0], pos=[ARC_RADIUS_M, 0.0, 0.012346],                    # 1 µm
-                         frame=[0.707107, 0.707107, 0.0, 0.0])
+    assert first == dict(TOOLS[0], frame=[0.707107, 0.707107, 0.0, 0.0])
     assert second["device"] == "stylus1" and second["clutched"] is True and second["holds"] is None
+    assert second["pos"] == [-0.05, 0.0, 0.061235]                                      # 1 µm
     assert second["scale"] == 2.0 and second["quat"] == [0.0, 1.0, 0.0, 0.0]
     assert s["grasps"][0]["holds"] == "needle" and s["grasps"][0]["frac"] == 0.0
 
@@ -666,3 +671,62 @@ def test_state_carries_tools_and_targets_cleaned():
     many = [dict(TOOLS[0], device=f"d{i}") for i in range(view.MAX_DEVICES + 5)]
     assert len(view.state_to_json(protocol.decode_state(encode_tools_state(3, 0.0, many)))["tools"]) == \
         view.MAX_DEVICES
+
+
+@pytest.fixture(scope="module")
+def tools_live():
+    """A fake publisher of the suture state with tools and targets, and `suturesim view` connected to it."""
+    pub = FakePublisher(encode_tools_state)
+    proc = ViewProcess(pub.endpoint, free_port())
+    yield pub, proc
+    proc.kill()
+    pub.close()
+
+
+def box_pixels(mask: np.ndarray, half: int) -> int:
+    """How many of ``mask``'s pixels lie within ``half`` pixels of the image's centre."""
+    h, w = mask.shape
+    return int(mask[h // 2 - half:h // 2 + half + 1, w // 2 - half:w // 2 + half + 1].sum())
+
+
+def test_page_draws_tools_targets_and_the_operator_view(tools_live, browser):
+    """End to end: `?view=operator&device=stylus0` puts the camera with stylus0's operator, whose workspace is
+    centred on its jaw: the jaw, closed on the needle (its colour), is in the middle of the view. The panel lists
+    each tool, what it holds, its clutch and its depth cue; the view menu goes back to the orbit view and the URL
+    follows; the orbit view shows the entry and exit marks."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    _, proc = tools_live
+    browser.get("about:blank")          # as in test_page_draws_tissue_and_needle: no stale page's retries logged
+    browser.get_log("browser")
+    browser.get(proc.url + "?view=operator&device=stylus0")
+    panel = browser.find_element(By.ID, "tools")
+    wait_for(lambda: panel.is_displayed() and "stylus1" in panel.text, PAGE_TIMEOUT_S, "the tools panel")
+    assert "stylus0 needle" in panel.text and "stylus1 open · clutch" in panel.text, panel.text
+    assert re.search(r"height / to needle 1\.25 cm / [\d.]+ mm", panel.text), panel.text
+    assert "stylus0@0 (needle)" in browser.find_element(By.ID, "thread").text
+    menu = Select(browser.find_element(By.ID, "view"))
+    assert menu.first_selected_option.get_attribute("value") == "operator:stylus0"
+    assert [o.get_attribute("value") for o in menu.options] == ["orbit", "operator:stylus0", "operator:stylus1"]
+    assert "operator view" in browser.find_element(By.ID, "hint").text
+
+    time.sleep(0.2)                                 # a redraw after the first state
+    operator = canvas_rgb(browser, "scene")
+    jaw = colour_pixels(operator, "#e879f9", 16)    # tools.js JAW.needle
+    assert box_pixels(jaw, 8) > 20, f"no jaw on the needle in the middle of the operator's view " \
+                                    f"({box_pixels(jaw, 8)} of {jaw.sum()} needle-jaw pixels)"
+
+    menu.select_by_value("orbit")
+    wait_for(lambda: "view=" not in browser.current_url, 5.0, "the URL to drop the operator view")
+    assert browser.find_element(By.ID, "hint").text.startswith("drag: orbit")
+    time.sleep(0.2)
+    orbit = canvas_rgb(browser, "scene")
+    h = orbit.shape[0]
+    middle = slice(60, h - 100)                     # no readout, no legends
+    changed = (np.abs(operator[middle] - orbit[middle]).max(axis=2) > 40).sum()
+    assert changed > 2000, f"the orbit view looks like the operator's ({changed} pixels changed)"
+    for kind, colour in (("entry", "#2dd4bf"), ("exit", "#fb923c")):   # tools.js TARGET
+        assert colour_pixels(orbit[middle], colour).sum() > 10, f"no {kind} mark"
+    severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not severe, severe

@@ -1,26 +1,16 @@
 // The thread in 3D on a 2D canvas: a perspective camera orbiting a target point. Scene frame as published:
 // metres, right-handed, z up. Hand-written on purpose: a hundred segments need no WebGL, and a 2D canvas draws
 // the same in every browser, headless ones included. In scenes with tissue and a needle (state.tissue,
-// state.needle) it also draws the pads (translucent boxes), the punctures (dots) and the needle (a steel arc).
+// state.needle) it also draws the pads (translucent boxes), the punctures (dots) and the needle (a steel arc), with
+// the entry and exit marks and each stylus's tool when the state has them (tools.js). The camera orbits the scene
+// (the default) or sits where the operator of one device does (setView: the operator view).
 
 import { clamp, clearCanvas, fmt, fmtLength, isNum, niceCeil, niceFloor } from './util.js';
+import { cross, dot, isVec, norm, padBox, rotate, sub } from './geom.js';
+import { drawTargets, drawToolLegend, drawTools, operatorPose, toolOf, tools } from './tools.js';
 
 const FOV = 40 * Math.PI / 180;     // vertical field of view
 const Z_UP = [0, 0, 1];
-
-const sub = (a, b) => [a[0] - b[0], a[1] - b[1], a[2] - b[2]];
-const dot = (a, b) => a[0] * b[0] + a[1] * b[1] + a[2] * b[2];
-const cross = (a, b) => [a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]];
-const norm = a => { const l = Math.hypot(a[0], a[1], a[2]) || 1; return [a[0] / l, a[1] / l, a[2] / l]; };
-const isVec = (v, k = 3) => Array.isArray(v) && v.length === k && v.every(isNum);
-
-// v rotated by the unit quaternion q = [w, x, y, z] (body to world): v + 2w (u x v) + 2 u x (u x v), u = (x, y, z)
-function rotate(q, v) {
-  const [w, x, y, z] = q;
-  const cx = y * v[2] - z * v[1], cy = z * v[0] - x * v[2], cz = x * v[1] - y * v[0];
-  return [v[0] + 2 * (w * cx + y * cz - z * cy), v[1] + 2 * (w * cy + z * cx - x * cz),
-    v[2] + 2 * (w * cz + x * cy - y * cx)];
-}
 
 // The needle: a circular arc of radius R swaged to thread vertex 0; in its body frame
 // a(theta) = R (sin theta, 1 - cos theta, 0) for theta in [0, arc]. NEEDLE_SEGS segments; null if malformed.
@@ -36,13 +26,6 @@ export function needlePoints(nd) {
     pts.push([nd.pos[0] + a[0], nd.pos[1] + a[1], nd.pos[2] + a[2]]);
   }
   return pts;
-}
-
-// A pad (axis-aligned box: centre and full extents, m) as its low and high corners; null if malformed.
-function padBox(pad) {
-  if (!isVec(pad.pos) || !isVec(pad.size)) return null;
-  const h = pad.size.map(v => Math.abs(v) / 2);
-  return { lo: pad.pos.map((v, k) => v - h[k]), hi: pad.pos.map((v, k) => v + h[k]) };
 }
 
 // Does the sight line from the eye to p cross the box before reaching p (p inside or behind it)? A slab test.
@@ -103,6 +86,7 @@ export class Scene {
     this.target = [0, 0, 0];      // orbit centre (m)
     this.radius = 0.1;            // fitted scene radius (m)
     this.ground = 0;              // z of the grid plane (m)
+    this.viewpoint = { mode: 'orbit', device: null };   // or mode 'operator': the camera of that device's operator
     this.state = null;
     this.needsFit = true;
     this.dirty = true;
@@ -115,7 +99,7 @@ export class Scene {
     let last = null;
     c.addEventListener('pointerdown', e => { last = [e.clientX, e.clientY]; c.setPointerCapture(e.pointerId); });
     c.addEventListener('pointermove', e => {
-      if (!last) return;
+      if (!last || this.operatorTool()) return;       // the operator's camera does not orbit
       this.az -= (e.clientX - last[0]) * 0.008;
       this.el = clamp(this.el + (e.clientY - last[1]) * 0.008, -1.5, 1.5);   // short of the poles: `up` stays defined
       last = [e.clientX, e.clientY];
@@ -134,6 +118,21 @@ export class Scene {
 
   // Fit the camera to the next state (after a reset or load the thread may be somewhere else).
   refit() { this.needsFit = true; this.dirty = true; }
+
+  // The orbit view ({mode: 'orbit'}) or the operator view of a device ({mode: 'operator', device}); the zoom
+  // starts again from 1.
+  setView(view) {
+    this.viewpoint = { mode: view.mode === 'operator' ? 'operator' : 'orbit', device: view.device || null };
+    this.zoom = 1;
+    this.dirty = true;
+  }
+
+  // The tool whose operator the camera sits with, or null in the orbit view (and while that device has no tool:
+  // the camera orbits until it has).
+  operatorTool() {
+    if (this.viewpoint.mode !== 'operator' || !this.state) return null;
+    return toolOf(this.state, this.viewpoint.device);
+  }
 
   setState(s) {
     this.state = s;
@@ -171,15 +170,28 @@ export class Scene {
     this.needsFit = false;
   }
 
+  // The camera: orbiting `target` at the fitted distance, or the operator's (tools.js operatorPose). `target` and
+  // `radius` (m) are what it looks at, for the grid.
   camera(w, h) {
-    const dist = this.radius / Math.sin(FOV / 2) * 1.1 * this.zoom;
-    const ce = Math.cos(this.el);
-    const back = [ce * Math.cos(this.az), ce * Math.sin(this.az), Math.sin(this.el)];
-    const eye = this.target.map((v, k) => v + dist * back[k]);
+    const tool = this.operatorTool();
+    let target = this.target, radius = this.radius, back, upHint = Z_UP;
+    if (tool) {
+      const pose = operatorPose(tool);
+      target = pose.centre;
+      radius = pose.dist * Math.sin(FOV / 2) / 1.1;
+      back = norm(pose.back);
+      upHint = pose.up;
+    } else {
+      const ce = Math.cos(this.el);
+      back = [ce * Math.cos(this.az), ce * Math.sin(this.az), Math.sin(this.el)];
+    }
+    const dist = radius / Math.sin(FOV / 2) * 1.1 * this.zoom;
+    const eye = target.map((v, k) => v + dist * back[k]);
     const fwd = back.map(v => -v);
-    const right = norm(cross(fwd, Z_UP));
+    const right = norm(cross(fwd, upHint));
     const up = cross(right, fwd);
-    return { eye, fwd, right, up, dist, near: dist * 0.02, f: (h / 2) / Math.tan(FOV / 2), cx: w / 2, cy: h / 2 };
+    return { eye, fwd, right, up, dist, target, radius, near: dist * 0.02, f: (h / 2) / Math.tan(FOV / 2),
+      cx: w / 2, cy: h / 2 };
   }
 
   // Camera-space coordinates [right, up, depth] of a scene point.
@@ -219,9 +231,11 @@ export class Scene {
     this.drawAxes(cam, step);
     if (this.state) {
       this.drawBodies(cam);
+      drawTargets(this, cam);
       this.drawPunctures(cam);
-      this.drawGrasps(cam);
-      this.drawOverlay();
+      const labelled = drawTools(this, cam);
+      this.drawGrasps(cam, labelled);
+      this.drawOverlay(cw);
     } else {
       ctx.fillStyle = '#8a909c';
       ctx.fillText('waiting for a state message…', 12, 20);
@@ -231,9 +245,9 @@ export class Scene {
   }
 
   drawGrid(cam) {
-    const ctx = this.ctx, step = niceFloor(this.radius / 2);
-    const half = Math.ceil(1.5 * this.radius / step) * step;
-    const x0 = Math.round(this.target[0] / step) * step, y0 = Math.round(this.target[1] / step) * step;
+    const ctx = this.ctx, step = niceFloor(cam.radius / 2);
+    const half = Math.ceil(1.5 * cam.radius / step) * step;
+    const x0 = Math.round(cam.target[0] / step) * step, y0 = Math.round(cam.target[1] / step) * step;
     const z = this.ground;
     ctx.strokeStyle = '#242932';
     ctx.lineWidth = 1;
@@ -366,13 +380,16 @@ export class Scene {
     }
   }
 
-  // Each grasp: a ring at its target in the device's colour, a dashed line to the held vertex (the coupling).
-  drawGrasps(cam) {
+  // Each grasp: a ring at its target in the device's colour, a dashed line to the point held (the coupling: the
+  // vertex, or `frac` of the way along the segment after it), its device and force unless its tool says them
+  // (`labelled`: devices whose tool is drawn).
+  drawGrasps(cam, labelled) {
     const ctx = this.ctx, pts = this.points();
     for (const g of this.state.grasps) {
       if (!g.pos.every(isNum)) continue;
       const color = this.deviceColor(g.device);
-      const vtx = pts[g.vertex];
+      const a = pts[g.vertex], b = pts[g.vertex + 1];
+      const vtx = a && b && isNum(g.frac) && g.frac > 0 ? a.map((v, k) => v + (b[k] - v) * g.frac) : a;
       ctx.strokeStyle = color;
       ctx.lineWidth = 1.5;
       if (vtx) { ctx.setLineDash([4, 3]); this.line(cam, g.pos, vtx); ctx.setLineDash([]); }
@@ -381,18 +398,28 @@ export class Scene {
       ctx.beginPath();
       ctx.arc(p[0], p[1], 7, 0, 2 * Math.PI);
       ctx.stroke();
+      if (labelled.has(g.device)) continue;
       const f = g.force.every(isNum) ? Math.hypot(...g.force) : NaN;
       ctx.fillStyle = color;
       ctx.fillText(`${g.device}  ${fmt(f)} N`, p[0] + 11, p[1] - 8);
     }
   }
 
-  drawOverlay() {
+  // The time and the suture's state top left, the view top right, the contacts' count under the time.
+  drawOverlay(cw) {
     const ctx = this.ctx, s = this.state;
     let text = `t = ${isNum(s.t) ? s.t.toFixed(3) : '–'} s   ${s.n} vertices`;
     if (s.tissue) text += `   ${suture(s.tissue)}`;
     ctx.fillStyle = '#8a909c';
     ctx.fillText(text, 12, 20);
+    if (this.viewpoint.mode === 'operator') {
+      const dev = this.viewpoint.device;
+      const view = this.operatorTool() ? `operator view: ${dev}, looking along its −z`
+        : `operator view: no tool ${dev ? `for ${dev} ` : ''}yet (orbiting)`;
+      ctx.textAlign = 'right';
+      ctx.fillText(view, cw - 12, 20);
+      ctx.textAlign = 'left';
+    }
     if (s.contacts > 0) {
       const text = `${s.contacts} contact${s.contacts === 1 ? '' : 's'}`;
       const w = ctx.measureText(text).width + 16;
@@ -406,6 +433,10 @@ export class Scene {
   // The colour scale in newtons, and the grid spacing.
   drawLegend(ch, step) {
     this.drawTissueLegend(ch);
+    const s = this.state;
+    if (s && (tools(s).length || (s.tissue && Array.isArray(s.tissue.targets) && s.tissue.targets.length))) {
+      drawToolLegend(this.ctx, ch - (s.tissue ? 84 : 62));
+    }
     const ctx = this.ctx, r = this.range.value, x = 12, y = ch - 34, w = 180;
     const g = ctx.createLinearGradient(x, 0, x + w, 0);
     [[0, -1], [0.5, 0], [0.75, 0.5], [1, 1]].forEach(([at, f]) => g.addColorStop(at, tensionColor(f * r, r)));

@@ -1,10 +1,14 @@
 // The page: one WebSocket to the bridge (`suturesim view`, same host and port, path /ws), whose JSON frames feed
-// the 3D scene, the force plot and the side panel (with a suture section in scenes with tissue and a needle).
-// The frame format is in tools/view.py's docstring.
+// the 3D scene, the force plot and the side panel (with a suture section in scenes with tissue and a needle, and
+// a tools section once a stylus has sent a pose). The frame format is in tools/view.py's docstring.
+//
+// The view: the orbit view by default; `?view=operator&device=NAME` (or the view menu) puts the camera where that
+// device's operator sits (`?view=operator` alone: the first tool's). The menu keeps the URL in step.
 
 import { ForcePlot } from './plot.js';
-import { Scene } from './scene.js';
-import { deviceColor, fmt, fmtAge, isNum } from './util.js';
+import { Scene, needlePoints } from './scene.js';
+import { toolRow, tools } from './tools.js';
+import { deviceColor, fmt, fmtAge, fmtLength, isNum } from './util.js';
 
 const STALE_S = 2;          // no message for this long: the publisher is gone (a server sends stats at 1 Hz)
 const MAX_EVENTS = 12;      // events listed, newest first
@@ -15,6 +19,46 @@ const plot = new ForcePlot($('plot'), deviceColor);
 const link = { open: false, endpoint: null, age: null, at: 0, retryMs: 250 };
 let prevStats = null;       // the last stats item ({recv, stats}), for the tick rate
 const events = [];
+const HINTS = { orbit: 'drag: orbit · wheel: zoom · double-click: fit',
+  operator: 'operator view · wheel: zoom · double-click: reset zoom' };
+
+// The view asked for: the URL's at first, then the menu's. A device not seen yet still gets its menu item.
+const query = new URLSearchParams(location.search);
+const view = { mode: query.get('view') === 'operator' ? 'operator' : 'orbit', device: query.get('device') || null };
+const viewDevices = new Set(view.device ? [view.device] : []);
+
+function setView(mode, device) {
+  view.mode = mode;
+  view.device = mode === 'operator' ? device : null;
+  scene.setView(view);
+  $('hint').textContent = HINTS[view.mode];
+  const url = new URL(location.href);
+  url.searchParams.delete('device');
+  if (view.mode === 'operator') {
+    url.searchParams.set('view', 'operator');
+    if (view.device) url.searchParams.set('device', view.device);
+  } else {
+    url.searchParams.delete('view');
+  }
+  if (url.href !== location.href) history.replaceState(null, '', url);
+  showViewMenu();
+}
+
+function showViewMenu() {
+  const menu = $('view'), want = view.mode === 'operator' ? `operator:${view.device || ''}` : 'orbit';
+  const items = [['orbit', 'orbit'], ...[...viewDevices].map(d => [`operator:${d}`, `operator: ${d}`])];
+  if (want === 'operator:') items.push([want, 'operator: first tool']);
+  if (menu.options.length !== items.length || items.some(([v], i) => menu.options[i].value !== v)) {
+    menu.replaceChildren(...items.map(([value, label]) => new Option(label, value)));
+  }
+  menu.value = want;
+}
+
+$('view').addEventListener('change', e => {
+  const v = e.target.value;
+  if (v.startsWith('operator:')) setView('operator', v.slice('operator:'.length) || null);
+  else setView('orbit', null);
+});
 
 function connect() {
   const ws = new WebSocket(`${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}/ws`);
@@ -35,7 +79,7 @@ function onMessage(m) {
   link.age = m.age;
   link.at = performance.now();
   for (const e of m.events || []) onEvent(e);    // before the state: a reset refits to the state after it
-  if (m.state) { scene.setState(m.state); showThread(m.state); }
+  if (m.state) { scene.setState(m.state); showThread(m.state); showTools(m.state); }
   for (const [dev, pts] of Object.entries(m.force || {})) plot.add(dev, pts);
   for (const s of m.stats || []) showStats(s);
 }
@@ -89,6 +133,10 @@ function showStats(item) {
   ]);
 }
 
+// A grasp as the panel lists it: device@vertex (@vertex + frac along a segment), "(needle)" on the needle.
+const grasped = g => `${g.device}@${isNum(g.frac) && g.frac > 0 ? (g.vertex + g.frac).toFixed(2) : g.vertex}` +
+  (g.holds === 'needle' ? ' (needle)' : '');
+
 function showThread(s) {
   let tmax = NaN;
   for (const v of s.tension) if (isNum(v) && !(Math.abs(v) <= Math.abs(tmax))) tmax = v;
@@ -99,7 +147,7 @@ function showThread(s) {
     ['vertices', String(s.n)],
     ['largest |tension|', `${fmt(tmax)} N`],
     ['contacts', String(s.contacts)],
-    ['grasps', s.grasps.map(g => `${g.device}@${g.vertex}`).join(', ') || 'none'],
+    ['grasps', s.grasps.map(grasped).join(', ') || 'none'],
     ['twist', `${fmt(s.twist)} rad`],
     ['kinetic energy', `${fmt(e.kinetic)} J`],
     ['elastic energy', `${fmt(e.elastic)} J`],
@@ -134,6 +182,33 @@ function showSuture(tissue, needle) {
   if (shown) setRows($('suture'), rows);
 }
 
+// Each tool: its device, what its jaw holds and its clutch; its jaw's height over the tissue and its distance to
+// the needle. New devices join the view menu; `?view=operator` without a device takes the first tool's.
+function showTools(s) {
+  const list = tools(s);
+  let added = false;
+  for (const t of list) if (!viewDevices.has(t.device)) { viewDevices.add(t.device); added = true; }
+  if (view.mode === 'operator' && !view.device && list.length) setView('operator', list[0].device);
+  else if (added) showViewMenu();
+  const needle = needlePoints(s.needle);
+  const table = $('tools');
+  table.replaceChildren(...list.flatMap(tool => {
+    const [device, held, height, toNeedle] = toolRow(s, tool, needle);
+    const head = document.createElement('tr');
+    const name = head.appendChild(document.createElement('td'));
+    name.textContent = device;      // text nodes: payload strings are never parsed as HTML
+    name.style.color = deviceColor(device);
+    head.appendChild(document.createElement('td')).textContent = held;
+    const cue = document.createElement('tr');
+    cue.appendChild(document.createElement('td')).textContent = needle ? 'height / to needle' : 'height';
+    const len = v => (isNum(v) ? (v < 0 ? `−${fmtLength(-v)}` : fmtLength(v)) : '–');
+    cue.appendChild(document.createElement('td')).textContent =
+      needle ? `${len(height)} / ${len(toNeedle)}` : len(height);
+    return [head, cue];
+  }));
+  $('tools-head').hidden = table.hidden = list.length === 0;
+}
+
 // The status line: the bridge link, then the publisher's liveness (the bridge's message age plus our frame's).
 function showStatus() {
   const ep = link.endpoint || 'the publisher';
@@ -162,6 +237,7 @@ function frame() {
 }
 
 new ResizeObserver(() => { scene.dirty = true; plot.dirty = true; }).observe(document.body);
+setView(view.mode, view.device);
 setInterval(showStatus, 250);
 connect();
 requestAnimationFrame(frame);
