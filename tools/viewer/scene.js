@@ -7,7 +7,7 @@
 
 import { clamp, clearCanvas, fmt, fmtLength, isNum, niceCeil, niceFloor } from './util.js';
 import { cross, dot, isVec, norm, padBox, rotate, sub } from './geom.js';
-import { drawTargets, drawToolLegend, drawTools, operatorPose, toolOf, tools } from './tools.js';
+import { drawDepthCues, drawTargets, drawToolLegend, drawTools, operatorPose, toolOf, tools } from './tools.js';
 
 const FOV = 40 * Math.PI / 180;     // vertical field of view
 const Z_UP = [0, 0, 1];
@@ -161,6 +161,7 @@ export class Scene {
     for (const g of this.state.grasps) if (g.pos.every(isNum)) all.push(g.pos);
     for (const b of this.pads()) all.push(b.lo, b.hi);
     all.push(...(needlePoints(this.state.needle) || []));
+    for (const t of tools(this.state)) if (t.pos.every(isNum)) all.push(t.pos);   // the jaws in view too
     if (!all.length) return;
     const lo = [0, 1, 2].map(k => Math.min(...all.map(p => p[k])));
     const hi = [0, 1, 2].map(k => Math.max(...all.map(p => p[k])));
@@ -231,6 +232,7 @@ export class Scene {
     this.drawAxes(cam, step);
     if (this.state) {
       this.drawBodies(cam);
+      drawDepthCues(this, cam);
       drawTargets(this, cam);
       this.drawPunctures(cam);
       const labelled = drawTools(this, cam);

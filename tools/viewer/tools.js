@@ -86,11 +86,15 @@ export function drawTargets(scene, cam) {
   }
 }
 
-// Every tool's depth cues first (shadows and drop lines, with the jaw's height over the tissue), then the tools;
-// returns the devices labelled here (the grasp rings leave their label out).
+// Every tool's depth cue: its shadow and drop line, with the jaw's height over the tissue (drawn before the marks
+// and the tools, which it must not hide).
+export function drawDepthCues(scene, cam) {
+  for (const tool of tools(scene.state)) drawDepthCue(scene, cam, tool);
+}
+
+// Every tool; returns the devices labelled here (the grasp rings leave their label out).
 export function drawTools(scene, cam) {
   const list = tools(scene.state);
-  for (const tool of list) drawDepthCue(scene, cam, tool);
   const forces = new Map(scene.state.grasps.map(g => [g.device, g.force]));
   for (const tool of list) drawTool(scene, cam, tool, forces.get(tool.device));
   return new Set(list.map(t => t.device));
