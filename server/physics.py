@@ -795,21 +795,35 @@ class PhysicsLoop:
                     dc.client_key is not None and _user_id(frame) != dc.client_key):
                 self.stats.stylus_rejected += 1
                 continue
-            quat = None
-            if sample.quat is not None:   # optional; it turns a needle the device holds
-                quat = self._quat
-                quat[0], quat[1], quat[2], quat[3] = sample.quat
-            if dc.frame == "device":      # in the device's own frame and units: mapped as a driver maps its own
-                dc.transform.pose_to_scene(*sample.pos, None, self._pose, self._quat2)
-                if quat is not None:
-                    quat_mul_into(dc.transform.quat, quat, self._quat2)
-                    quat = self._quat2
-            else:
-                self._pose[0], self._pose[1], self._pose[2] = sample.pos
+            quat = self.sample_in_scene(dc, sample)
+            if quat is False:
+                self.stats.stylus_rejected += 1
+                continue
             if self.stylus_sample(dev, self._pose, quat, sample.buttons) or sample.buttons:
                 self.stats.stylus_accepted += 1
             else:
                 self.stats.stylus_rejected += 1
+
+    def sample_in_scene(self, dc, sample: protocol.StylusSample):
+        """A remote sample's position into ``self._pose`` (m, scene frame): as it came, or with ``frame: device``
+        mapped by the device's transform as a driver maps its own (device units, so the decoder's bound on the
+        raw position is looser); then no farther than STYLUS_MAX_POS_M from the origin. Returns its orientation
+        in the scene (a preallocated array, or None if it sent none), or False to reject it. Allocates nothing."""
+        quat = None
+        if sample.quat is not None:   # optional; it turns a needle the device holds
+            quat = self._quat
+            quat[0], quat[1], quat[2], quat[3] = sample.quat
+        if dc.frame == "device":      # in the device's own frame and units
+            dc.transform.pose_to_scene(*sample.pos, None, self._pose, self._quat2)
+            if quat is not None:
+                quat_mul_into(dc.transform.quat, quat, self._quat2)
+                quat = self._quat2
+        else:
+            self._pose[0], self._pose[1], self._pose[2] = sample.pos
+        p = self._pose
+        if p[0] * p[0] + p[1] * p[1] + p[2] * p[2] > STYLUS_MAX_POS_M * STYLUS_MAX_POS_M:
+            return False
+        return quat
 
     # -- outputs ----------------------------------------------------------------------------------------
     def publish(self, topic: bytes, payload: bytes) -> None:

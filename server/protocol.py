@@ -47,7 +47,8 @@ __all__ = [
     "encode_state", "encode_force", "encode_event", "encode_stats",
     "decode", "decode_state", "decode_force", "decode_event", "decode_stats", "decode_multipart",
     "REQUEST_MAX_DEPTH", "REQUEST_MAX_STR_BYTES", "REQUEST_MAX_ITEMS", "STYLUS_MAX_BYTES", "STYLUS_MAX_DEVICE_CHARS",
-    "REQUEST_MAX_OBJECTS", "REQUEST_CONTAINER_ITEMS", "REQUEST_PATH_BYTES", "STYLUS_MAX_POS_M", "StylusSample",
+    "REQUEST_MAX_OBJECTS", "REQUEST_CONTAINER_ITEMS", "REQUEST_PATH_BYTES", "STYLUS_MAX_POS_M", "STYLUS_MAX_RAW_POS",
+    "StylusSample",
     "decode_request", "decode_stylus",
 ]
 
@@ -500,8 +501,12 @@ REQUEST_MAX_ITEMS = REQUEST_MAX_OBJECTS
 STYLUS_MAX_BYTES = 1024
 #: Longest device name in a stylus sample, characters (printable): the grasp id/device limit of a scenario.
 STYLUS_MAX_DEVICE_CHARS = MAX_NAME_CHARS
-#: Farthest a stylus sample's position may be from the scene's origin, m: the size of any workspace.
+#: Farthest a stylus sample's position may be from the scene's origin, m: the size of any workspace (checked by
+#: the server after a device-frame sample is mapped into the scene).
 STYLUS_MAX_POS_M = 10.0
+#: Farthest a stylus sample's position may be from its frame's origin as it arrives, in its own units: 10 m in the
+#: millimetres of a device-frame sample (``frame: device``), and no more than that for any sample.
+STYLUS_MAX_RAW_POS = 1e4
 _STYLUS_MAX_BUTTONS = 0xFFFFFFFF   # a 32-bit button mask (OpenHaptics' HD_CURRENT_BUTTONS)
 
 #: A refused request up to this size, bytes, is walked once more for the key path of its first bad value
@@ -642,7 +647,7 @@ def decode_request(raw: bytes, max_bytes: int) -> dict:
 class StylusSample:
     """One remote stylus sample (docs/PROTOCOL.md Sec. 5), checked."""
     device: str                                             # device name, printable, <= STYLUS_MAX_DEVICE_CHARS
-    pos: tuple[float, float, float]                         # m, scene frame, within STYLUS_MAX_POS_M of the origin
+    pos: tuple[float, float, float]                         # m, scene frame (or device units), within STYLUS_MAX_RAW_POS
     quat: tuple[float, float, float, float] | None          # (w, x, y, z) as sent (not normalised), or None
     buttons: int                                            # bitmask, 0..2^32-1
     seq: int                                                # the sender's counter (0 if not sent)
@@ -667,8 +672,9 @@ def _finite_numbers(m: dict, key: str, count: int) -> tuple[float, ...]:
 
 def decode_stylus(raw: bytes) -> StylusSample:
     """A stylus sample decoded and checked: at most STYLUS_MAX_BYTES (counted before decoding); a map with
-    ``device`` (a printable string of 1..STYLUS_MAX_DEVICE_CHARS characters), ``pos`` (3 finite numbers, m,
-    at most STYLUS_MAX_POS_M from the origin), optional ``quat`` (4 finite numbers or nil), ``buttons`` (int
+    ``device`` (a printable string of 1..STYLUS_MAX_DEVICE_CHARS characters), ``pos`` (3 finite numbers, in
+    the scene's metres or a device's own units, at most STYLUS_MAX_RAW_POS from the origin; the server checks
+    STYLUS_MAX_POS_M in the scene), optional ``quat`` (4 finite numbers or nil), ``buttons`` (int
     in 0..2^32-1, default 0), ``seq`` (int, default 0) and ``t`` (finite number, s, default 0). Other keys are
     ignored (Sec. 1, compatibility). Raises ProtocolError naming the key and the reason."""
     m = _decode_limited(raw, STYLUS_MAX_BYTES, "stylus", 4 * STYLUS_MAX_DEVICE_CHARS, 16)
@@ -681,8 +687,8 @@ def decode_stylus(raw: bytes) -> StylusSample:
     if "pos" not in m:
         raise ProtocolError("stylus: pos: is required")
     pos = _finite_numbers(m, "pos", 3)
-    if pos[0] * pos[0] + pos[1] * pos[1] + pos[2] * pos[2] > STYLUS_MAX_POS_M * STYLUS_MAX_POS_M:
-        raise ProtocolError(f"stylus: pos: farther than {STYLUS_MAX_POS_M:g} m from the origin")
+    if pos[0] * pos[0] + pos[1] * pos[1] + pos[2] * pos[2] > STYLUS_MAX_RAW_POS * STYLUS_MAX_RAW_POS:
+        raise ProtocolError(f"stylus: pos: farther than {STYLUS_MAX_RAW_POS:g} units from the origin")
     quat = _finite_numbers(m, "quat", 4) if m.get("quat") is not None else None
     buttons = m.get("buttons", 0)
     if type(buttons) is not int or not 0 <= buttons <= _STYLUS_MAX_BUTTONS:

@@ -334,3 +334,21 @@ def test_forceps_hold_a_tissue_edge_and_the_pad_follows_them():
     tick(loop, 1500)
     assert events(out, "release")[-1]["holds"] == "tissue"
     assert np.linalg.norm(loop.state.pst[0, PS_X:PS_X + 3] - rest) < 2e-4
+
+
+def test_a_device_frame_sample_is_mapped_then_bounded_in_the_scene():
+    """A remote device with `frame: device` sends millimetres in its own axes: mapped by its transform into the
+    scene (a pose 13 mm from its origin is taken), and only then held to the 10 m bound."""
+    from suturesim.server.protocol import StylusSample
+
+    loop, _ = make_loop(frame="device")
+    dc = loop.cfg.device_config(RIGHT)
+    quat = loop.sample_in_scene(dc, StylusSample(RIGHT, (-13.0, 4.2, 10.5), (1.0, 0.0, 0.0, 0.0), 0, 0, 0.0))
+    expected = np.zeros(3)
+    dc.transform.pose_to_scene(-13.0, 4.2, 10.5, None, expected, np.zeros(4))
+    np.testing.assert_array_equal(loop._pose, expected)
+    np.testing.assert_allclose(quat, dc.transform.quat, atol=1e-15)
+    assert loop.sample_in_scene(dc, StylusSample(RIGHT, (9000.0, 9000.0, 0.0), None, 0, 0, 0.0)) is False
+    scene_dc = DeviceConfig(name=LEFT, backend="remote")
+    assert loop.sample_in_scene(scene_dc, StylusSample(LEFT, (11.0, 0.0, 0.0), None, 0, 0, 0.0)) is False
+    assert loop.sample_in_scene(scene_dc, StylusSample(LEFT, (0.1, 0.0, 0.0), None, 0, 0, 0.0)) is None
