@@ -521,7 +521,10 @@ def test_button_2_arrives(suture_hands):
     assert served < HANDS_S, f"physics served {served:.1f} s after the driver started, after the button presses"
     pose = log[(log["kind"] == emu.LOG_POSE) & (log["code"] == 1)]
     assert set(pose["d"].astype(int)) == {1, 3}                     # the device reported both buttons
-    assert r.link_buttons == [1, 3, 1, 3], r.link_buttons           # the driver passed both bits to the server
+    # the driver passed both bits to the link: seen by a sampler every 2 ms, which on a busy machine can miss the
+    # 20 ms gap between the release and the press (a suite run saw [1, 3]); that the server got each change is
+    # what its release and grasp events below show
+    assert set(r.link_buttons) == {1, 3} and r.link_buttons[:2] == [1, 3], r.link_buttons
     # button 1 (held throughout) does nothing; button 2, the tail hand's grasp button, lets go and grasps
     release = [e for e in r.events("release") if e["device"] == "stylus1"]
     grasp = [e for e in r.events("grasp") if e["device"] == "stylus1"]
