@@ -25,14 +25,19 @@ def _unit_quat() -> np.ndarray:
     return np.array([1.0, 0.0, 0.0, 0.0])
 
 
-def quat_mul_into(a, b, out) -> None:
-    """The Hamilton product a b of quaternions (w, x, y, z) into ``out`` (which may be neither a nor b)."""
+def quat_mul(a, b) -> tuple[float, float, float, float]:
+    """The Hamilton product a b of quaternions (w, x, y, z)."""
     a0, a1, a2, a3 = float(a[0]), float(a[1]), float(a[2]), float(a[3])
     b0, b1, b2, b3 = float(b[0]), float(b[1]), float(b[2]), float(b[3])
-    out[0] = a0 * b0 - a1 * b1 - a2 * b2 - a3 * b3
-    out[1] = a0 * b1 + a1 * b0 + a2 * b3 - a3 * b2
-    out[2] = a0 * b2 - a1 * b3 + a2 * b0 + a3 * b1
-    out[3] = a0 * b3 + a1 * b2 - a2 * b1 + a3 * b0
+    return (a0 * b0 - a1 * b1 - a2 * b2 - a3 * b3,
+            a0 * b1 + a1 * b0 + a2 * b3 - a3 * b2,
+            a0 * b2 - a1 * b3 + a2 * b0 + a3 * b1,
+            a0 * b3 + a1 * b2 - a2 * b1 + a3 * b0)
+
+
+def quat_mul_into(a, b, out) -> None:
+    """The Hamilton product a b (quat_mul) into ``out`` (which may be a or b: both are read first)."""
+    out[0], out[1], out[2], out[3] = quat_mul(a, b)
 
 
 def unit_quat_or_none(q) -> tuple[float, float, float, float] | None:

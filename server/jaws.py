@@ -26,7 +26,7 @@ import numpy as np
 
 from ..solver.needle import NP_ARC, NP_RADIUS, NS_Q
 from ..solver.tissue import PD_HALF, PS_X
-from ..solver.scenario import GraspSpec
+from .device import quat_mul as mul
 
 KIND_NEEDLE = "needle"
 KIND_THREAD = "thread"
@@ -52,16 +52,6 @@ def conj(q) -> tuple[float, float, float, float]:
     return float(q[0]), -float(q[1]), -float(q[2]), -float(q[3])
 
 
-def mul(a, b) -> tuple[float, float, float, float]:
-    """The Hamilton product a b."""
-    a0, a1, a2, a3 = float(a[0]), float(a[1]), float(a[2]), float(a[3])
-    b0, b1, b2, b3 = float(b[0]), float(b[1]), float(b[2]), float(b[3])
-    return (a0 * b0 - a1 * b1 - a2 * b2 - a3 * b3,
-            a0 * b1 + a1 * b0 + a2 * b3 - a3 * b2,
-            a0 * b2 - a1 * b3 + a2 * b0 + a3 * b1,
-            a0 * b3 + a1 * b2 - a2 * b1 + a3 * b0)
-
-
 def _unit(q) -> tuple[float, float, float, float]:
     n = math.sqrt(sum(float(v) * float(v) for v in q))
     return tuple(float(v) / n for v in q)
@@ -69,9 +59,10 @@ def _unit(q) -> tuple[float, float, float, float]:
 
 @dataclass(eq=False)
 class Hold:
-    """What one jaw holds: its grasp (a coupling slot) and, for the needle, the needle's pose in the jaw's frame."""
-    grasp: GraspSpec
-    kind: str                                   # KIND_NEEDLE or KIND_THREAD
+    """How a jaw carries what its grasp holds, kept by grasp id beside the grasp (whose GraspSpec.kind says what
+    it is): the needle's pose in the jaw's frame, or a pad's centre from the jaw. A jaw on the thread needs none:
+    the grasp's target follows the jaw itself."""
+    kind: str                                   # KIND_NEEDLE or KIND_TISSUE
     offset: np.ndarray = field(default_factory=lambda: np.zeros(3))   # m: the swage in the jaw's frame (needle),
                                                                        # or the pad's centre from the jaw (tissue)
     q_rel: np.ndarray = field(default_factory=lambda: np.array([1.0, 0.0, 0.0, 0.0]))   # the needle in it
@@ -80,13 +71,10 @@ class Hold:
 
     def follow(self, jaw: np.ndarray, nst: np.ndarray, qt: int) -> None:
         """The jaw is at ``jaw`` (m) turned ``jaw_quat``: the needle's swage goal ``p_jaw + q_jaw r`` into
-        ``goal`` and its orientation target ``q_jaw q_r`` into ``nst[qt:qt+4]``. A thread hold's goal is the
-        jaw itself."""
+        ``goal`` and its orientation target ``q_jaw q_r`` into ``nst[qt:qt+4]``; a pad's centre goal
+        ``p_jaw + offset``."""
         if self.kind == KIND_TISSUE:   # a pad does not turn: its centre keeps its offset from the jaw
             self.goal[:] = jaw + self.offset
-            return
-        if self.kind != KIND_NEEDLE:
-            self.goal[:] = jaw
             return
         rx, ry, rz = rotate(self.jaw_quat, self.offset)
         self.goal[0] = float(jaw[0]) + rx
@@ -99,18 +87,30 @@ class Hold:
         """What a `grasp` event says of it beyond the grasp's own fields (a resimulation rebuilds it from them)."""
         if self.kind == KIND_TISSUE:
             return {"holds": self.kind, "offset": [float(v) for v in self.offset]}
-        if self.kind != KIND_NEEDLE:
-            return {"holds": self.kind}
         return {"holds": self.kind, "offset": [float(v) for v in self.offset],
                 "q_rel": [float(v) for v in self.q_rel], "jaw_quat": [float(v) for v in self.jaw_quat]}
 
+    @classmethod
+    def recorded(cls, e: dict, goal: np.ndarray) -> Hold | None:
+        """The hold a recorded `grasp` event ``e`` describes (what :meth:`details` wrote), its goal starting at
+        ``goal`` (m: the held swage or pad centre, as when the jaw closed); None for a grasp without one."""
+        if e.get("holds") not in (KIND_NEEDLE, KIND_TISSUE) or "offset" not in e:
+            return None
+        h = cls(e["holds"])
+        h.offset[:] = e["offset"]
+        if h.kind == KIND_NEEDLE:
+            h.q_rel[:] = e["q_rel"]
+            h.jaw_quat[:] = e["jaw_quat"]
+        h.goal[:] = goal
+        return h
 
-def needle_hold(grasp: GraspSpec, jaw: np.ndarray, jaw_quat, swage: np.ndarray, needle_quat) -> Hold:
+
+def needle_hold(jaw: np.ndarray, jaw_quat, swage: np.ndarray, needle_quat) -> Hold:
     """The hold of a jaw at ``jaw`` (m) turned ``jaw_quat`` closing on the needle whose swage is at ``swage``
     (m) turned ``needle_quat``: ``r = q_jaw^-1 (swage - p_jaw)``, ``q_r = q_jaw^-1 q_needle``."""
     qj = _unit(jaw_quat)
     inv = conj(qj)
-    h = Hold(grasp, KIND_NEEDLE)
+    h = Hold(KIND_NEEDLE)
     h.offset[:] = rotate(inv, np.asarray(swage, float) - np.asarray(jaw, float))
     h.q_rel[:] = _unit(mul(inv, _unit(needle_quat)))
     h.jaw_quat[:] = qj
@@ -161,10 +161,10 @@ def pad_in_reach(pads: np.ndarray, pst: np.ndarray, jaw: np.ndarray) -> tuple[fl
     return best, which
 
 
-def tissue_hold(grasp, jaw: np.ndarray, centre: np.ndarray) -> Hold:
+def tissue_hold(jaw: np.ndarray, centre: np.ndarray) -> Hold:
     """The hold of a jaw at ``jaw`` (m) closing on a pad centred at ``centre`` (m): the pad's centre kept at
     ``jaw + (centre - jaw at the closing)``."""
-    h = Hold(grasp, KIND_TISSUE)
+    h = Hold(KIND_TISSUE)
     h.offset[:] = np.asarray(centre, float) - np.asarray(jaw, float)
     h.goal[:] = centre
     return h

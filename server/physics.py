@@ -499,14 +499,13 @@ class PhysicsLoop:
                 continue
             hold = self.holds.get(g.id)
             goal = dev.stylus
-            if hold is not None and hold.kind == KIND_NEEDLE:
-                # the swage where the jaw carries it, and the needle's orientation turned toward the jaw's
-                nst = self.state.nst
-                hold.follow(dev.stylus, nst, NS_QT)
-                nst[NS_WT] = nst[NS_WT + 1] = nst[NS_WT + 2] = 0.0
-                goal = hold.goal
-            elif hold is not None and hold.kind == KIND_TISSUE:   # the pad's centre where the jaw carries it
+            if hold is not None:
+                # the needle's swage (and its orientation toward the jaw's), or the pad's centre, where the jaw
+                # carries it
                 hold.follow(dev.stylus, self.state.nst, NS_QT)
+                if hold.kind == KIND_NEEDLE:
+                    nst = self.state.nst
+                    nst[NS_WT] = nst[NS_WT + 1] = nst[NS_WT + 2] = 0.0
                 goal = hold.goal
             step_max = dev.max_step
             vel = self.state.grasp_vel[g.slot]
@@ -629,21 +628,21 @@ class PhysicsLoop:
                 if dist <= dc.grasp_radius:
                     for g in [g for g in self.grasps if g.vertex == 0]:   # a handover: the other hand lets go
                         self.remove_grasp(g.id)
-                    hold = needle_hold(None, jaw, dev.tool_quat, st.x[0], st.nst[NS_Q:NS_Q + 4])
+                    hold = needle_hold(jaw, dev.tool_quat, st.x[0], st.nst[NS_Q:NS_Q + 4])
                     self.add_grasp(0, device, None, dc.stiffness, dc.damping, dc.max_force, hold=hold,
                                    point={"arc": theta, "distance": dist})
                     return
             dist, v, frac = thread_in_reach(st.x, model.kinematic, jaw)
             if v >= 0 and dist <= dc.grasp_radius and not (model.needle_on and v == 0 and frac == 0.0):
                 self.add_grasp(v, device, None, dc.stiffness, dc.damping, dc.max_force, frac=frac,
-                               hold=Hold(None, KIND_THREAD), point={"distance": dist})
+                               point={"distance": dist})
                 return
             if model.tissue_on and self.cfg.tool_of(device, self.scenario) == "forceps":
                 dist, p = pad_in_reach(model.pads, st.pst, jaw)
                 if dist <= dc.grasp_radius:
                     for g in [g for g in self.grasps if g.pad == p]:    # a handover: the other hand lets go
                         self.remove_grasp(g.id)
-                    hold = tissue_hold(None, jaw, st.pst[p, PS_X:PS_X + 3])
+                    hold = tissue_hold(jaw, st.pst[p, PS_X:PS_X + 3])
                     self.add_grasp(-1, device, None, dc.stiffness, dc.damping, dc.max_force, pad=p, hold=hold,
                                    point={"distance": dist})
                     return
@@ -718,7 +717,6 @@ class PhysicsLoop:
         self.builder.add_device(device)
         details = {} if hold is None else hold.details()
         if hold is not None:
-            hold.grasp = spec
             self.holds[spec.id] = hold
         self.event("grasp", id=spec.id, vertex=vertex, device=spec.device, stiffness=stiffness, damping=damping,
                    max_force=max_force, **{"holds": kind, **({"frac": frac} if frac else {}),
@@ -730,20 +728,8 @@ class PhysicsLoop:
     def grasp_as_recorded(self, e: dict) -> GraspSpec:
         """Make again the grasp a recorded `grasp` event ``e`` says was made (a resimulation), with what a
         tool's jaw held by it (the needle's pose in the jaw's frame)."""
-        hold, pad = None, -1
-        if e.get("holds") == KIND_TISSUE:
-            pad = list(self.model.pad_ids).index(e["pad"])
-            hold = Hold(None, KIND_TISSUE)
-            hold.offset[:] = e["offset"]
-            hold.goal[:] = self.state.pst[pad, PS_X:PS_X + 3]
-        elif e.get("holds") == KIND_NEEDLE and "offset" in e:
-            hold = Hold(None, KIND_NEEDLE)
-            hold.offset[:] = e["offset"]
-            hold.q_rel[:] = e["q_rel"]
-            hold.jaw_quat[:] = e["jaw_quat"]
-            hold.goal[:] = self.state.x[0]
-        elif "distance" in e:
-            hold = Hold(None, e.get("holds", KIND_THREAD))
+        pad = list(self.model.pad_ids).index(e["pad"]) if e.get("holds") == KIND_TISSUE else -1
+        hold = Hold.recorded(e, self.state.pst[pad, PS_X:PS_X + 3] if pad >= 0 else self.state.x[0])
         return self.add_grasp(e["vertex"], e["device"], e["id"], e.get("stiffness", 1000.0), e.get("damping", 0.0),
                               e.get("max_force", 3.0), frac=e.get("frac", 0.0), pad=pad, hold=hold,
                               point={k: e[k] for k in ("arc", "distance") if k in e})
