@@ -5,7 +5,7 @@
 // the entry and exit marks and each stylus's tool when the state has them (tools.js). The camera orbits the scene
 // (the default) or sits where the operator of one device does (setView: the operator view).
 
-import { clamp, clearCanvas, fmt, fmtLength, isNum, niceCeil, niceFloor } from './util.js';
+import { clamp, clearCanvas, drawDot, fmt, fmtLength, isNum, niceCeil, niceFloor } from './util.js';
 import { cross, dot, isVec, norm, padBox, rotate, sub } from './geom.js';
 import { drawDepthCues, drawTargets, drawToolLegend, drawTools, operatorPose, toolOf, tools } from './tools.js';
 
@@ -366,19 +366,7 @@ export class Scene {
       const p = isVec(q.pos) ? this.project(cam, q.pos) : null;
       if (!p) continue;
       const color = PUNCTURE[q.on] || '#ffffff';
-      ctx.beginPath();
-      ctx.arc(p[0], p[1], 4, 0, 2 * Math.PI);
-      ctx.lineWidth = 2;
-      if (q.on === 'passed') {
-        ctx.strokeStyle = color;
-        ctx.stroke();
-      } else {
-        ctx.fillStyle = color;
-        ctx.fill();
-        ctx.strokeStyle = '#101216';
-        ctx.lineWidth = 1;
-        ctx.stroke();
-      }
+      drawDot(ctx, p, 4, color, q.on === 'passed');
     }
   }
 

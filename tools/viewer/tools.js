@@ -7,7 +7,7 @@
 // back toward the hand); the prongs open along its body x.
 
 import { add, isVec, padBox, polylineDistance, rotate, unitQuat } from './geom.js';
-import { fmt, fmtLength, isNum } from './util.js';
+import { drawDot, fmt, fmtLength, isNum } from './util.js';
 
 export const JAW = { open: '#f8fafc', needle: '#e879f9', thread: '#4ade80' };   // needle, thread: as punctures
 export const TARGET = { entry: '#2dd4bf', exit: '#fb923c' };
@@ -142,19 +142,7 @@ function drawTool(scene, cam, tool, force) {
   ctx.setLineDash([]);
   const p = scene.project(cam, tool.pos);
   if (!p) return;
-  ctx.beginPath();
-  ctx.arc(p[0], p[1], 4.5, 0, 2 * Math.PI);
-  ctx.lineWidth = 2;
-  if (tool.clutched) {
-    ctx.strokeStyle = jawColor;
-    ctx.stroke();
-  } else {
-    ctx.fillStyle = jawColor;
-    ctx.fill();
-    ctx.strokeStyle = '#101216';
-    ctx.lineWidth = 1;
-    ctx.stroke();
-  }
+  drawDot(ctx, p, 4.5, jawColor, tool.clutched);
   let label = `${tool.device} · ${state}${tool.clutched ? ' · clutch' : ''}`;
   if (Array.isArray(force) && force.every(isNum)) label += ` · ${fmt(Math.hypot(...force))} N`;
   ctx.fillStyle = color;

@@ -9,6 +9,24 @@ const BG = '#101216';
 
 // Size a canvas's backing store to its CSS size times the device pixel ratio, fill it with the background and
 // leave the context drawing in CSS pixels; returns the CSS width and height.
+// A marker dot of radius r at canvas point p: hollow (a ring in color) or filled with color, edged in the
+// background's dark so it stands out on the thread.
+export function drawDot(ctx, p, r, color, hollow) {
+  ctx.beginPath();
+  ctx.arc(p[0], p[1], r, 0, 2 * Math.PI);
+  ctx.lineWidth = 2;
+  if (hollow) {
+    ctx.strokeStyle = color;
+    ctx.stroke();
+  } else {
+    ctx.fillStyle = color;
+    ctx.fill();
+    ctx.strokeStyle = BG;
+    ctx.lineWidth = 1;
+    ctx.stroke();
+  }
+}
+
 export function clearCanvas(canvas, ctx) {
   const dpr = window.devicePixelRatio || 1;
   const w = Math.max(1, Math.round(canvas.clientWidth * dpr)), h = Math.max(1, Math.round(canvas.clientHeight * dpr));
