@@ -649,6 +649,8 @@ def test_state_carries_tools_and_targets_cleaned():
     first, second = s["tools"]
     assert first == dict(TOOLS[0], frame=[0.707107, 0.707107, 0.0, 0.0])
     assert second["device"] == "stylus1" and second["clutched"] is True and second["holds"] is None
+    forceps = view.tools_to_json([dict(TOOLS[1], holds="tissue")])
+    assert forceps[0]["holds"] == "tissue"                    # a jaw on a pad (forceps) reaches the page
     assert second["pos"] == [-0.05, 0.0, 0.061235]                                      # 1 µm
     assert second["scale"] == 2.0 and second["quat"] == [0.0, 1.0, 0.0, 0.0]
     assert s["grasps"][0]["holds"] == "needle" and s["grasps"][0]["frac"] == 0.0

@@ -151,10 +151,13 @@ def targets_to_json(targets: Any) -> list[dict]:
     return out
 
 
+HOLDS = ("needle", "thread", "tissue")   # what a grasp or a tool's jaw holds (docs/PROTOCOL.md Sec. 3.1)
+
+
 def tools_to_json(tools: Any) -> list[dict]:
     """``state.tools`` as the page gets it, at most :data:`MAX_DEVICES`: each tool's ``device``, ``pos`` (m, the
-    jaw, to 1 µm), ``quat`` and ``frame`` (w, x, y, z), ``clutched`` (bool), ``holds`` ("needle", "thread" or
-    None), ``grasp`` (id or None), ``centre`` (m) and ``scale``. An item without a device name and a position is
+    jaw, to 1 µm), ``quat`` and ``frame`` (w, x, y, z), ``clutched`` (bool), ``holds`` (one of :data:`HOLDS`
+    or None), ``grasp`` (id or None), ``centre`` (m) and ``scale``. An item without a device name and a position is
     left out; any other field of the wrong type is None (``clutched``: false)."""
     out = []
     for tool in tools if isinstance(tools, list) else ():
@@ -166,7 +169,7 @@ def tools_to_json(tools: Any) -> list[dict]:
         scale = tool.get("scale")
         out.append({"device": tool["device"], "pos": pos, "quat": _vec(tool.get("quat"), 4),
                     "clutched": tool.get("clutched") is True,
-                    "holds": _choice(tool.get("holds"), ("needle", "thread")), "grasp": _name(tool.get("grasp")),
+                    "holds": _choice(tool.get("holds"), HOLDS), "grasp": _name(tool.get("grasp")),
                     "frame": _vec(tool.get("frame"), 4), "centre": _vec(tool.get("centre")),
                     "scale": _num(scale) if isinstance(scale, (int, float)) and not isinstance(scale, bool)
                     else None})
@@ -206,7 +209,7 @@ def needle_to_json(needle: dict) -> dict:
 def state_to_json(m: dict) -> dict:
     """A decoded ``state`` payload (:func:`protocol.decode`) as the page gets it: positions (m) as a flat list
     of n*3 floats rounded to 1 µm, tensions (N) rounded to 1 µN; only the keys the protocol defines. Each grasp
-    has ``holds`` ("needle", "thread", None if absent or unknown) and ``frac`` (None if absent). ``tissue``
+    has ``holds`` (one of :data:`HOLDS`, None if absent or unknown) and ``frac`` (None if absent). ``tissue``
     and ``needle`` (scenes with tissue and a needle) and ``tools`` (:func:`tools_to_json`, once a stylus has
     sent a pose) are there only when the payload has them."""
     out = {
@@ -214,7 +217,7 @@ def state_to_json(m: dict) -> dict:
         "x": _floats(m["x"]), "tension": _floats(m["tension"]),
         "twist": json_safe(m["twist"]),
         "grasps": [{"id": g["id"], "vertex": g["vertex"], "device": g["device"],
-                    "holds": _choice(g.get("holds"), ("needle", "thread")), "frac": _frac(g.get("frac")),
+                    "holds": _choice(g.get("holds"), HOLDS), "frac": _frac(g.get("frac")),
                     "pos": json_safe(g["pos"]), "force": json_safe(g["force"])} for g in m["grasps"]],
         "contacts": m["contacts"],
         "energy": json_safe(m["energy"]),

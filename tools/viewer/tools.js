@@ -9,7 +9,8 @@
 import { add, isVec, padBox, polylineDistance, rotate, unitQuat } from './geom.js';
 import { drawDot, fmt, fmtLength, isNum } from './util.js';
 
-export const JAW = { open: '#f8fafc', needle: '#e879f9', thread: '#4ade80' };   // needle, thread: as punctures
+// the jaw's colour by what it holds: needle and thread as their punctures, tissue (forceps on a pad) pink
+export const JAW = { open: '#f8fafc', needle: '#e879f9', thread: '#4ade80', tissue: '#fda4af' };
 export const TARGET = { entry: '#2dd4bf', exit: '#fb923c' };
 const SHAFT_M = 0.02;           // the shaft drawn behind the jaw (m)
 const HINGE_M = 0.006;          // the prongs' length, jaw to hinge (m)
@@ -18,7 +19,7 @@ const SHADOW_M = 0.0015;        // the shadow's radius (m)
 const TARGET_M = 0.002;         // a mark's radius (m)
 export const OPERATOR_DIST_M = 0.25;   // the operator's eye from the workspace centre at motion scale 1 (m)
 
-export const jawState = tool => (tool.holds === 'needle' || tool.holds === 'thread' ? tool.holds : 'open');
+export const jawState = tool => (tool.holds in JAW && tool.holds !== 'open' ? tool.holds : 'open');
 
 export const tools = state => (Array.isArray(state.tools) ? state.tools.filter(t => t && isVec(t.pos)) : []);
 
@@ -155,7 +156,7 @@ export function drawToolLegend(ctx, y) {
   const text = (s, color = '#d5d8de') => { ctx.fillStyle = color; ctx.fillText(s, x, y); x += ctx.measureText(s).width; };
   text('jaws:');
   x += 12;
-  for (const [name, hollow] of [['open', false], ['needle', false], ['thread', false], ['clutch', true]]) {
+  for (const [name, hollow] of [['open', false], ['needle', false], ['thread', false], ['tissue', false], ['clutch', true]]) {
     ctx.beginPath();
     ctx.arc(x, y - 4, 4, 0, 2 * Math.PI);
     ctx.lineWidth = 2;
