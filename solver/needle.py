@@ -36,9 +36,9 @@ import numpy as np
 from numba import njit
 
 from .contact import segment_closest
-from .tissue import (PD_HALF, PF_LOCAL, PF_SIGMA, PF_SPEED, PI_MATE, PI_PAD, PI_STATE, PS_DX, PS_F, PS_X, PUN_ACTIVE,
-                     PUN_FREE, PUN_NEEDLE, TP_K_LAT, TP_MU, TP_RADIUS, closest_on_thread, entry_face, face_friction,
-                     puncture_point)
+from .tissue import (PD_HALF, PF_LOCAL, PF_OFF, PF_SIGMA, PF_SPEED, PI_MATE, PI_PAD, PI_STATE, PS_DX, PS_F, PS_X,
+                     PUN_ACTIVE, PUN_FREE, PUN_NEEDLE, TP_F_KINETIC, TP_F_STATIC, TP_K_LAT, TP_MU, TP_RADIUS,
+                     closest_on_thread, entry_face, face_friction, puncture_point)
 
 # npar: the needle's parameters
 NP_RADIUS = 0      # m, arc radius R
@@ -63,6 +63,7 @@ NS_COUNT = 24
 
 N_SAMPLES = 13     # points along the arc tested against the pads (about 1 mm apart on a 12 mm needle)
 POINT_TOL = 1e-7   # m, a needle point this close to where it must be is left alone
+GRIP_AHEAD = 2e-3  # m: how far into its tunnel a puncture holds a needle no hand holds (_hold_tunnel)
 
 
 @njit(cache=True, error_model="numpy")
@@ -462,6 +463,55 @@ def _circle_clear(xbar, nst, r, pads, pst, p, grow) -> bool:
 
 
 @njit(cache=True, error_model="numpy")
+def _grip(h, xbar, w_eff, npar, nst, tpar, th_g, th, px, py, pz) -> float:
+    """The arc angle (rad) at which a puncture holds a needle no hand holds: where it held it the round before,
+    ``th_g``, while the pull along the arc that keeps it there is within the puncture's breakaway drag
+    (TP_F_STATIC, N); beyond it the arc slides through, held back by the Coulomb drag (TP_F_KINETIC). ``th``:
+    the arc's point nearest the puncture (p, m). The pull is the XPBD force of the move along the arc's tangent
+    t at th_g, d_t / (w_t h^2 + compliance) (Macklin et al. 2016), w_t the needle's inverse mass along t there.
+    A driven needle slides freely through its punctures (the hand's coupling is what holds it)."""
+    r = npar[NP_RADIUS]
+    if th_g < 0.0 or th_g > npar[NP_ARC]:
+        return th
+    gx, gy, gz = arc_point(xbar, nst, NS_Q, r, th_g)
+    tx, ty, tz = quat_rotate(nst, NS_Q, math.cos(th_g), math.sin(th_g), 0.0)     # d/dtheta of the arc, / r
+    d_t = (px - gx) * tx + (py - gy) * ty + (pz - gz) * tz
+    cx, cy, cz = _arm(xbar, gx, gy, gz, tx, ty, tz)
+    soft = w_eff[0] * h * h + (cx * cx + cy * cy + cz * cz) / npar[NP_INERTIA] * h * h + 1.0 / tpar[TP_K_LAT]
+    if abs(d_t) <= tpar[TP_F_STATIC] * soft:
+        return th_g
+    # sliding: the arc passes through until what is left of the move pulls with the kinetic drag
+    keep = tpar[TP_F_KINETIC] * soft
+    return th_g + (abs(d_t) - keep) / r * (1.0 if d_t > 0.0 else -1.0)
+
+
+@njit(cache=True, error_model="numpy")
+def _hold_tunnel(h, x, xbar, w_eff, npar, nst, tpar, pst, pun_i, pun_f, q, p, th) -> bool:
+    """The tunnel behind puncture q holds a needle no hand holds in its direction through the tissue: the arc's
+    point GRIP_AHEAD (m) from the puncture along the pass (toward its mate, or the tip while it has none) is kept
+    where it was relative to pad p when the hand let go (PF_OFF), through the same lateral spring. The
+    punctures alone hold the arc at points, and a circle through two of them turns freely about their chord."""
+    r = npar[NP_RADIUS]
+    mate = pun_i[q, PI_MATE]
+    ahead = 1.0
+    if mate >= 0:
+        if pun_i[mate, PI_STATE] == PUN_NEEDLE:
+            ahead = 1.0 if pun_f[mate, PF_SIGMA] > th else -1.0
+        else:
+            ahead = -1.0                         # the pass runs back to the swage, the thread in it
+    tha = th + ahead * GRIP_AHEAD / r
+    gx, gy, gz = arc_point(xbar, nst, NS_Q, r, tha)
+    if pun_f[q, PF_OFF] == 0.0 and pun_f[q, PF_OFF + 1] == 0.0 and pun_f[q, PF_OFF + 2] == 0.0:
+        pun_f[q, PF_OFF] = gx - pst[p, PS_X]
+        pun_f[q, PF_OFF + 1] = gy - pst[p, PS_X + 1]
+        pun_f[q, PF_OFF + 2] = gz - pst[p, PS_X + 2]
+        return False
+    return _push(h, x, xbar, w_eff, npar, nst, tha, pst[p, PS_X] + pun_f[q, PF_OFF] - gx,
+                 pst[p, PS_X + 1] + pun_f[q, PF_OFF + 1] - gy, pst[p, PS_X + 2] + pun_f[q, PF_OFF + 2] - gz, pst, p,
+                 1.0 / tpar[TP_K_LAT])
+
+
+@njit(cache=True, error_model="numpy")
 def needle_constraints(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, rest: np.ndarray,
                        npar: np.ndarray, nst: np.ndarray, tpar: np.ndarray, pads: np.ndarray, pst: np.ndarray,
                        pun_i: np.ndarray, pun_f: np.ndarray, held: bool, scratch: np.ndarray) -> int:
@@ -469,7 +519,8 @@ def needle_constraints(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndar
     puncture is moved onto the thread when the swage has passed it, dropped when the tip has backed out of it,
     and otherwise kept on the arc; then every sample point of the arc inside a pad, outside its passes, is put
     out through the face it came through, with Coulomb friction against it. The tip is held out too once no
-    hand holds the needle (``held``). Returns how many points were moved."""
+    hand holds the needle (``held``), and each puncture then grips the arc where it holds it (_grip). Returns
+    how many points were moved."""
     r = npar[NP_RADIUS]
     arc = npar[NP_ARC]
     m = xbar.shape[0] - 1
@@ -500,11 +551,22 @@ def needle_constraints(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndar
             pun_i[q, PI_STATE] = PUN_FREE
             pun_i[q, PI_MATE] = -1
             continue
+        if held:
+            for d in range(3):
+                pun_f[q, PF_OFF + d] = 0.0        # the tunnel's hold is taken afresh when the hand lets go
+        else:
+            th_g = pun_f[q, PF_SIGMA]
+            th = _grip(h, xbar, w_eff, npar, nst, tpar, th_g, th, px, py, pz)
+            if th != th_g:
+                for d in range(3):
+                    pun_f[q, PF_OFF + d] = 0.0    # sliding through: the tunnel holds it where it stops
         pun_f[q, PF_SIGMA] = th
         ax, ay, az = arc_point(xbar, nst, NS_Q, r, th)
         # the tissue round a puncture gives like the thread's lateral spring: two pads that moved apart can
         # hold a rigid needle through three or four punctures no longer on one circle
         if _push(h, x, xbar, w_eff, npar, nst, th, px - ax, py - ay, pz - az, pst, p, 1.0 / tpar[TP_K_LAT]):
+            moved += 1
+        if not held and _hold_tunnel(h, x, xbar, w_eff, npar, nst, tpar, pst, pun_i, pun_f, q, p, th):
             moved += 1
     for p in range(pads.shape[0]):
         if _circle_clear(xbar, nst, r, pads, pst, p, grow):
