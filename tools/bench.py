@@ -17,6 +17,10 @@ Three measurements (docs/BENCHMARKS.md shows a full run and explains the method)
    pose-to-force latency, the servo callback's time, and what the motors were given.
 6. ``contact``: self-contact (tools/bench_contact.py): tick time of a tightening 200-segment square knot, the
    contact cost against segment count and against the number of contacts, and the smoothness of the force.
+7. ``tissue``: tick time of the scripted simple interrupted suture (tools/bench_tissue.py).
+8. ``inbound``: what validating a control request or a stylus sample costs (tools/bench_inbound.py).
+9. ``bot``: the trainee bot's suture by hand on ``suturesim serve`` (tools/bench_bot.py): whether it was done,
+   the server's tick through it and the bot's share of a core.
 
 Every timing is repeated; tables give the best (min) and the median of the repeats. The garbage collector
 is off inside timed regions (as in ``timeit``). Entry point: ``main(argv) -> int``.
@@ -618,10 +622,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="suturesim bench",
         description="Time the solver against segment count, scenarios' real-time factors, PyElastica, the "
-                    "1 kHz loop of `suturesim serve`, the haptic device path, self-contact and the scripted "
-                    "suture with its needle and tissue.")
+                    "1 kHz loop of `suturesim serve`, the haptic device path, self-contact, the scripted "
+                    "suture with its needle and tissue, and a suture by hand by the trainee bot.")
     parser.add_argument("what", nargs="?",
-                        choices=("solver", "suture", "loop", "haptics", "contact", "tissue", "inbound", "all"),
+                        choices=("solver", "suture", "loop", "haptics", "contact", "tissue", "inbound", "bot", "all"),
                         default="all",
                         help="solver: step time against N; suture: scenarios and PyElastica; loop: the 1 kHz "
                              "loop of `suturesim serve` (lateness, subscribers, start-up); haptics: pose-to-force "
@@ -629,12 +633,13 @@ def main(argv: list[str] | None = None) -> int:
                              "self-contact cost and force smoothness; tissue: tick time of the scripted simple "
                              "interrupted suture (needle, pads, punctures), whole and by phase; inbound: what "
                              "validating a control request or stylus sample costs the tick, ordinary and hostile; "
+                             "bot: the trainee bot's suture by hand on `suturesim serve` (10 perturbed runs); "
                              "all: every one")
     parser.add_argument("--quick", action="store_true", help="short measurements (a smoke test)")
     parser.add_argument("--out", metavar="FILE", help="(re)write this markdown file, e.g. docs/BENCHMARKS.md")
     parser.add_argument("--no-elastica", action="store_true", help="skip the PyElastica comparison")
     parser.add_argument("--no-loop", action="store_true",
-                        help="with `all`: skip the server loop and haptics measurements")
+                        help="with `all`: skip the server loop, haptics and bot measurements")
     args = parser.parse_args(argv)
     budget = QUICK if args.quick else FULL
 
@@ -705,6 +710,11 @@ def main(argv: list[str] | None = None) -> int:
 
         log("inbound validation ...")
         section(render_inbound(measure_inbound(args.quick, log)))
+    if args.what == "bot" or (args.what == "all" and not args.no_loop):
+        from .bench_bot import measure_bot, render_bot
+
+        log("the trainee bot's suture by hand ...")
+        section(render_bot(measure_bot(args.quick, log)))
     emit(NOTES)
     log(f"done in {time.perf_counter() - t_start:.0f} s")
 

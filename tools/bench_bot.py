@@ -1,0 +1,157 @@
+"""`suturesim bench bot`: the trainee bot's suture by hand on `suturesim serve` (section 9 of docs/BENCHMARKS.md).
+
+Each run starts `suturesim serve --device remote` on `suture-practice` with the needle moved and turned as the
+run's seed draws it (trainee_bot.perturbed_practice), then the trainee bot (tools/trainee_bot.py) in its own
+process with the same seed: it picks the needle up, bites through both edges, hands it over, draws the thread
+through, ties a surgeon's knot by hand, lets go and watches it 10 s. What is measured:
+
+- whether the suture was done, as the server's own events say: four punctures, the knot the server read last
+  (`knot` events) a surgeon's knot, the wound closed (`gap_closed`) and not opened again once both hands let go;
+- the server's tick over the whole run, from its `stats` topic (one message a second: that second's p50, p99
+  and max): the solver step (`step_us`: `Stepper.tick` with its substeps) and the whole tick (`tick_us`: the
+  step, the watch's events and knot reading, the styluses, the forces and the `state` published), pooled as
+  the median of the seconds' p50 and the largest of their p99 and max; the ticks more than 1 ms late;
+- the bot's own CPU time over its wall time: its share of one of the machine's cores, taken from the server's.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import zmq
+
+from ..server import protocol
+from .bench_loop import Server
+from .trainee_bot import perturbed_practice
+
+TARGET_P99_US = 500.0
+SEEDS_FULL = 10
+SEEDS_QUICK = 2
+BOT_TIMEOUT_S = 150.0
+
+
+@dataclass
+class BotRun:
+    seed: int
+    report: dict = field(default_factory=dict)        # the bot's JSON report
+    stats: list[dict] = field(default_factory=list)   # the server's `stats`, one a second
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """The suture done, by the server's events."""
+        r = self.report
+        return bool(r) and r.get("failure") is None and len(r.get("punctures", [])) == 4 and \
+            r.get("knot_at_end") == "surgeon's knot" and r.get("gap_closed") and \
+            not r.get("gap_opened_after_release") and "watched" in r.get("done", [])
+
+    def pooled(self, key: str) -> tuple[float, float, float]:
+        """(median of the seconds' p50, largest p99, largest max) of ``key`` (µs)."""
+        s = [m[key] for m in self.stats if m.get("ticks")]
+        if not s:
+            return (float("nan"),) * 3
+        return (float(np.median([v["p50"] for v in s])), max(v["p99"] for v in s), max(v["max"] for v in s))
+
+    @property
+    def overruns(self) -> int:
+        return int(self.stats[-1]["overruns"] - self.stats[0]["overruns"]) if len(self.stats) > 1 else 0
+
+    @property
+    def ticks(self) -> int:
+        return int(self.stats[-1]["ticks"] - self.stats[0]["ticks"]) if len(self.stats) > 1 else 0
+
+
+def run_bot(seed: int, log: Callable[[str], None]) -> BotRun:
+    """One perturbed suture by hand: serve, the bot, the server's stats while the bot runs."""
+    run = BotRun(seed)
+    with tempfile.TemporaryDirectory(prefix="suturesim-bot-") as tmp:
+        scene = Path(tmp) / "practice.yaml"
+        perturbed_practice(seed, scene)
+        server = Server(env=dict(os.environ, XDG_DATA_HOME=tmp))
+        server.cmd += ["--scenario", str(scene), "--device", "remote"]
+        stylus = server.cmd[server.cmd.index("--stylus") + 1]
+        ctx = zmq.Context()
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, protocol.TOPIC_STATS)
+        sub.setsockopt(zmq.LINGER, 0)
+        server.start()
+        try:
+            if not server.ready.wait(120.0):
+                run.error = f"the server did not start: {server.tail()}"
+                return run
+            sub.connect(server.pub)
+            bot = subprocess.Popen([sys.executable, "-m", "suturesim.tools.trainee_bot", "--pub", server.pub,
+                                    "--stylus", stylus, "--seed", str(seed)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            deadline = time.monotonic() + BOT_TIMEOUT_S
+            while bot.poll() is None and time.monotonic() < deadline:
+                while sub.poll(100):
+                    run.stats.append(protocol.decode_stats(sub.recv_multipart()[1]))
+            if bot.poll() is None:
+                bot.kill()
+                run.error = f"the bot did not finish within {BOT_TIMEOUT_S:g} s"
+            out, err = bot.communicate()
+            lines = [line for line in out.splitlines() if line.startswith("{")]
+            if lines:
+                run.report = json.loads(lines[-1])
+            elif run.error is None:
+                run.error = f"the bot reported nothing: {err.strip()[-300:]}"
+        finally:
+            server.stop()
+            sub.close()
+            ctx.term()
+    log(f"  seed {seed}: {'done' if run.ok else 'NOT done'} "
+        f"({run.error or run.report.get('failure') or run.report.get('knot_at_end')}), "
+        f"step p99 {run.pooled('step_us')[1]:.0f} µs, tick p99 {run.pooled('tick_us')[1]:.0f} µs")
+    return run
+
+
+def measure_bot(quick: bool, log: Callable[[str], None]) -> list[BotRun]:
+    return [run_bot(seed, log) for seed in range(SEEDS_QUICK if quick else SEEDS_FULL)]
+
+
+def render_bot(runs: list[BotRun]) -> list[str]:
+    rows = []
+    for r in runs:
+        rep = r.report
+        step, tick = r.pooled("step_us"), r.pooled("tick_us")
+        share = rep.get("cpu_s", float("nan")) / rep["wall_s"] if rep.get("wall_s") else float("nan")
+        what = r.error or rep.get("failure") or (
+            f"{rep.get('knot_at_end')}; wound {'closed' if rep.get('gap_closed') else 'open'}"
+            f"{', opened after the hands let go' if rep.get('gap_opened_after_release') else ''}")
+        rows.append([str(r.seed), "yes" if r.ok else "**no**", what,
+                     f"{step[0]:.0f} / {step[1]:.0f} / {step[2]:.0f}", f"{tick[0]:.0f} / {tick[1]:.0f} / {tick[2]:.0f}",
+                     f"{r.overruns} of {r.ticks}", f"{share:.2f}", str(rep.get("late_ticks", ""))])
+    done = sum(r.ok for r in runs)
+    step99 = [r.pooled("step_us")[1] for r in runs if r.stats]
+    tick99 = [r.pooled("tick_us")[1] for r in runs if r.stats]
+    out = ["## 9. A suture by hand: the trainee bot (`suturesim bench bot`)", "",
+           "`suturesim serve --device remote` of `suture-practice`, its needle moved and turned on the pad by each "
+           "run's seed, sutured by the trainee bot (tools/trainee_bot.py: a client of the public protocol alone, "
+           "in its own process, two styluses at 1 kHz) with the same seed: it takes the needle, bites through both "
+           "edges, hands the needle over at its tip, draws the thread through, ties a surgeon's knot by hand, "
+           "lets go and watches the knot 10 s. *Done*: four punctures, the knot the server read last a surgeon's "
+           "knot, the wound closed and not opened after the hands let go, all by the server's events. Step: the "
+           "solver's `Stepper.tick` with its substeps; tick: all of the server's tick (the step, the watch's "
+           "events and knot reading, the styluses, the forces and the state published); both µs, the median of "
+           "the seconds' p50 / the largest p99 / the largest max, from the server's `stats`. Bot's share: its "
+           "CPU time over its wall time, of one of the machine's cores (the server's physics process has the "
+           "other to itself only if nothing else runs).", "",
+           "| seed | done | what the server said | step p50 / p99 / max µs | tick p50 / p99 / max µs "
+           "| ticks > 1 ms late | bot's share of a core | bot's late ticks |",
+           "|---|---|---|---|---|---|---|---|"]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    out += ["", f"- Done in **{done} of {len(runs)}** runs.",
+            f"- Step p99 over the runs: largest {max(step99):.0f} µs; tick p99: largest {max(tick99):.0f} µs "
+            f"(target: p99 ≤ {TARGET_P99_US:.0f} µs): "
+            f"{'meets' if max(tick99, default=1e9) <= TARGET_P99_US else '**misses**'}." if step99 else
+            "- No stats were received.", ""]
+    return out

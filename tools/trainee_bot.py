@@ -1,0 +1,515 @@
+"""A trainee bot: a client of the public protocol alone that sutures `suture-practice` by hand on a running
+`suturesim serve --device remote`.
+
+It reads the `state` and `event` topics as a person watches the screen, and sends two styluses' poses,
+orientations and buttons on the stylus socket at 1 kHz, in the scene frame (docs/PROTOCOL.md Sec. 4). No step
+is scheduled on a clock: each motion starts when the one before it ends and is computed, as it starts, from what
+the bot has read (the needle's pose, the marks, where the thread's tail lies, the pose the jaw holds the needle
+in from the `grasp` event); a step that waits for the server (a jaw closing) waits for its event, and one whose
+outcome the server's events do not show (four punctures, the thread through) ends the run. The bot's own start
+poses, the point of the arc it takes the needle at, its approach and the pace of each motion are drawn from
+``--seed``.
+
+The suture, hand by hand (stylus0 the right hand's needle driver, stylus1 the left hand's forceps):
+
+1. the right hand comes to the needle lying on the pad and takes it a fifth to three tenths of the way from the
+   swage;
+   lifts it, sets it upright over the entry mark and drives it tip first through both edges by turning the
+   stylus about the needle's axis;
+2. the left hand takes the needle halfway between where it comes out and its tip, the right lets go; the left
+   turns it on along its curve and draws it up and out, pulling the thread through both edges;
+3. the right hand takes the thread near its tail; the left turns the needle's arc up and draws its strand out
+   to the right, leaving a tail, while the right brings the tail across;
+4. a hand tie: a surgeon's double throw (the tail carried round the needle's strand and through the loop
+   twice), pulled along the tissue until the wound closes; then the opposite single throw, pulled with the
+   hands crossed (a surgeon's knot);
+5. both hands let go, and the bot watches the knot for ``--watch`` seconds.
+
+The throws' paths are those a person makes, set from the wound's centre (the marks' midpoint, as read) when the
+tie starts and not corrected while it runs: the needle's strand held up across the wound while the tail goes
+round it. The tie is a hand tie: an instrument tie
+wraps the thread round the needle driver's jaws, which the thread does not collide with yet (docs/HAPTICS.md
+Sec. 8).
+
+Run: ``python -m suturesim.tools.trainee_bot --pub tcp://127.0.0.1:5555 --stylus tcp://127.0.0.1:5557 --seed 3``;
+it prints one JSON line: what the server's events said (punctures, knots, the wound), whether each step was
+done, and the bot's own CPU time over its wall time (its share of a core).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import msgpack
+import numpy as np
+import zmq
+
+from ..server import protocol
+
+RIGHT, LEFT = "stylus0", "stylus1"
+GRASP = 1                          # the grasp button (first Touch button); both hands leave the clutch alone
+TICK = 1e-3                        # s: the bot sends both styluses' samples every tick
+UNIT = np.array([1.0, 0.0, 0.0, 0.0])
+C45 = math.sqrt(0.5)
+# the needle set for the bite: its circle upright in the plane of the bite (x-z for a bite along +x), the swage at
+# the circle's top, the arc curving down toward the entry mark; body x -> -x, body y -> -z, body z -> -y
+Q_BITE = np.array([0.0, 0.0, C45, -C45])
+# the circle's centre above the tissue's top face (m) for a 3/8-circle 19 mm needle (radius 8.064 mm) that meets the
+# face at the marks, 5 mm either side of the wound: sqrt(R^2 - (5 mm)^2)
+BITE_DEPTH = 0.0063265
+# the needle as the hand holds it through the tie: its arc rising straight up from the swage and curving to the
+# right (body x -> world z, body y -> x, body z -> y), the strand leaving the swage downward: the tail's loops
+# round the strand below the hand pass clear of the needle
+Q_TIE = np.array([0.5, -0.5, -0.5, -0.5])
+GRASP_WAIT = 300                   # ticks a hand waits for its `grasp` event before it gives up
+# the tie (step 4): (t s, x, y, z m) from the tie's start, relative to the wound's centre, for the point the needle
+# hand holds the strand at (the swage) and the point the tail hand holds (near the tail's end). The double throw,
+# its cinch along the tissue 4 mm above it, the hands easing off; the strands slack while the throw settles; the
+# opposite throw (its mirror image, front and back swapped) pulled with the hands crossed, 3 mm above the tissue,
+# and held there 2.6 s while the knot seats before the hands ease off
+NEEDLE_TIE = [(0.0, 0.045, 0.0, 0.030), (0.7, 0.025, 0.008, 0.040), (1.5, -0.006, 0.008, 0.045),
+              (7.1, -0.006, 0.008, 0.045), (7.5, 0.020, 0.005, 0.030), (8.5, 0.043, 0.0, 0.004),
+              (9.3, 0.034, 0.0, 0.017), (10.5, 0.034, 0.0, 0.017), (11.2, 0.018, -0.006, 0.026),
+              (12.0, -0.004, -0.006, 0.028), (15.0, -0.004, -0.006, 0.028), (15.4, -0.0215, -0.004, 0.018),
+              (16.4, -0.043, 0.0, 0.003), (19.0, -0.043, 0.0, 0.003), (19.7, -0.0344, 0.0, 0.003),
+              (20.5, -0.026, 0.0, 0.003)]
+TAIL_TIE = [(0.0, -0.040, 0.0, 0.020), (0.7, -0.020, -0.008, 0.030), (1.5, 0.006, -0.008, 0.035),
+            (2.1, 0.012, 0.0, 0.030), (2.7, 0.008, 0.014, 0.020), (3.3, 0.0, 0.012, 0.006),
+            (3.9, 0.0, -0.012, 0.006), (4.4, 0.008, -0.010, 0.024), (4.9, 0.012, 0.0, 0.026),
+            (5.4, 0.008, 0.014, 0.018), (5.9, 0.0, 0.012, 0.006), (6.5, 0.0, -0.012, 0.006),
+            (7.1, -0.030, -0.010, 0.015), (8.5, -0.043, 0.0, 0.004), (9.3, -0.036, 0.0, 0.012),
+            (10.5, -0.036, 0.0, 0.012), (11.2, -0.015, 0.006, 0.020), (12.0, 0.004, 0.006, 0.022),
+            (12.6, 0.010, 0.0, 0.020), (13.2, 0.006, -0.010, 0.014), (13.8, 0.0, -0.009, 0.005),
+            (14.4, 0.0, 0.009, 0.005), (15.0, 0.0215, 0.004, 0.010), (16.4, 0.043, 0.0, 0.003),
+            (19.0, 0.043, 0.0, 0.003), (19.7, 0.0357, 0.0, 0.003), (20.5, 0.028, 0.0, 0.003)]
+SECOND_THROW_S = 10.5              # s into the tie: the second throw starts, the first one's cinch eased off
+
+
+def perturbed_practice(seed: int, out) -> None:
+    """Write `suture-practice` with its needle moved and turned on the pad as ``seed`` draws them (up to 4 mm
+    each way, up to 25 degrees about the vertical) to the YAML file ``out``: the world the bot finds."""
+    import yaml
+
+    from ..solver.scenario import scenario_path
+
+    rng = np.random.default_rng(10_000 + seed)
+    doc = yaml.safe_load(scenario_path("suture-practice").read_text())
+    yaw = math.radians(rng.uniform(-25.0, 25.0))
+    start = doc["shape"]["start"]
+    doc["shape"]["start"] = [start[0] + rng.uniform(-0.004, 0.004), start[1] + rng.uniform(-0.004, 0.004), start[2]]
+    doc["needle"]["orientation"] = [math.cos(yaw / 2), 0.0, 0.0, math.sin(yaw / 2)]
+    with open(out, "w") as f:
+        yaml.safe_dump(doc, f, sort_keys=False)
+
+
+class BotFailed(RuntimeError):
+    """A step the bot could not do (what it waited for never came): the run ends there."""
+
+
+# -- quaternions (w, x, y, z) ------------------------------------------------------------------------------
+def qmul(a, b) -> np.ndarray:
+    a0, a1, a2, a3 = a
+    b0, b1, b2, b3 = b
+    return np.array([a0 * b0 - a1 * b1 - a2 * b2 - a3 * b3, a0 * b1 + a1 * b0 + a2 * b3 - a3 * b2,
+                     a0 * b2 - a1 * b3 + a2 * b0 + a3 * b1, a0 * b3 + a1 * b2 - a2 * b1 + a3 * b0])
+
+
+def qconj(q) -> np.ndarray:
+    return np.array([q[0], -q[1], -q[2], -q[3]])
+
+
+def rot(q, v) -> np.ndarray:
+    return qmul(qmul(q, [0.0, *v]), qconj(q))[1:]
+
+
+def slerp(a, b, s: float) -> np.ndarray:
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    d = float(np.dot(a, b))
+    if d < 0.0:
+        b, d = -b, -d
+    if d > 0.9995:
+        q = a + s * (b - a)
+        return q / np.linalg.norm(q)
+    th = math.acos(d)
+    return (math.sin((1 - s) * th) * a + math.sin(s * th) * b) / math.sin(th)
+
+
+def about_z(angle: float) -> np.ndarray:
+    return np.array([math.cos(angle / 2), 0.0, 0.0, math.sin(angle / 2)])
+
+
+# -- what the bot sees and sends ---------------------------------------------------------------------------
+class Eyes:
+    """The `state` and `event` topics: the newest state, and every event in order."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str):
+        self.sock = ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        for topic in (protocol.TOPIC_STATE, protocol.TOPIC_EVENT):
+            self.sock.setsockopt(zmq.SUBSCRIBE, topic)
+        self.sock.connect(endpoint)
+        self.state: dict | None = None
+        self.events: list[dict] = []
+
+    def look(self) -> None:
+        """Everything published since the last look (states are decoded only for the newest)."""
+        newest = None
+        while True:
+            try:
+                topic, payload = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if topic == protocol.TOPIC_STATE:
+                newest = payload
+            elif topic == protocol.TOPIC_EVENT:
+                self.events.append(protocol.decode_event(payload))
+        if newest is not None:
+            self.state = protocol.decode_state(newest)
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+@dataclass
+class Hand:
+    """One stylus as the bot moves it: its jaw's pose and buttons, and how it holds the needle if it does
+    (``offset``, ``q_rel``: the swage's position and the needle's orientation in the jaw's frame, from the
+    `grasp` event)."""
+    device: str
+    pos: np.ndarray
+    quat: np.ndarray = field(default_factory=lambda: UNIT.copy())
+    buttons: int = 0
+    offset: np.ndarray | None = None
+    q_rel: np.ndarray | None = None
+
+    def sample(self, seq: int) -> bytes:
+        return msgpack.packb({"device": self.device, "seq": seq, "t": seq * TICK,
+                              "pos": [float(v) for v in self.pos], "quat": [float(v) for v in self.quat],
+                              "buttons": self.buttons}, use_bin_type=True)
+
+    def jaw_for_needle(self, swage, q) -> tuple[np.ndarray, np.ndarray]:
+        """The jaw's pose that puts the needle it holds at ``swage`` turned ``q``: q_jaw = q q_rel^-1,
+        p_jaw = swage - q_jaw offset."""
+        q_jaw = qmul(q, qconj(self.q_rel))
+        return np.asarray(swage, float) - rot(q_jaw, self.offset), q_jaw
+
+
+# -- the trainee ---------------------------------------------------------------------------------------------
+class Trainee:
+    """The bot: ``plan`` is the suture as a generator that yields once a tick; ``run`` drives it at 1 kHz."""
+
+    def __init__(self, pub: str, stylus: str, seed: int, watch_s: float = 10.0):
+        self.ctx = zmq.Context()
+        self.eyes = Eyes(self.ctx, pub)
+        self.push = self.ctx.socket(zmq.PUSH)
+        self.push.setsockopt(zmq.LINGER, 500)
+        self.push.setsockopt(zmq.SNDHWM, 100)
+        self.push.connect(stylus)
+        self.rng = np.random.default_rng(seed)
+        self.seed = seed
+        self.watch_s = watch_s
+        self.hands = {d: Hand(d, np.zeros(3)) for d in (RIGHT, LEFT)}
+        self.seq = 0
+        self.done: list[str] = []         # the steps done, in order
+        self.late_ticks = 0               # ticks the bot sent more than a tick late
+
+    # -- reading ---------------------------------------------------------------------------------------
+    @property
+    def st(self) -> dict:
+        return self.eyes.state
+
+    def needle(self) -> tuple[np.ndarray, np.ndarray]:
+        n = self.st["needle"]
+        return np.array(n["pos"], float), np.array(n["quat"], float)
+
+    def arc_point(self, swage, q, theta: float) -> np.ndarray:
+        r = self.st["needle"]["radius"]
+        return np.asarray(swage) + rot(q, [r * math.sin(theta), r * (1 - math.cos(theta)), 0.0])
+
+    def thread(self) -> np.ndarray:
+        return np.asarray(self.st["x"], float).reshape(-1, 3)
+
+    def marks(self) -> tuple[np.ndarray, np.ndarray]:
+        t = {m["kind"]: np.array(m["pos"], float) for m in self.st["tissue"]["targets"]}
+        return t["entry"], t["exit"]
+
+    def bite_frame(self) -> tuple[np.ndarray, np.ndarray]:
+        """The circle's centre and the needle's orientation for the bite, from the marks as read: the circle
+        upright in the vertical plane through both marks, meeting the face at them."""
+        entry, exit_ = self.marks()
+        d = exit_ - entry
+        yaw = math.atan2(d[1], d[0])
+        return 0.5 * (entry + exit_) + [0.0, 0.0, BITE_DEPTH], qmul(about_z(yaw), Q_BITE)
+
+    def knots(self) -> list[str]:
+        return [e["name"] for e in self.eyes.events if e["kind"] == "knot"]
+
+    def events(self, kind: str, **details) -> list[dict]:
+        return [e for e in self.eyes.events if e["kind"] == kind and all(e.get(k) == v for k, v in details.items())]
+
+    # -- moving ------------------------------------------------------------------------------------------
+    def pace(self, ticks: float) -> int:
+        """A motion's length in ticks, the bot's pace drawn about it (+-15 %)."""
+        return max(1, int(round(ticks * self.rng.uniform(0.85, 1.15))))
+
+    def wait(self, ticks: int) -> Iterator[None]:
+        for _ in range(ticks):
+            yield
+
+    def move_jaw(self, hand: Hand, pos, quat, ticks: int, buttons: int | None = None) -> Iterator[None]:
+        p0, q0 = hand.pos.copy(), hand.quat.copy()
+        if buttons is not None:
+            hand.buttons = buttons
+        for k in range(1, ticks + 1):
+            s = k / ticks
+            hand.pos = p0 + s * (np.asarray(pos, float) - p0)
+            hand.quat = slerp(q0, quat, s)
+            yield
+
+    def move_needle(self, hand: Hand, swage, q, ticks: int) -> Iterator[None]:
+        """Carry the needle ``hand`` holds from where it is now (as read) to ``swage`` turned ``q``."""
+        s0, q0 = self.needle()
+        for k in range(1, ticks + 1):
+            s = k / ticks
+            hand.pos, hand.quat = hand.jaw_for_needle(s0 + s * (np.asarray(swage) - s0), slerp(q0, q, s))
+            yield
+
+    def drive(self, hand: Hand, phi0: float, phi1: float, ticks: int) -> Iterator[None]:
+        """Turn the needle set for the bite about its circle's axis through its centre, tip first, from phi0 to
+        phi1 (rad): the needle at q_bite rotz(phi), its swage at centre + q (0, -R, 0)."""
+        centre, q_bite = self.bite_frame()
+        r = self.st["needle"]["radius"]
+        for k in range(1, ticks + 1):
+            phi = phi0 + (phi1 - phi0) * k / ticks
+            q = qmul(q_bite, about_z(phi))
+            hand.pos, hand.quat = hand.jaw_for_needle(centre + rot(q, [0.0, -r, 0.0]), q)
+            yield
+
+    def close_on(self, hand: Hand, holds: str) -> Iterator[None]:
+        """Press ``hand``'s grasp button where its jaw is and wait for the server's `grasp` event; it must say
+        the jaw holds ``holds``."""
+        seen = len(self.eyes.events)
+        hand.buttons = GRASP
+        for _ in range(GRASP_WAIT):
+            yield
+            new = [e for e in self.eyes.events[seen:] if e["kind"] in ("grasp", "grasp_missed")
+                   and e.get("device") == hand.device]
+            if new:
+                e = new[0]
+                if e["kind"] == "grasp_missed" or e.get("holds") != holds:
+                    raise BotFailed(f"{hand.device} closed on {e.get('holds', 'nothing')}, wanted {holds}: {e}")
+                if holds == "needle":
+                    hand.offset, hand.q_rel = np.array(e["offset"], float), np.array(e["q_rel"], float)
+                return
+        raise BotFailed(f"{hand.device}: no grasp event within {GRASP_WAIT} ticks")
+
+    def let_go(self, hand: Hand) -> None:
+        hand.buttons = 0
+        hand.offset = hand.q_rel = None
+
+    def take_needle_at(self, hand: Hand, theta: float, quat) -> Iterator[None]:
+        swage, q = self.needle()
+        yield from self.move_jaw(hand, self.arc_point(swage, q, theta), quat, self.pace(150), buttons=0)
+        yield from self.close_on(hand, "needle")
+
+    # -- the suture ----------------------------------------------------------------------------------------
+    def plan(self) -> Iterator[None]:
+        right, left = self.hands[RIGHT], self.hands[LEFT]
+        rng = self.rng
+        centre, _ = self.bite_frame()
+        # the hands start open, somewhere above the tissue
+        right.pos = centre + [0.02, 0.0, 0.04] + rng.uniform(-0.015, 0.015, 3)
+        left.pos = centre + [-0.04, 0.0, 0.04] + rng.uniform(-0.015, 0.015, 3)
+        yield from self.wait(self.pace(300))
+        # 1. the right hand comes to the needle, open, and takes it a fifth to three tenths of the way from its
+        # swage
+        swage, q = self.needle()
+        arc = self.st["needle"]["arc"]
+        theta = arc * rng.uniform(0.2, 0.3)
+        above = self.arc_point(swage, q, theta) + [0.0, 0.0, 0.02] + rng.uniform(-0.01, 0.01, 3)
+        yield from self.move_jaw(right, above, UNIT, self.pace(500), buttons=0)
+        yield from self.take_needle_at(right, theta, UNIT)
+        self.done.append("needle taken")
+        yield from self.wait(50)
+        swage, q = self.needle()
+        yield from self.move_needle(right, swage + [0.0, 0.0, 0.02], q, self.pace(400))        # lifted 2 cm
+        centre, q_bite = self.bite_frame()
+        r = self.st["needle"]["radius"]
+        start = centre + rot(q_bite, [0.0, -r, 0.0])
+        yield from self.move_needle(right, start + [0.0, 0.0, 0.01], q_bite, self.pace(1200))   # upright, over
+        yield from self.move_needle(right, start, q_bite, self.pace(400))      # the tip 0.6 mm above the mark
+        yield from self.wait(200)
+        yield from self.drive(right, 0.0, math.radians(100.0), self.pace(2500))   # through both edges
+        yield from self.wait(300)
+        if len(self.events("puncture")) < 4:
+            raise BotFailed(f"the bite made {len(self.events('puncture'))} punctures, not 4")
+        self.done.append("bite")
+        # 2. the left hand takes the needle halfway between where it comes out and its tip; the right lets go
+        swage, q = self.needle()
+        thetas = np.linspace(arc, 0.0, 400)
+        out = next((k for k, th in enumerate(thetas) if self.arc_point(swage, q, th)[2] < 0.0), None)
+        if out is None or arc - thetas[out] < math.radians(6.0):
+            raise BotFailed("the needle's tip is not out of the tissue")
+        tip_theta = 0.5 * (arc + thetas[out])
+        yield from self.move_jaw(left, self.arc_point(swage, q, tip_theta) + [0.0, 0.0, 0.02], left.quat,
+                                 self.pace(600))
+        yield from self.take_needle_at(left, tip_theta, qmul(self.bite_frame()[1], about_z(1.5)))
+        yield from self.wait(50)
+        self.let_go(right)
+        yield from self.move_jaw(right, right.pos + [0.03, 0.0, 0.03], right.quat, self.pace(300))
+        self.done.append("handover")
+        # ... and turns it on along its curve and up and out to the right, drawing the thread through
+        swage, q = self.needle()
+        rel = qmul(qconj(self.bite_frame()[1]), q)                  # rotz(phi), or its negative
+        phi = math.remainder(2.0 * math.atan2(rel[3], rel[0]), 2.0 * math.pi)
+        yield from self.drive(left, phi, math.radians(235.0), self.pace(3000))
+        swage, q = self.needle()
+        yield from self.move_needle(left, swage + [0.03, 0.0, 0.03], q, self.pace(1000))
+        yield from self.wait(300)
+        if not self.events("thread_through"):
+            raise BotFailed("the thread did not follow the needle through")
+        self.done.append("drawn through")
+        # 3. the right hand takes the thread 2 mm from its tail's end; the left turns the needle's arc up (Q_TIE) and
+        # draws its strand out to the right, leaving a tail, while the right brings the tail across
+        x = self.thread()
+        tail = x[-1] + 2e-3 * (x[-2] - x[-1]) / np.linalg.norm(x[-2] - x[-1])
+        yield from self.move_jaw(right, tail + [0.0, 0.0, 0.02], UNIT, self.pace(1500))
+        yield from self.move_jaw(right, tail, UNIT, self.pace(300))
+        yield from self.close_on(right, "thread")
+        yield from self.wait(50)
+        centre, _ = self.bite_frame()
+        centre = centre - [0.0, 0.0, BITE_DEPTH]                    # the wound's centre on the tissue's face
+        q_hold = Q_TIE
+        n0, t0 = np.array(NEEDLE_TIE[0][1:]), np.array(TAIL_TIE[0][1:])
+        n_ticks = self.pace(2500)
+        s0, q0 = self.needle()
+        p0 = right.pos.copy()
+        for k in range(1, n_ticks + 1):
+            s = k / n_ticks
+            left.pos, left.quat = left.jaw_for_needle(s0 + s * (centre + n0 - s0), slerp(q0, q_hold, s))
+            right.pos = p0 + s * (centre + t0 - p0)
+            yield
+        self.done.append("tail taken")
+        # 4. the tie, both hands along their paths from the wound's centre; the needle hand keeps the needle as
+        # it turned it (Q_TIE)
+        total = NEEDLE_TIE[-1][0]
+        ticks = int(round(total / TICK))
+        tn, pn = np.array([w[0] for w in NEEDLE_TIE]), np.array([w[1:] for w in NEEDLE_TIE])
+        tt, pt = np.array([w[0] for w in TAIL_TIE]), np.array([w[1:] for w in TAIL_TIE])
+        second = int(round(SECOND_THROW_S / TICK))
+        for k in range(1, ticks + 1):
+            t = k * TICK
+            swage = centre + [np.interp(t, tn, pn[:, i]) for i in range(3)]
+            left.pos, left.quat = left.jaw_for_needle(swage, q_hold)
+            right.pos = centre + [np.interp(t, tt, pt[:, i]) for i in range(3)]
+            yield
+            if k == second:
+                # the first throw seated before the second: the server has read a double throw and the wound
+                # closed, or the tie is not going to hold
+                if not self.events("knot", name="double throw") or not self.events("gap_closed"):
+                    raise BotFailed(f"after the double throw the server read {self.knots()} and the wound is "
+                                    f"{'closed' if self.events('gap_closed') else 'open'}")
+                self.done.append("double throw")
+        if not self.events("knot", name="surgeon's knot"):
+            raise BotFailed(f"after the second throw the server read {self.knots()}")
+        self.done.append("second throw")
+        # 5. both hands let go, the tail first, and step back
+        self.let_go(right)
+        yield from self.wait(200)
+        self.let_go(left)
+        yield from self.move_jaw(right, right.pos + [0.02, 0.0, 0.03], right.quat, 300)
+        yield from self.move_jaw(left, left.pos + [-0.02, 0.0, 0.03], left.quat, 300)
+        self.done.append("let go")
+        self.released_at = len(self.eyes.events)
+        yield from self.wait(int(round(self.watch_s / TICK)))
+        self.done.append("watched")
+
+    def run(self, timeout_s: float = 20.0) -> dict:
+        """Wait for the first state, then run the plan at 1 kHz; returns the report."""
+        deadline = time.monotonic() + timeout_s
+        while self.eyes.state is None:
+            if time.monotonic() > deadline:
+                raise BotFailed(f"no state within {timeout_s} s")
+            self.eyes.sock.poll(50)
+            self.eyes.look()
+        self.released_at = None
+        failure = None
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        plan = self.plan()
+        t_next = time.perf_counter()
+        try:
+            while True:
+                self.eyes.look()
+                try:
+                    next(plan)
+                except StopIteration:
+                    break
+                for hand in self.hands.values():
+                    self.push.send(hand.sample(self.seq))
+                self.seq += 1
+                t_next += TICK
+                wait = t_next - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
+                elif wait < -TICK:
+                    self.late_ticks += 1
+                    t_next = time.perf_counter()      # no burst to catch up: a hand does not jump
+        except BotFailed as exc:
+            failure = str(exc)
+        except Exception as exc:   # a fault of the bot's own: reported with the suture so far, not swallowed
+            failure = f"the bot broke: {type(exc).__name__}: {exc} at " + \
+                " < ".join(f"{f.name}:{f.lineno}" for f in reversed(traceback.extract_tb(exc.__traceback__)))
+        cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+        for hand in self.hands.values():             # the jaws open on the way out
+            hand.buttons = 0
+            self.push.send(hand.sample(self.seq))
+        self.eyes.look()
+        return self.report(failure, cpu, wall)
+
+    def report(self, failure: str | None, cpu: float, wall: float) -> dict:
+        ev = self.eyes.events
+        after = ev[self.released_at:] if self.released_at is not None else []
+        knots = [e["name"] for e in ev if e["kind"] == "knot"]
+        tissue = self.st.get("tissue") or {}
+        return {
+            "seed": self.seed, "failure": failure, "done": self.done,
+            "punctures": [[e["pad"], e["side"]] for e in ev if e["kind"] == "puncture"],
+            "knots": knots, "knot_at_end": tissue.get("knot"), "gap_at_end": tissue.get("gap"),
+            "gap_closed": any(e["kind"] == "gap_closed" for e in ev),
+            "gap_opened_after_release": any(e["kind"] == "gap_opened" for e in after),
+            "knot_changed_after_release": [e["name"] for e in after if e["kind"] == "knot"],
+            "grasps": [[e["device"], e.get("holds")] for e in ev if e["kind"] == "grasp"],
+            "cpu_s": round(cpu, 3), "wall_s": round(wall, 3), "late_ticks": self.late_ticks,
+        }
+
+    def close(self) -> None:
+        self.eyes.close()
+        self.push.close()
+        self.ctx.term()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m suturesim.tools.trainee_bot", description=__doc__.split("\n")[0])
+    p.add_argument("--pub", default="tcp://127.0.0.1:5555", help="the server's PUB endpoint")
+    p.add_argument("--stylus", default="tcp://127.0.0.1:5557", help="the server's stylus (PULL) endpoint")
+    p.add_argument("--seed", type=int, default=0, help="draws the bot's start poses, grasp point and pace")
+    p.add_argument("--watch", type=float, default=10.0, help="seconds the bot watches the knot after letting go")
+    args = p.parse_args(argv)
+    bot = Trainee(args.pub, args.stylus, args.seed, args.watch)
+    try:
+        report = bot.run()
+    finally:
+        bot.close()
+    print(json.dumps(report), flush=True)
+    return 0 if report["failure"] is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
