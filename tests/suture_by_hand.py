@@ -17,45 +17,17 @@ from suturesim.server.config import DeviceConfig, ServerConfig
 from suturesim.server.physics import PhysicsLoop
 from suturesim.solver.needle import NP_ARC, NP_RADIUS
 from suturesim.solver.scenario import load_scenario
+from suturesim.tools.trainee_bot import Q_BITE, UNIT, qconj, qmul, rot, slerp  # noqa: F401 (the tests' too)
 
 RIGHT, LEFT = "stylus0", "stylus1"
 GRASP = 1
-C45 = math.sqrt(0.5)
 SETTLE_TICKS = 300       # the needle lies on the left pad
 # a hand that has closed its jaw holds still this long before it moves on: a press that a loop running late sees
 # late finds the jaw where it was pressed, and a handover is made before the other hand lets go
 HOLD_TICKS = 50
-# the needle set for the bite, as simple-interrupted-suture sets it: its circle upright in the x-z plane, its
-# centre 6.327 mm above the pads' top face, so that it meets the face 5 mm either side of the wound
-Q_BITE = np.array([0.0, 0.0, C45, -C45])
+# the needle set for the bite (Q_BITE), as simple-interrupted-suture sets it: its circle upright in the x-z plane,
+# its centre 6.327 mm above the pads' top face, so that it meets the face 5 mm either side of the wound
 CENTRE = np.array([0.0, 0.0, 0.0143908 - 0.0080643])
-UNIT = np.array([1.0, 0.0, 0.0, 0.0])
-
-
-def qmul(a, b) -> np.ndarray:
-    a0, a1, a2, a3 = a
-    b0, b1, b2, b3 = b
-    return np.array([a0 * b0 - a1 * b1 - a2 * b2 - a3 * b3, a0 * b1 + a1 * b0 + a2 * b3 - a3 * b2,
-                     a0 * b2 - a1 * b3 + a2 * b0 + a3 * b1, a0 * b3 + a1 * b2 - a2 * b1 + a3 * b0])
-
-
-def qconj(q) -> np.ndarray:
-    return np.array([q[0], -q[1], -q[2], -q[3]])
-
-
-def rot(q, v) -> np.ndarray:
-    return qmul(qmul(q, [0.0, *v]), qconj(q))[1:]
-
-
-def slerp(a, b, s: float) -> np.ndarray:
-    d = float(np.dot(a, b))
-    if d < 0.0:
-        b, d = -np.asarray(b), -d
-    if d > 0.9995:
-        q = a + s * (b - a)
-        return q / np.linalg.norm(q)
-    th = math.acos(d)
-    return (math.sin((1 - s) * th) * np.asarray(a) + math.sin(s * th) * np.asarray(b)) / math.sin(th)
 
 
 class Scene:
