@@ -157,10 +157,7 @@ export function drawToolLegend(ctx, y) {
   text('jaws:');
   x += 12;
   for (const [name, hollow] of [['open', false], ['needle', false], ['thread', false], ['tissue', false], ['clutch', true]]) {
-    ctx.beginPath();
-    ctx.arc(x, y - 4, 4, 0, 2 * Math.PI);
-    ctx.lineWidth = 2;
-    if (hollow) { ctx.strokeStyle = JAW.open; ctx.stroke(); } else { ctx.fillStyle = JAW[name]; ctx.fill(); }
+    drawDot(ctx, [x, y - 4], 4, hollow ? JAW.open : JAW[name], hollow);
     x += 8;
     text(name);
     x += 14;

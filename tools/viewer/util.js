@@ -7,8 +7,6 @@ export const isNum = v => typeof v === 'number' && Number.isFinite(v);
 // The page's background, under both canvases.
 const BG = '#101216';
 
-// Size a canvas's backing store to its CSS size times the device pixel ratio, fill it with the background and
-// leave the context drawing in CSS pixels; returns the CSS width and height.
 // A marker dot of radius r at canvas point p: hollow (a ring in color) or filled with color, edged in the
 // background's dark so it stands out on the thread.
 export function drawDot(ctx, p, r, color, hollow) {
@@ -27,6 +25,8 @@ export function drawDot(ctx, p, r, color, hollow) {
   }
 }
 
+// Size a canvas's backing store to its CSS size times the device pixel ratio, fill it with the background and
+// leave the context drawing in CSS pixels; returns the CSS width and height.
 export function clearCanvas(canvas, ctx) {
   const dpr = window.devicePixelRatio || 1;
   const w = Math.max(1, Math.round(canvas.clientWidth * dpr)), h = Math.max(1, Math.round(canvas.clientHeight * dpr));
