@@ -319,6 +319,19 @@ def needle_pierce(x: np.ndarray, npar: np.ndarray, nst: np.ndarray, pads: np.nda
 
 
 @njit(cache=True, error_model="numpy")
+def _pass_end(q: int, pun_i: np.ndarray, pun_f: np.ndarray, arc: float) -> float:
+    """The arc angle (rad) at which the pass through needle-held puncture q ends: its mate's, if the needle
+    still runs through it; beyond the tip (arc + 1) while it has none; before the swage (-1) once the thread
+    runs through the mate."""
+    mate = pun_i[q, PI_MATE]
+    if mate < 0:
+        return arc + 1.0
+    if pun_i[mate, PI_STATE] == PUN_NEEDLE:
+        return pun_f[mate, PF_SIGMA]
+    return -1.0
+
+
+@njit(cache=True, error_model="numpy")
 def _needle_tunnel(theta: float, p: int, pun_i: np.ndarray, pun_f: np.ndarray, arc: float, ext: float,
                    near: float) -> bool:
     """Whether the needle's point at angle theta lies in a pass through pad p (between its needle-held
@@ -333,13 +346,7 @@ def _needle_tunnel(theta: float, p: int, pun_i: np.ndarray, pun_f: np.ndarray, a
         if pun_i[q, PI_STATE] != PUN_NEEDLE or pun_i[q, PI_PAD] != p:
             continue
         a = pun_f[q, PF_SIGMA]
-        mate = pun_i[q, PI_MATE]
-        if mate < 0:
-            b = arc + 1.0
-        elif pun_i[mate, PI_STATE] == PUN_NEEDLE:
-            b = pun_f[mate, PF_SIGMA]
-        else:
-            b = -1.0
+        b = _pass_end(q, pun_i, pun_f, arc)
         if min(a, b) - ext < theta < max(a, b) + ext:
             return True
     return False
@@ -492,13 +499,7 @@ def _hold_tunnel(h, x, xbar, w_eff, npar, nst, tpar, pst, pun_i, pun_f, q, p, th
     where it was relative to pad p when the hand let go (PF_OFF), through the same lateral spring. The
     punctures alone hold the arc at points, and a circle through two of them turns freely about their chord."""
     r = npar[NP_RADIUS]
-    mate = pun_i[q, PI_MATE]
-    ahead = 1.0
-    if mate >= 0:
-        if pun_i[mate, PI_STATE] == PUN_NEEDLE:
-            ahead = 1.0 if pun_f[mate, PF_SIGMA] > th else -1.0
-        else:
-            ahead = -1.0                         # the pass runs back to the swage, the thread in it
+    ahead = 1.0 if _pass_end(q, pun_i, pun_f, npar[NP_ARC]) > th else -1.0
     tha = th + ahead * GRIP_AHEAD / r
     gx, gy, gz = arc_point(xbar, nst, NS_Q, r, tha)
     if pun_f[q, PF_OFF] == 0.0 and pun_f[q, PF_OFF + 1] == 0.0 and pun_f[q, PF_OFF + 2] == 0.0:
