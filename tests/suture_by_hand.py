@@ -124,6 +124,20 @@ class Hand:
             self.scene.tick()
 
 
+def set_for_bite(scene: Scene, right: Hand, theta: float) -> dict:
+    """``right`` takes the needle at ``theta`` (rad from the swage), lifts it 2 cm, stands it upright over the
+    entry mark and sets it down, its tip 0.6 mm above the mark; returns the `grasp` event."""
+    g = right.take_needle_at(theta)
+    scene.tick(HOLD_TICKS)
+    swage, q = scene.needle()
+    right.move_needle(swage + [0.0, 0.0, 0.02], q, 400)                           # lift it 2 cm
+    start = CENTRE + rot(Q_BITE, [0.0, -scene.radius, 0.0])
+    right.move_needle(start + [0.0, 0.0, 0.01], Q_BITE, 1200)                     # over the entry mark, upright
+    right.move_needle(start, Q_BITE, 400)                                         # down: the tip 0.6 mm above it
+    scene.tick(200)
+    return g
+
+
 def start_of_suture(scene: Scene, settle: int = SETTLE_TICKS, theta: float = 0.0, approach=None) -> dict:
     """The start of a suture: after ``settle`` ticks, the right hand (coming from ``approach``, m from the
     needle's point it takes, over 300 ticks, if given) picks the needle up at ``theta`` (rad from the swage, a
@@ -142,14 +156,7 @@ def start_of_suture(scene: Scene, settle: int = SETTLE_TICKS, theta: float = 0.0
         for k in range(300):                      # the jaw comes to the needle, open
             right.set(at + np.asarray(approach) * (1.0 - (k + 1) / 300.0), UNIT, 0)
             scene.tick()
-    g = right.take_needle_at(theta)
-    scene.tick(HOLD_TICKS)
-    swage, q = scene.needle()
-    right.move_needle(swage + [0.0, 0.0, 0.02], q, 400)                           # lift it 2 cm
-    start = CENTRE + rot(Q_BITE, [0.0, -scene.radius, 0.0])
-    right.move_needle(start + [0.0, 0.0, 0.01], Q_BITE, 1200)                     # over the entry mark, upright
-    right.move_needle(start, Q_BITE, 400)                                         # down: the tip 0.6 mm above it
-    scene.tick(200)
+    g = set_for_bite(scene, right, theta)
     early = scene.events("puncture")
     right.drive(0.0, math.radians(100.0), 2500)                                   # through both edges
     scene.tick(300)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from suture_by_hand import (CENTRE, HOLD_TICKS, LEFT, Q_BITE, RIGHT, SETTLE_TICKS, Hand, Scene, qconj, qmul, rot,
-                            slerp, start_of_suture)
+                            set_for_bite, slerp, start_of_suture)
 from suturesim.server import protocol
 from suturesim.solver.needle import NP_WIRE
 
@@ -161,14 +161,7 @@ def test_a_needle_let_go_halfway_through_a_bite_stays_in_its_holes_and_is_taken_
     scene = Scene()
     scene.tick(SETTLE_TICKS)
     right = Hand(scene, RIGHT)
-    right.take_needle_at(scene.arc / 4.0)
-    scene.tick(HOLD_TICKS)
-    swage, q = scene.needle()
-    right.move_needle(swage + [0.0, 0.0, 0.02], q, 400)
-    start = CENTRE + rot(Q_BITE, [0.0, -scene.radius, 0.0])
-    right.move_needle(start + [0.0, 0.0, 0.01], Q_BITE, 1200)
-    right.move_needle(start, Q_BITE, 400)
-    scene.tick(200)
+    set_for_bite(scene, right, scene.arc / 4.0)
     right.drive(0.0, math.radians(60.0), 1500)                   # through the left edge, not yet the right
     scene.tick(100)
     assert [(e["pad"], e["side"]) for e in scene.events("puncture")] == [("left", "entry"), ("left", "exit")]
