@@ -1,17 +1,17 @@
 """The explicit discrete variational integrator with exact inextensibility (Wang 2017 Eq. 7, 9; App. B, D).
 
 One substep of length h is a sequence of stage kernels (`substep`), each over grouped views of the model and
-state (Rod, Timeline, Settings, Body, Grasps, Work, Contact, Tissue, Needle; built by `advance_state`):
+state (Rod, Timeline, Settings, Body, Grasps, Work, Contact, Tissue, Needle, Tools; built by `advance_state`):
   1. drive: the timeline moves kinematic vertices, grasp targets and the input twist over [t, t+h]; live grasp
-     targets follow their ramp; the pads move; the needle turns;
+     targets follow their ramp; the pads move; the needle turns; the tools' capsules move;
   2. add_forces: forces at x^k (solver/forces.py), the twist's, self-contact's penalty;
   3. predict: xbar = 2 x^k - x^{k-1} + h^2 M^-1 F (Eq. 9 without the constraint term, Eq. D.1);
   4. couple_grasps: a grasped vertex takes its virtual-coupling spring-damper implicitly (backward Euler on the
      spring), which only changes its xbar and its effective inverse mass, so any coupling stiffness is stable;
      a grasp on a point inside a segment does the same to the segment's two vertices;
   5. solve: multipliers (solver/constraints.py) and x^{k+1} = xbar + constraint displacement (Eq. D.3);
-  6. contact_rounds and 7. tissue_rounds: the no-crossing floor, friction, the pads and the needle, each
-     followed by the constraints again;
+  6. contact_rounds, tool_rounds and 7. tissue_rounds: the no-crossing floor, friction, the tools' jaws and
+     shafts, the pads and the needle, each followed by the constraints again;
   8. commit: tensions T_j = alpha_j |e_j| / h^2 (N; Eq. 8), the accumulated twist (Eq. C.5 written as the
      change of the twist along the actual displacement, so that twist force and twist energy stay consistent),
      and the force each grasp applies to the thread.
@@ -35,6 +35,7 @@ from .forces import accumulate_forces, edge_vectors
 from .model import BUF_CARRIED_B, BUF_CARRIED_F, BUF_CARRIED_I, STATE_FIELDS, ThreadModel, ThreadState, TickCopy
 from .motion import apply_motions
 from .stability import omega_bound, scale_masses, substeps_for
+from .instruments import TC_PUSHES, move_tools, tool_contact
 from .needle import (NP_WIRE, needle_constraints, needle_finish, needle_held, needle_pierce, needle_thread,
                      needle_turn)
 from .tissue import (PF_SIGMA, PI_STATE, PUN_ACTIVE, TP_EDGE_MU, TP_RADIUS, TP_ROUNDS, collide_pads, locate_punctures,
@@ -55,6 +56,7 @@ STAT_OMEGA_END = 9      # stability bound (rad/s) at the masses, tensions and ac
 
 
 PAD_CRACK = 3.0      # thread radii left between two pads that meet: the thread that crosses between them
+TOOL_ROUNDS = 3     # rounds of the tool contact per substep at most (a wrap round a jaw settles in two or three)
 FRICTION_H = 2.5e-4  # s: the substep the tolerance and the contact rounds are set for (4 substeps of a 1 ms tick)
 
 
@@ -262,6 +264,12 @@ class Needle(NamedTuple):
     nst: np.ndarray             # needle.NS_*
 
 
+class Tools(NamedTuple):
+    """The instruments' jaws and shafts (solver/instruments.py)."""
+    caps: np.ndarray            # (instruments.MAX_CAPSULES, instruments.TC_COUNT)
+    rounds: int                 # rounds of (tool contact, constraints again) per substep at most
+
+
 # ---- the stages of a substep, in the order substep runs them --------------------------------------------------
 # advance and the stages are compiled without numba's reference counting (_nrt=False): they allocate nothing
 # and only borrow the arrays advance_state holds for the whole call. With it, every call of a stage and every
@@ -270,9 +278,11 @@ class Needle(NamedTuple):
 # pairs only within a basic block.
 
 @njit(cache=True, error_model="numpy", _nrt=False)
-def drive(h: float, t: float, rod: Rod, tl: Timeline, body: Body, gr: Grasps, ts: Tissue, nd: Needle) -> bool:
+def drive(h: float, t: float, rod: Rod, tl: Timeline, body: Body, gr: Grasps, ts: Tissue, nd: Needle,
+          tools: Tools) -> tuple:
     """Stage 1: move what is driven over [t, t+h] (s): live grasp targets along their ramp, the timeline's
-    motions, the tissue pads, the needle's turn. Returns whether a grasp holds the needle."""
+    motions, the tissue pads, the needle's turn, the tools. Returns (whether a grasp holds the needle, how many
+    tool capsules there are)."""
     target = gr.target
     target_prev = gr.target_prev
     vel = gr.vel
@@ -289,7 +299,7 @@ def drive(h: float, t: float, rod: Rod, tl: Timeline, body: Body, gr: Grasps, ts
     if nd.on:
         held = needle_held(gr.vertex, gr.k)
         needle_turn(h, nd.par, nd.nst, body.x, held, rod.gravity)
-    return held
+    return held, move_tools(h, tools.caps)
 
 
 @njit(cache=True, error_model="numpy", _nrt=False)
@@ -619,6 +629,23 @@ def tissue_rounds(h: float, held: bool, rod: Rod, sv: Settings, body: Body, wk: 
 
 
 @njit(cache=True, error_model="numpy", _nrt=False)
+def tool_rounds(h: float, rod: Rod, sv: Settings, wk: Work, tools: Tools, x: np.ndarray, iters: int,
+                residual: float) -> tuple:
+    """Stage 6b: the thread kept out of the tools' jaws and shafts, with their friction
+    (instruments.tool_contact), and the constraints solved again, for up to ``tools.rounds`` rounds; the last
+    round's push is not followed by a solve. A thread wound round a jaw under tension is pulled into it by
+    every solve: ending on a solve left the wraps 0.5 mm inside a 1 mm jaw at 0.05 N, ending on the push
+    leaves the segments' lengths off by what the next substep's solve takes back. Returns (iterations,
+    residual) with the rounds' added."""
+    for r in range(tools.rounds):
+        if tool_contact(h, x, wk.xbar, wk.w_eff, tools.caps, wk.closest) == 0 or r == tools.rounds - 1:
+            break
+        it2, residual = _solve_again(h, rod, sv, wk)
+        iters += it2
+    return iters, residual
+
+
+@njit(cache=True, error_model="numpy", _nrt=False)
 def commit(h: float, reverted: int, rod: Rod, body: Body, gr: Grasps, wk: Work, ts: Tissue, nd: Needle) -> None:
     """Stage 8: x^{k+1} becomes x and x^k x_prev; the twist along the displacement; tensions
     T_j = alpha_j |e_j| / h^2 (N; Wang 2017 Eq. 8) unless the guard undid the substep; the punctures located on
@@ -675,13 +702,14 @@ def commit(h: float, reverted: int, rod: Rod, body: Body, gr: Grasps, wk: Work, 
 
 @njit(cache=True, error_model="numpy", _nrt=False)
 def substep(h: float, t: float, split: bool, n_cand: int, rod: Rod, tl: Timeline, sv: Settings, body: Body,
-            gr: Grasps, wk: Work, ct: Contact, ts: Tissue, nd: Needle) -> tuple:
+            gr: Grasps, wk: Work, ct: Contact, ts: Tissue, nd: Needle, tools: Tools) -> tuple:
     """Advance the state by one substep h (s) starting at time t (s): the stages in order. Returns
     (iterations, residual). ``split``: the tensions' inertial part is computed (stage 5). With contact on, the
     first ``n_cand`` pairs of the neighbour list get the contact response and ``ct.stats`` its statistics; with
     the tissue on, the pads move, the punctures act and the thread is kept out of the pads (solver/tissue.py);
-    with the needle on, vertex 0 is a needle's swage (solver/needle.py)."""
-    held = drive(h, t, rod, tl, body, gr, ts, nd)
+    with the needle on, vertex 0 is a needle's swage (solver/needle.py); the thread is kept out of the tools
+    (solver/instruments.py)."""
+    held, n_tools = drive(h, t, rod, tl, body, gr, ts, nd, tools)
     add_forces(h, n_cand, rod, body, wk, ct)
     predict(h, rod, body, wk, ts, nd)
     couple_grasps(h, rod, body, gr, wk)
@@ -689,6 +717,8 @@ def substep(h: float, t: float, split: bool, n_cand: int, rod: Rod, tl: Timeline
     reverted = 0
     if ct.on:
         reverted, iters, residual = contact_rounds(h, n_cand, rod, sv, body, wk, ct, iters, residual)
+    if n_tools > 0:
+        iters, residual = tool_rounds(h, rod, sv, wk, tools, body.x, iters, residual)
     if ts.on:
         iters, residual = tissue_rounds(h, held, rod, sv, body, wk, ts, nd, iters, residual)
     commit(h, reverted, rod, body, gr, wk, ts, nd)
@@ -715,7 +745,8 @@ def refresh_neighbours(n_cand: int, body: Body, ct: Contact) -> int:
 
 @njit(cache=True, error_model="numpy", _nrt=False)
 def advance(n_sub: int, h: float, t: float, scale: bool, tension_margin: float, trace, rod: Rod, tl: Timeline,
-            sv: Settings, body: Body, gr: Grasps, wk: Work, ct: Contact, ts: Tissue, nd: Needle) -> None:
+            sv: Settings, body: Body, gr: Grasps, wk: Work, ct: Contact, ts: Tissue, nd: Needle,
+            tools: Tools) -> None:
     """Run n_sub substeps of h (s) from time t (s); write iteration statistics into ``body.stats`` (STAT_*).
 
     With ``scale``, ``body.inv_mass`` is rewritten before every substep from ``rod.base_inv_mass`` by selective
@@ -746,6 +777,8 @@ def advance(n_sub: int, h: float, t: float, scale: bool, tension_margin: float, 
     worst = 1.0
     n_cand = int(cstats[CS_COUNT])
     split = scale and sv.local
+    for c in range(tools.caps.shape[0]):
+        tools.caps[c, TC_PUSHES] = 0.0
     for s in range(n_sub):
         if ct.on:
             n_cand = refresh_neighbours(n_cand, body, ct)
@@ -758,7 +791,7 @@ def advance(n_sub: int, h: float, t: float, scale: bool, tension_margin: float, 
                 n_scaled = ns
             if f > worst:
                 worst = f
-        it, res = substep(h, t + s * h, split, n_cand, rod, tl, sv, body, gr, wk, ct, ts, nd)
+        it, res = substep(h, t + s * h, split, n_cand, rod, tl, sv, body, gr, wk, ct, ts, nd, tools)
         if trace.shape[0] > s:
             for i in range(x.shape[0]):
                 for d in range(3):
@@ -799,7 +832,7 @@ _NO_TRACE = np.zeros((0, 0, 3))
  _FP_KEPT, _X_REF, _CONTACT_K, _CONTACT_K_ACT, _TURN, _FOLD, _CONTACT_STATS, _GRID_HEAD, _GRID_NEXT, _GRID_CELLS,
  _GRID_SCRATCH, _ALPHA_EXTRA, _OLD_J, _OLD_N, _OLD_FP, _OLD_NEXT, _SEG_HEAD, _PST, _PUN_I, _PUN_F, _NST, _FORCE,
  _TWIST_GRAD, _XBAR, _W_EFF, _EDGES, _ELEN, _NEW_EDGES, _ALPHA, _TRI_LO, _TRI_DI, _TRI_UP, _TRI_RHS, _TRI_CP,
- _AGAIN_LEN, _AGAIN_COMPLIANCE, _CLOSEST) = (
+ _AGAIN_LEN, _AGAIN_COMPLIANCE, _CLOSEST, _TOOL_CAP) = (
     STATE_FIELDS.index(name) for name in (
         "x", "x_prev", "tension", "tension_in", "tension_floor", "twist", "kin_target", "ext_force", "grasp_vertex",
         "grasp_frac", "grasp_pad", "grasp_k", "grasp_c", "grasp_fmax", "grasp_target", "grasp_target_prev", "grasp_vel",
@@ -808,7 +841,7 @@ _NO_TRACE = np.zeros((0, 0, 3))
         "fold", "contact_stats", "grid_head", "grid_next", "grid_cells", "grid_scratch", "alpha_extra", "old_j",
         "old_n", "old_fp", "old_next", "seg_head", "pst", "pun_i", "pun_f", "nst", "force", "twist_grad", "xbar",
         "w_eff", "edges", "elen", "new_edges", "alpha", "tri_lo", "tri_di", "tri_up", "tri_rhs", "tri_cp", "again_len",
-        "again_compliance", "closest"))
+        "again_compliance", "closest", "tool_cap"))
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -876,7 +909,8 @@ def advance_state(n_sub: int, h: float, t: float, scale: bool, tension_margin: f
     ts = Tissue(tissue_on, tpar, pads, _matrix(cf, sf, lay, _PST), _matrix(ci, si, lay, _PUN_I),
                 _matrix(cf, sf, lay, _PUN_F))
     nd = Needle(needle_on, npar, _vector(cf, sf, lay, _NST))
-    advance(n_sub, h, t, scale, tension_margin, trace, rod, tl, sv, body, gr, wk, ct, ts, nd)
+    tools = Tools(_matrix(cf, sf, lay, _TOOL_CAP), TOOL_ROUNDS)
+    advance(n_sub, h, t, scale, tension_margin, trace, rod, tl, sv, body, gr, wk, ct, ts, nd, tools)
 
 
 def model_args(model: ThreadModel) -> tuple:

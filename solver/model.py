@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit
 
 from .contact_response import CS_COUNT
+from .instruments import tool_capsules
 from .needle import NP_COUNT, NS_COUNT, NS_Q, NS_QT
 from .tissue import MAX_PUNCTURES, PD_COUNT, PD_REST, PF_COUNT, PI_COUNT, PI_MATE, PS_COUNT, PS_X, TP_COUNT
 
@@ -216,6 +217,7 @@ class ThreadState:
     pun_i: np.ndarray             # (MAX_PUNCTURES, tissue.PI_COUNT) int64: state, pad, mate of each puncture
     pun_f: np.ndarray             # (MAX_PUNCTURES, tissue.PF_COUNT): where it is, on the pad and on the thread
     nst: np.ndarray               # (needle.NS_COUNT,) the needle's orientation, its stylus's, the torque
+    tool_cap: np.ndarray          # (instruments.MAX_CAPSULES, instruments.TC_COUNT) the tools' jaws and shafts
     # scratch
     force: np.ndarray
     twist_grad: np.ndarray
@@ -454,6 +456,7 @@ def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
         alpha_extra=z(ns), old_j=np.zeros(cap, np.int64), old_n=z(cap, 3), old_fp=z(cap),
         old_next=np.zeros(cap, np.int64), seg_head=np.zeros(ns, np.int64),
         pst=_pad_state(model.pads), pun_i=_no_punctures(), pun_f=z(MAX_PUNCTURES, PF_COUNT), nst=_needle_state(),
+        tool_cap=tool_capsules(),
     )
 
 
