@@ -120,8 +120,8 @@ class DeviceConfig:
                                           # scenario's, else 1)
     workspace_offset: tuple[float, float, float] | None = None   # m: where the workspace is moved in the scene
                                           # (None: the scenario's, else none)
-    tool: str | None = None               # needle_driver | forceps (forceps also hold tissue); None: the scenario's,
-                                          # else needle_driver
+    tool: str | None = None               # needle_driver | forceps | hand (forceps also hold tissue; a hand has
+                                          # no body the thread meets); None: the scenario's, else needle_driver
     frame: str = "scene"                  # remote only: samples in the scene frame (m), or in the device's own
                                           # frame and units, mapped by `transform` as an OpenHaptics pose is
     stiffness: float = 1000.0             # N/m: the virtual coupling of a button grasp

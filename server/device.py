@@ -60,7 +60,7 @@ class Device:
                                            # the stylus through the workspace mapping and the clutch
     has_stylus: bool = False               # a pose came: its grasps follow ``stylus``
     quat: np.ndarray = field(default_factory=lambda: np.zeros(4))   # the orientation (w, x, y, z) as it came
-    has_quat: bool = False                 # ... and it turned the needle in this scene
+    has_quat: bool = False                 # ... and one came in this scene (recorded with the force)
     tool_quat: np.ndarray = field(default_factory=_unit_quat)   # the tool's orientation, unit, last known
     pose_t_ns: int = 0                     # the newest link pose's time (ns, monotonic: for the latency)
     live_at: float | None = None           # monotonic s of the last pose that drove one of its grasps, this scene

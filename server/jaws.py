@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..solver.instruments import (CAPSULES_PER_TOOL, TC_A, TC_A0, TC_B, TC_B0, TC_MU_K, TC_MU_S, TC_SKIP0,
+                                   TC_SKIP1, TC_TOUCH, TC_VA, TC_VB)
 from ..solver.needle import NP_ARC, NP_RADIUS, NS_Q
 from ..solver.tissue import PD_HALF, PS_X
 from .device import quat_mul as mul
@@ -31,7 +33,79 @@ from .device import quat_mul as mul
 KIND_NEEDLE = "needle"
 KIND_THREAD = "thread"
 KIND_TISSUE = "tissue"
-TOOLS = ("needle_driver", "forceps")   # what a tool is: both take the needle and the thread, forceps tissue too
+# what a tool is: each takes the needle and the thread, forceps tissue too; a hand is fingers that pinch, with no
+# body the thread meets (a hand tie's loop passes over a finger as a finger is drawn out of it)
+TOOLS = ("needle_driver", "forceps", "hand")
+
+
+@dataclass(frozen=True)
+class ToolShape:
+    """A tool's body as the thread meets it (solver/instruments.py): its jaw, a capsule from the tip back to
+    the hinge, and its shaft, a capsule from the hinge back toward the hand, both along the tool's axis (its
+    body +z, OpenHaptics' stylus axis); and the thread's Coulomb friction on them. Lengths and radii in m."""
+    jaw_length: float
+    jaw_radius: float
+    shaft_length: float
+    shaft_radius: float
+    mu_static: float
+    mu_kinetic: float
+
+
+# A needle driver's closed jaws are about 2 mm across and 12 mm long; fine forceps' about 1.5 mm and 10 mm; both
+# shafts are taken as 5 and 4 mm rods 10 cm long. The friction of silk on steel is not measured here: the
+# tools take the thread's own coefficients on itself (configs/threads/silk-3-0.yaml, 0.30 and 0.25). A hand has
+# no shape here: the thread does not meet it.
+SHAPES = {"needle_driver": ToolShape(0.012, 0.001, 0.10, 0.0025, 0.30, 0.25),
+          "forceps": ToolShape(0.010, 0.00075, 0.10, 0.002, 0.30, 0.25)}
+
+
+def place_tool(caps: np.ndarray, row: int, shape: ToolShape, tip: np.ndarray, quat, tick: float,
+               thread_radius: float, skip: tuple[int, int], fresh: bool, max_step: float) -> None:
+    """Put tool ``row``'s jaw and shaft capsules (rows ``CAPSULES_PER_TOOL row`` on, of a state's
+    ``tool_cap``) where the tool's tip ``tip`` (m) and orientation ``quat`` (w, x, y, z) put them by the end of
+    this tick of ``tick`` s: each end gets the velocity that takes it there (the solver moves them each
+    substep), or is set there at once when ``fresh`` (a tool that just appeared) or when the tip jumped
+    further than ``max_step`` (m; the device's max_speed over a tick: a reset, a scripted jump), which swept
+    through the scene would whip the thread. ``skip``: the thread segments (first, last; (-1, -1) for none)
+    this tool does not meet, the ones its jaw holds."""
+    ax, ay, az = rotate(quat, (0.0, 0.0, 1.0))
+    tx, ty, tz = float(tip[0]), float(tip[1]), float(tip[2])
+    hinge = shape.jaw_length
+    end = shape.jaw_length + shape.shaft_length
+    c0 = CAPSULES_PER_TOOL * row
+    if not fresh:
+        jx, jy, jz = tx - caps[c0, TC_A], ty - caps[c0, TC_A + 1], tz - caps[c0, TC_A + 2]
+        fresh = jx * jx + jy * jy + jz * jz > max_step * max_step
+    for c, a, b, radius in ((c0, 0.0, hinge, shape.jaw_radius), (c0 + 1, hinge, end, shape.shaft_radius)):
+        for d, (t, u) in enumerate(((tx, ax), (ty, ay), (tz, az))):
+            pa, pb = t + a * u, t + b * u
+            if fresh:
+                caps[c, TC_A + d] = caps[c, TC_A0 + d] = pa
+                caps[c, TC_B + d] = caps[c, TC_B0 + d] = pb
+                caps[c, TC_VA + d] = caps[c, TC_VB + d] = 0.0
+            else:
+                caps[c, TC_VA + d] = (pa - caps[c, TC_A + d]) / tick
+                caps[c, TC_VB + d] = (pb - caps[c, TC_B + d]) / tick
+        caps[c, TC_TOUCH] = radius + thread_radius
+        caps[c, TC_MU_S] = shape.mu_static
+        caps[c, TC_MU_K] = shape.mu_kinetic
+        caps[c, TC_SKIP0] = skip[0]
+        caps[c, TC_SKIP1] = skip[1]
+
+
+def held_segments(kind: str, vertex: int, hold_offset: float, rest: float, n_segments: int,
+                  shape: ToolShape) -> tuple[int, int]:
+    """The thread segments a jaw holding ``kind`` does not meet (first, last), (-1, -1) for none: for the
+    thread held at segment ``vertex``, the segments within the jaw's radius of the held point each way along
+    the thread (the held point is on the jaw's axis); for the needle, the thread's first segments up to the
+    swage's distance ``hold_offset`` (m) from the jaw and the two that leave the swage (the needle's own
+    THREAD_SKIP). ``rest``: a segment's length (m)."""
+    if kind == KIND_THREAD:
+        k = int(math.ceil(shape.jaw_radius / rest)) + 1
+        return max(vertex - k, 0), min(vertex + k, n_segments - 1)
+    if kind == KIND_NEEDLE:
+        return 0, min(int(math.ceil(hold_offset / rest)) + 2, n_segments - 1)
+    return -1, -1
 
 
 def rotate(q, v) -> tuple[float, float, float]:

@@ -195,8 +195,8 @@ class MessageBuilder:
     def encode_forces(self, seq: int, state: ThreadState) -> list[bytes]:
         """One `force` payload per streamed device, as the force stage left it, and one per externally loaded
         vertex. A device's pose is its grasp's target, or its stylus's when it holds nothing (zero before any
-        pose came); the device holding the needle also sends the needle's torque on the hand and the
-        orientation that turned it. An externally loaded vertex ("vertex<i>") reports the applied load,
+        pose came); a device whose stylus sent an orientation sends it as it came (its tool lies along it, and
+        a needle it holds turns toward it), and the device holding the needle the needle's torque on the hand. An externally loaded vertex ("vertex<i>") reports the applied load,
         unshaped."""
         out = []
         t = float(state.time[0])
@@ -206,13 +206,13 @@ class MessageBuilder:
             for g in self.grasps:
                 if g.device == dev.name:
                     pose = state.grasp_target[g.slot]
-            torque = quat = None
+            torque = None
+            quat = dev.quat if dev.has_quat else None
             if dev.name == needle_device:
                 torque = self._torque
                 np.negative(state.nst[NS_TORQUE:NS_TORQUE + 3], out=torque)   # felt: the reaction
                 if not np.all(np.isfinite(torque)):
                     torque.fill(0.0)
-                quat = dev.quat if dev.has_quat else None
             out.append(protocol.encode_force(seq, t, dev.name, pose, dev.force, dev.axial, dev.flags,
                                              dev.stylus if dev.has_stylus else None, torque, quat))
         for v in self.scenario.force_vertices:

@@ -21,6 +21,7 @@ import zmq
 
 from ..haptics.link import DeviceLink
 from ..solver.integrator import SolverDivergence, Stepper, warm_up
+from ..solver.instruments import MAX_TOOLS
 from ..solver.motion import MOTION_GRASP, MOTION_SPIN
 from ..solver.needle import NS_Q, NS_QT, NS_WT
 from ..solver.tissue import PS_X
@@ -31,8 +32,8 @@ from . import protocol
 from .config import ServerConfig
 from .console import say
 from .device import Device, DeviceTable, quat_mul_into, unit_quat_or_none
-from .jaws import (KIND_NEEDLE, KIND_THREAD, KIND_TISSUE, Hold, needle_hold, needle_in_reach, pad_in_reach,
-                   thread_in_reach, tissue_hold)
+from .jaws import (KIND_NEEDLE, KIND_THREAD, KIND_TISSUE, SHAPES, Hold, ToolShape, held_segments, needle_hold,
+                   needle_in_reach, pad_in_reach, place_tool, thread_in_reach, tissue_hold)
 from .messages import MessageBuilder
 from .scene import SceneRunner
 from .security import SocketSecurity
@@ -358,6 +359,11 @@ class PhysicsLoop:
         and every grasp of a device on a backend other than simulated waiting for its poses (its timeline
         motions removed, :meth:`drive_with_device`)."""
         self.builder.watch.reset(self.state)
+        # the tools' capsules in the state: a row pair per device, taken the first tick its tool is placed
+        self.tool_rows: dict[str, tuple[int, ToolShape]] = {}
+        params = self.model.params
+        self.thread_radius = params.contact_radius or 0.5 * params.diameter or 1e-4
+        self.segment_length = float(self.model.rest_length.mean())
         for dev in self.devices:
             dev.live_at = None
             self.set_workspace(dev)
@@ -459,6 +465,11 @@ class PhysicsLoop:
         unit = None if quat is None else unit_quat_or_none(quat)
         if unit is not None:
             dev.tool_quat[0], dev.tool_quat[1], dev.tool_quat[2], dev.tool_quat[3] = unit
+            # kept as it came and recorded with the force: the tool's body lies along it (place_tool) and a
+            # needle turns toward it, so a resimulation applying the recorded value normalises the same numbers
+            # and moves both bit for bit alike
+            dev.quat[:] = quat
+            dev.has_quat = True
         hit = False
         for g in self.grasps:
             if g.device == device:
@@ -470,8 +481,6 @@ class PhysicsLoop:
                     # the jaw carries the needle in the pose it took it in (follow_styluses, server/jaws.py)
                     if unit is not None:
                         hold.jaw_quat[:] = unit
-                        dev.quat[:] = quat   # recorded with the force: a resimulation turns the jaw alike
-                        dev.has_quat = True
                 elif quat is not None and g.id == self.scenario.needle_grasp:
                     qn = math.sqrt(float(quat[0] ** 2 + quat[1] ** 2 + quat[2] ** 2 + quat[3] ** 2))
                     if qn > 1e-6 and math.isfinite(qn):
@@ -479,10 +488,6 @@ class PhysicsLoop:
                         for i in range(4):
                             nst[NS_QT + i] = quat[i] / qn
                         nst[NS_WT] = nst[NS_WT + 1] = nst[NS_WT + 2] = 0.0
-                        # kept as it came (normalised here, not there), so that a resimulation applying the
-                        # recorded value normalises the same numbers and turns the needle bit for bit alike
-                        dev.quat[:] = quat
-                        dev.has_quat = True
         if hit:
             dev.live_at = time.monotonic()
         return hit
@@ -514,6 +519,37 @@ class PhysicsLoop:
             d = math.sqrt(dx * dx + dy * dy + dz * dz)
             s = 1.0 / tick if d <= step_max else step_max / (d * tick)
             vel[0], vel[1], vel[2] = dx * s, dy * s, dz * s
+        for dev in self.devices:
+            if dev.has_quat:   # a tool's body lies along its orientation: none until one has come
+                self.place_tool(dev)
+
+    def place_tool(self, dev: Device) -> None:
+        """``dev``'s tool, jaw and shaft, where its stylus puts it by the end of this tick, in the state's
+        capsules (solver/instruments.py, server/jaws.py place_tool): the thread cannot pass through it, except
+        the part its jaw holds. The first MAX_TOOLS devices whose styluses have sent an orientation in a scene
+        have a tool body, from the tick the first one came (a resimulation applies the recorded orientations
+        from the same tick); a hand has none."""
+        slot = self.tool_rows.get(dev.name)
+        fresh = slot is None
+        if fresh:
+            if len(self.tool_rows) >= MAX_TOOLS:
+                return
+            shape = SHAPES.get(self.cfg.tool_of(dev.name, self.scenario))
+            if shape is None:   # a hand: no body
+                return
+            slot = (len(self.tool_rows), shape)
+            self.tool_rows[dev.name] = slot
+        row, shape = slot
+        skip = (-1, -1)
+        for g in self.grasps:
+            if g.device == dev.name and g.kind != KIND_TISSUE:
+                hold = self.holds.get(g.id)
+                offset = 0.0 if hold is None or g.kind != KIND_NEEDLE else math.sqrt(
+                    float(hold.offset[0] ** 2 + hold.offset[1] ** 2 + hold.offset[2] ** 2))
+                skip = held_segments(g.kind, int(self.state.grasp_vertex[g.slot]), offset, self.segment_length,
+                                     self.model.n_segments, shape)
+        place_tool(self.state.tool_cap, row, shape, dev.stylus, dev.tool_quat, self.cfg.loop.tick_s,
+                   self.thread_radius, skip, fresh, dev.max_step)
 
     # -- inputs -----------------------------------------------------------------------------------------
     def read_link_poses(self) -> None:

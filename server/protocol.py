@@ -219,9 +219,9 @@ def encode_force(seq: int, t: float, device: str, pose: Sequence[float], force: 
     :param torque: for the device holding a needle: the torque its rotational coupling puts on the hand [3]
         (N m, scene frame); what a 6-DoF device would render (a 3-DoF one renders only the force). Omitted
         otherwise.
-    :param quat: for the device holding a needle, once a live stylus has sent its orientation: that orientation
-        [4] (w, x, y, z, scene frame) as it arrived (the needle turns toward it normalised); a recording keeps
-        it, so a session driven live resimulates exactly. Omitted otherwise.
+    :param quat: once the device's live stylus has sent an orientation: that orientation [4] (w, x, y, z, scene
+        frame) as it arrived (the tool's body lies along it, a needle it holds turns toward it, normalised); a
+        recording keeps it, so a session driven live resimulates exactly. Omitted otherwise.
     """
     msg = _envelope(seq, t)
     msg["device"] = str(device)

@@ -82,7 +82,7 @@ class Workspace:
 
 
 MAX_MOTION_SCALE = 20.0     # tool motion per stylus motion: past it a hand's tremor is centimetres
-TOOLS = ("needle_driver", "forceps")   # a tool's kind (server/jaws.py): forceps also hold tissue
+TOOLS = ("needle_driver", "forceps", "hand")   # a tool's kind (server/jaws.py): forceps also hold tissue
 
 
 @dataclass

@@ -12,6 +12,7 @@ import pytest
 from suturesim.server import protocol
 from suturesim.server.config import DeviceConfig, ServerConfig
 from suturesim.server.physics import PhysicsLoop
+from suturesim.solver.instruments import TC_PUSHES, TC_SKIP0, TC_SKIP1, tool_clearance
 from suturesim.solver.needle import NP_ARC, NP_RADIUS, NS_Q
 from suturesim.solver.scenario import build_scenario
 
@@ -23,6 +24,7 @@ SCENE = {
     "needle": {"preset": "3/8-19mm", "orientation": [1.0, 0.0, 0.0, 0.0]},
     "devices": {"left": {}, "right": {}},
 }
+NO_NEEDLE = {k: v for k, v in SCENE.items() if k != "needle"}
 RIGHT, LEFT = "right", "left"
 GRASP, CLUTCH = 1, 2
 
@@ -175,6 +177,70 @@ def test_the_thread_is_taken_at_a_point_along_a_segment():
     x = loop.state.x
     held = 0.7 * x[12] + 0.3 * x[13]
     assert np.linalg.norm(held - (point + [0.0, 0.023, 0.0])) < 5e-4
+
+
+def test_a_tools_shaft_pressed_onto_the_thread_pushes_it_and_never_lets_it_through():
+    """The right tool lying along +y (its shaft across the thread, which the left jaw holds at its free end) is
+    lowered 15 mm through the thread's line at 20 mm/s: the thread is pushed down with it and is at no tick
+    inside the jaw or the shaft (solver/instruments.py)."""
+    loop, out = make_loop(NO_NEEDLE)
+    x = loop.state.x
+    send(loop, LEFT, x[-1], buttons=GRASP)
+    tick(loop)
+    assert events(out, "grasp")[-1]["holds"] == "thread"
+    along_y = quat_of((1.0, 0.0, 0.0), -90.0)        # body z (the tool's axis) to +y
+    mid = x[12].copy()
+    scratch = np.zeros(3)
+    start = mid + [0.0, -0.05, 0.005]                 # the jaw 5 cm to the side: the shaft crosses the thread
+    pushes = 0.0
+    for k in range(1001):
+        send(loop, RIGHT, start + [0.0, 0.0, -0.02 * k / 1000.0], along_y)
+        tick(loop)
+        assert tool_clearance(loop.state.x, loop.state.tool_cap, scratch) > -2e-5, f"inside a tool at tick {k}"
+        pushes += loop.state.tool_cap[:, TC_PUSHES].sum()
+    assert pushes > 0
+    assert loop.state.x[12, 2] < -0.01, "the shaft did not carry the thread down"
+
+
+def test_the_thread_a_jaw_holds_is_not_pushed_out_of_it():
+    """A jaw closed on the thread holds it at its tip, inside its own capsule: the held segments are left out
+    of that tool's contact, and the held point follows the jaw while the jaw's shaft stands over the thread."""
+    loop, out = make_loop(NO_NEEDLE)
+    x = loop.state.x
+    point = x[12].copy()
+    send(loop, LEFT, point, buttons=GRASP)
+    tick(loop)
+    g = events(out, "grasp")[-1]
+    assert g["holds"] == "thread"
+    row = loop.tool_rows[LEFT][0]
+    caps = loop.state.tool_cap
+    for c in (2 * row, 2 * row + 1):
+        assert caps[c, TC_SKIP0] <= g["vertex"] <= caps[c, TC_SKIP1]
+        assert caps[c, TC_SKIP1] - caps[c, TC_SKIP0] <= 6
+    for k in range(1, 301):
+        send(loop, LEFT, point + [0.0, 0.0, 0.01 * k / 300], buttons=GRASP)
+        tick(loop)
+    tick(loop, 200)
+    held = loop.state.x[g["vertex"]] if "frac" not in g else (
+        (1 - g["frac"]) * loop.state.x[g["vertex"]] + g["frac"] * loop.state.x[g["vertex"] + 1])
+    assert np.linalg.norm(held - (point + [0.0, 0.0, 0.01])) < 5e-4
+
+
+def test_a_hand_has_no_body_the_thread_meets():
+    """`tool: hand` takes the thread as a jaw does, and the thread passes through where a needle driver's shaft
+    would push it: no capsule is placed for it."""
+    loop, out = make_loop({**NO_NEEDLE, "devices": {RIGHT: {"tool": "hand"}, LEFT: {}}})
+    x = loop.state.x
+    along_y = quat_of((1.0, 0.0, 0.0), -90.0)
+    start = x[12] + [0.0, -0.05, 0.005]
+    for k in range(301):
+        send(loop, RIGHT, start + [0.0, 0.0, -0.02 * k / 300.0], along_y)
+        tick(loop)
+    assert RIGHT not in loop.tool_rows and not loop.state.tool_cap[:, TC_PUSHES].any()
+    assert abs(loop.state.x[12, 2]) < 1e-3, "a hand pushed the thread"
+    send(loop, RIGHT, loop.state.x[12], buttons=GRASP)
+    tick(loop)
+    assert events(out, "grasp")[-1]["holds"] == "thread"
 
 
 def test_the_clutch_holds_the_tool_still_with_no_force_step_and_reengages_where_it_is():
