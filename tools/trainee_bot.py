@@ -27,9 +27,10 @@ The suture, hand by hand (stylus0 the right hand's needle driver, stylus1 the le
 
 The throws' paths are those a person makes, set from the wound's centre (the marks' midpoint, as read) when the
 tie starts and not corrected while it runs: the needle's strand held up across the wound while the tail goes
-round it. The tie is a hand tie: an instrument tie
-wraps the thread round the needle driver's jaws, which the thread does not collide with yet (docs/HAPTICS.md
-Sec. 8).
+round it. The tie is a hand tie, so both of the bot's devices are hands (``tool: hand``, no body the thread
+meets: the tail is carried through a loop in the hand that holds it, and a needle driver's shaft would stay in
+the loop). An instrument tie, the thread wound round a needle driver's jaw and slid off its tip onto the tail,
+is not what the bot does (docs/HAPTICS.md Sec. 8).
 
 Run: ``python -m suturesim.tools.trainee_bot --pub tcp://127.0.0.1:5555 --stylus tcp://127.0.0.1:5557 --seed 3``;
 it prints one JSON line: what the server's events said (punctures, knots, the wound), whether each step was
@@ -93,7 +94,9 @@ SECOND_THROW_S = 10.5              # s into the tie: the second throw starts, th
 
 def perturbed_practice(seed: int, out) -> None:
     """Write `suture-practice` with its needle moved and turned on the pad as ``seed`` draws them (up to 4 mm
-    each way, up to 25 degrees about the vertical) to the YAML file ``out``: the world the bot finds."""
+    each way, up to 25 degrees about the vertical) to the YAML file ``out``: the world the bot finds. Both
+    devices are hands (``tool: hand``): the bot ties by hand, and a hand tie carries the tail, in the tool that
+    holds it, through a loop, which a needle driver's shaft would stay inside (docs/HAPTICS.md Sec. 1)."""
     import yaml
 
     from ..solver.scenario import scenario_path
@@ -104,6 +107,8 @@ def perturbed_practice(seed: int, out) -> None:
     start = doc["shape"]["start"]
     doc["shape"]["start"] = [start[0] + rng.uniform(-0.004, 0.004), start[1] + rng.uniform(-0.004, 0.004), start[2]]
     doc["needle"]["orientation"] = [math.cos(yaw / 2), 0.0, 0.0, math.sin(yaw / 2)]
+    for name in (RIGHT, LEFT):
+        doc["devices"][name]["tool"] = "hand"
     with open(out, "w") as f:
         yaml.safe_dump(doc, f, sort_keys=False)
 
