@@ -74,6 +74,8 @@ class Device:
     motion_scale: float = 1.0              # tool motion per stylus motion
     shift: np.ndarray = field(default_factory=_zeros3)    # m: what clutching has added to the tool's position
     quat_shift: np.ndarray = field(default_factory=_unit_quat)   # ... and to its orientation (tool = shift hand)
+    body: tuple[float, float, float, float] | None = None   # its tool's jaw length and radius, shaft length and
+                                           # radius (m), once it has a body in the scene (server/jaws.py)
     frame: np.ndarray = field(default_factory=_unit_quat)   # the device's axes in the scene (w x y z: its
                                            # transform's rotation): an operator's view looks along them
     mapped: bool = False                   # the mapping is not the identity (else the tool is the stylus, bit for bit)

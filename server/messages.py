@@ -129,13 +129,14 @@ class MessageBuilder:
 
     def _tools(self) -> list[protocol.SortedMap] | None:
         """The `state` topic's `tools` (docs/PROTOCOL.md Sec. 3.1): each device with a stylus, its tool's tip
-        and orientation, clutch, and what its jaw holds; None if no device has a stylus."""
+        and orientation, its body, clutch, and what its jaw holds; None if no device has a stylus."""
         tools = []
         for dev in self.streams:
             if not dev.has_stylus:
                 continue
             held = next((g for g in self.grasps if g.device == dev.name), None)
-            tools.append(protocol.SortedMap(centre=dev.workspace_centre(), clutched=dev.clutched, device=dev.name,
+            tools.append(protocol.SortedMap(body=None if dev.body is None else list(dev.body),
+                                            centre=dev.workspace_centre(), clutched=dev.clutched, device=dev.name,
                                             frame=dev.frame.tolist(), grasp=None if held is None else held.id,
                                             holds=None if held is None else held.kind,
                                             pos=dev.stylus.tolist(), quat=dev.tool_quat.tolist(),

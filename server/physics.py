@@ -366,6 +366,7 @@ class PhysicsLoop:
         self.segment_length = float(self.model.rest_length.mean())
         for dev in self.devices:
             dev.live_at = None
+            dev.body = None
             self.set_workspace(dev)
         for g in self.grasps:
             if self.cfg.backend_of(g.device) != "simulated":  # no scripted stylus: the grasp waits for poses
@@ -539,6 +540,7 @@ class PhysicsLoop:
                 return
             slot = (len(self.tool_rows), shape)
             self.tool_rows[dev.name] = slot
+            dev.body = (shape.jaw_length, shape.jaw_radius, shape.shaft_length, shape.shaft_radius)
         row, shape = slot
         skip = (-1, -1)
         for g in self.grasps:

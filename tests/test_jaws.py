@@ -147,6 +147,8 @@ def test_released_needle_is_taken_again_near_its_tip_and_handed_over():
     tools = {tl["device"]: tl for tl in state["tools"]}
     assert tools[LEFT]["holds"] == "needle" and tools[RIGHT]["holds"] is None and not tools[LEFT]["clutched"]
     assert [g["holds"] for g in state["grasps"]] == ["needle"]
+    # each tool's body as the thread meets it: both needle drivers here (jaw 12 mm by 1 mm, shaft 10 cm by 2.5 mm)
+    assert tools[LEFT]["body"] == tools[RIGHT]["body"] == pytest.approx([0.012, 0.001, 0.1, 0.0025])
 
 
 def test_the_needle_wins_over_the_thread_in_reach_and_a_miss_says_so():

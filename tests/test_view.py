@@ -624,9 +624,10 @@ TARGETS = [{"id": "entry", "pad": "left", "pos": [-0.02, -0.03, 0.0], "kind": "e
 OPERATOR_FRAME = [math.sqrt(0.5), math.sqrt(0.5), 0.0, 0.0]     # OpenHaptics' y up, z toward the user -> scene
 TOOLS = [{"device": "stylus0", "pos": [ARC_RADIUS_M, 0.0, 0.0125], "quat": [1.0, 0.0, 0.0, 0.0],
           "clutched": False, "holds": "needle", "grasp": "g1", "frame": OPERATOR_FRAME,
-          "centre": [ARC_RADIUS_M, 0.0, 0.0125], "scale": 1.0},
+          "centre": [ARC_RADIUS_M, 0.0, 0.0125], "scale": 1.0, "body": [0.012, 0.001, 0.1, 0.0025]},
          {"device": "stylus1", "pos": [-0.05, 0.0, 0.0612345678], "quat": [0.0, 1.0, 0.0, 0.0], "clutched": True,
-          "holds": None, "grasp": None, "frame": OPERATOR_FRAME, "centre": [-0.05, 0.0, 0.03], "scale": 2.0}]
+          "holds": None, "grasp": None, "frame": OPERATOR_FRAME, "centre": [-0.05, 0.0, 0.03], "scale": 2.0,
+          "body": None}]
 
 
 def encode_tools_state(seq: int, t: float, tools=TOOLS, targets=TARGETS) -> bytes:
@@ -662,12 +663,13 @@ def test_state_carries_tools_and_targets_cleaned():
     # what a publisher might get wrong: the decoder does not check tools or targets
     odd_tools = [{"device": "a", "pos": [0.0, 0.0]}, {"pos": [0.0, 0.0, 0.0]}, "stylus9",
                  {"device": "b", "pos": [0.0, 0.0, math.inf], "quat": [1.0, 0.0, 0.0], "clutched": 1,
-                  "holds": "scalpel", "grasp": 7, "frame": "up", "centre": None, "scale": True}]
+                  "holds": "scalpel", "grasp": 7, "frame": "up", "centre": None, "scale": True, "body": [1.0]}]
     odd_targets = [{"id": "x", "pad": "left", "pos": "here", "kind": "entry"}, 3,
                    {"id": 5, "pad": "right", "pos": [0.0, 0.0, 0.0], "kind": "middle"}]
     odd = view.state_to_json(protocol.decode_state(encode_tools_state(2, 0.0, odd_tools, odd_targets)))
     assert odd["tools"] == [{"device": "b", "pos": [0.0, 0.0, None], "quat": None, "clutched": False,
-                             "holds": None, "grasp": None, "frame": None, "centre": None, "scale": None}]
+                             "holds": None, "grasp": None, "frame": None, "centre": None, "scale": None,
+                             "body": None}]
     assert odd["tissue"]["targets"] == [{"id": None, "pad": "right", "pos": [0.0, 0.0, 0.0], "kind": None}]
     json.dumps(odd, allow_nan=False)
     many = [dict(TOOLS[0], device=f"d{i}") for i in range(view.MAX_DEVICES + 5)]

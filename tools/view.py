@@ -157,8 +157,9 @@ HOLDS = ("needle", "thread", "tissue")   # what a grasp or a tool's jaw holds (d
 def tools_to_json(tools: Any) -> list[dict]:
     """``state.tools`` as the page gets it, at most :data:`MAX_DEVICES`: each tool's ``device``, ``pos`` (m, the
     jaw, to 1 µm), ``quat`` and ``frame`` (w, x, y, z), ``clutched`` (bool), ``holds`` (one of :data:`HOLDS`
-    or None), ``grasp`` (id or None), ``centre`` (m) and ``scale``. An item without a device name and a position is
-    left out; any other field of the wrong type is None (``clutched``: false)."""
+    or None), ``grasp`` (id or None), ``centre`` (m), ``scale`` and ``body`` (m: jaw length and radius, shaft
+    length and radius). An item without a device name and a position is left out; any other field of the wrong
+    type is None (``clutched``: false)."""
     out = []
     for tool in tools if isinstance(tools, list) else ():
         if not isinstance(tool, dict) or not isinstance(tool.get("device"), str):
@@ -172,7 +173,7 @@ def tools_to_json(tools: Any) -> list[dict]:
                     "holds": _choice(tool.get("holds"), HOLDS), "grasp": _name(tool.get("grasp")),
                     "frame": _vec(tool.get("frame"), 4), "centre": _vec(tool.get("centre")),
                     "scale": _num(scale) if isinstance(scale, (int, float)) and not isinstance(scale, bool)
-                    else None})
+                    else None, "body": _vec(tool.get("body"), 4)})
         if len(out) == MAX_DEVICES:
             break
     return out

@@ -1,5 +1,6 @@
-// The tools of state.tools: each stylus's jaw (two prongs, open or closed) with a short shaft along the tool's
-// axis, coloured by what the jaw holds, dashed while its clutch is held; under each jaw its depth cues, a shadow
+// The tools of state.tools: each stylus's jaw (two prongs, open or closed) and shaft along the tool's axis, as
+// long as its body in the scene (`body`: the jaw's and the shaft's lengths, a short stub for a hand), coloured by
+// what the jaw holds, dashed while its clutch is held; under each jaw its depth cues, a shadow
 // on the tissue's top (z = 0 without tissue) and a drop line to it; the entry and exit marks of
 // state.tissue.targets; and the operator's view of a device, built from its tool's frame, centre and scale.
 //
@@ -12,8 +13,8 @@ import { drawDot, fmt, fmtLength, isNum } from './util.js';
 // the jaw's colour by what it holds: needle and thread as their punctures, tissue (forceps on a pad) pink
 export const JAW = { open: '#f8fafc', needle: '#e879f9', thread: '#4ade80', tissue: '#fda4af' };
 export const TARGET = { entry: '#2dd4bf', exit: '#fb923c' };
-const SHAFT_M = 0.02;           // the shaft drawn behind the jaw (m)
-const HINGE_M = 0.006;          // the prongs' length, jaw to hinge (m)
+const SHAFT_M = 0.02;           // the shaft drawn behind the jaw of a tool without a body (a hand) (m)
+const HINGE_M = 0.006;          // its prongs' length, jaw to hinge (m)
 const JAW_OPEN_M = 0.0025;      // each prong's tip off the axis when open (m)
 const SHADOW_M = 0.0015;        // the shadow's radius (m)
 const TARGET_M = 0.002;         // a mark's radius (m)
@@ -131,12 +132,14 @@ function drawTool(scene, cam, tool, force) {
   const ctx = scene.ctx, q = unitQuat(tool.quat) || [1, 0, 0, 0], state = jawState(tool);
   const axis = rotate(q, [0, 0, 1]), side = rotate(q, [1, 0, 0]);
   const jawColor = JAW[state], color = scene.deviceColor(tool.device);
-  const hinge = add(tool.pos, axis, HINGE_M), open = state === 'open' ? JAW_OPEN_M : 0.0004;
+  // body: [jaw length, jaw radius, shaft length, shaft radius] (m), what the thread meets
+  const body = isVec(tool.body, 4) ? tool.body : null;
+  const hinge = add(tool.pos, axis, body ? body[0] : HINGE_M), open = state === 'open' ? JAW_OPEN_M : 0.0004;
   ctx.lineCap = 'round';
   ctx.setLineDash(tool.clutched ? [4, 3] : []);
   ctx.strokeStyle = color;
-  ctx.lineWidth = 3;
-  scene.line(cam, hinge, add(tool.pos, axis, SHAFT_M));
+  ctx.lineWidth = body ? 4 : 3;
+  scene.line(cam, hinge, add(tool.pos, axis, body ? body[0] + body[2] : SHAFT_M));
   ctx.strokeStyle = jawColor;
   ctx.lineWidth = 2.5;
   for (const s of [-1, 1]) scene.line(cam, hinge, add(tool.pos, side, s * open));
