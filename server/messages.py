@@ -197,8 +197,8 @@ class MessageBuilder:
         """One `force` payload per streamed device, as the force stage left it, and one per externally loaded
         vertex. A device's pose is its grasp's target, or its stylus's when it holds nothing (zero before any
         pose came); a device whose stylus sent an orientation sends it as it came (its tool lies along it, and
-        a needle it holds turns toward it), and the device holding the needle the needle's torque on the hand. An externally loaded vertex ("vertex<i>") reports the applied load,
-        unshaped."""
+        a needle it holds turns toward it), and the device holding the needle the needle's torque on the hand.
+        An externally loaded vertex ("vertex<i>") reports the applied load, unshaped."""
         out = []
         t = float(state.time[0])
         needle_device = self.needle_device()
