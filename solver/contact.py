@@ -25,6 +25,7 @@ real-time loop.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,6 +76,28 @@ def segment_closest(p0x, p0y, p0z, p1x, p1y, p1z, q0x, q0y, q0z, q1x, q1y, q1z, 
     out[0] = s
     out[1] = t
     out[2] = wx * wx + wy * wy + wz * wz
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def closest_if_near(x, j, a0x, a0y, a0z, a1x, a1y, a1z, reach, out) -> bool:
+    """Segment j of ``x`` (x[j], x[j+1]) against the segment [a0, a1] (m): False if their midpoints are further
+    apart than ``reach`` (m; a quick reject), else True with their closest points in ``out`` (segment_closest)."""
+    mx = 0.5 * (x[j, 0] + x[j + 1, 0]) - 0.5 * (a0x + a1x)
+    my = 0.5 * (x[j, 1] + x[j + 1, 1]) - 0.5 * (a0y + a1y)
+    mz = 0.5 * (x[j, 2] + x[j + 1, 2]) - 0.5 * (a0z + a1z)
+    if mx * mx + my * my + mz * mz > reach * reach:
+        return False
+    segment_closest(x[j, 0], x[j, 1], x[j, 2], x[j + 1, 0], x[j + 1, 1], x[j + 1, 2], a0x, a0y, a0z, a1x, a1y, a1z,
+                    out)
+    return True
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def segment_move(x, xn, j) -> float:
+    """How far the farther-moving end of segment j went from ``x`` to ``xn`` (m)."""
+    return max(math.sqrt((xn[j, 0] - x[j, 0]) ** 2 + (xn[j, 1] - x[j, 1]) ** 2 + (xn[j, 2] - x[j, 2]) ** 2),
+               math.sqrt((xn[j + 1, 0] - x[j + 1, 0]) ** 2 + (xn[j + 1, 1] - x[j + 1, 1]) ** 2
+                         + (xn[j + 1, 2] - x[j + 1, 2]) ** 2))
 
 
 # the 13 neighbour offsets after (0, 0, 0) in lexicographic order: half of the 26, one of each opposite pair

@@ -37,7 +37,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .contact import segment_closest
+from .contact import closest_if_near, segment_closest, segment_move
 
 # a capsule's row (ThreadState.tool_cap)
 TC_A = 0        # 3: the axis's first end now (m): the jaw's tip for a jaw, the hinge for a shaft
@@ -107,9 +107,6 @@ def tool_contact(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, c
         # a bound on how far any point of the capsule moved this substep
         cap_move = max(math.sqrt((a1x - a0x) ** 2 + (a1y - a0y) ** 2 + (a1z - a0z) ** 2),
                        math.sqrt((b1x - b0x) ** 2 + (b1y - b0y) ** 2 + (b1z - b0z) ** 2))
-        mcx = 0.5 * (a0x + b0x)
-        mcy = 0.5 * (a0y + b0y)
-        mcz = 0.5 * (a0z + b0z)
         half_cap = 0.5 * math.sqrt((b0x - a0x) ** 2 + (b0y - a0y) ** 2 + (b0z - a0z) ** 2)
         skip0 = int(caps[c, TC_SKIP0])
         skip1 = int(caps[c, TC_SKIP1])
@@ -127,18 +124,10 @@ def tool_contact(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, c
             ex = x[j + 1, 0] - x[j, 0]
             ey = x[j + 1, 1] - x[j, 1]
             ez = x[j + 1, 2] - x[j, 2]
-            move = max(math.sqrt((xbar[j, 0] - x[j, 0]) ** 2 + (xbar[j, 1] - x[j, 1]) ** 2
-                                 + (xbar[j, 2] - x[j, 2]) ** 2),
-                       math.sqrt((xbar[j + 1, 0] - x[j + 1, 0]) ** 2 + (xbar[j + 1, 1] - x[j + 1, 1]) ** 2
-                                 + (xbar[j + 1, 2] - x[j + 1, 2]) ** 2))
-            reach = half_cap + 0.5 * math.sqrt(ex * ex + ey * ey + ez * ez) + touch + 2.0 * (move + cap_move)
-            mx = x[j, 0] + 0.5 * ex - mcx
-            my = x[j, 1] + 0.5 * ey - mcy
-            mz = x[j, 2] + 0.5 * ez - mcz
-            if mx * mx + my * my + mz * mz > reach * reach:
+            reach = (half_cap + 0.5 * math.sqrt(ex * ex + ey * ey + ez * ez) + touch
+                     + 2.0 * (segment_move(x, xbar, j) + cap_move))
+            if not closest_if_near(x, j, a0x, a0y, a0z, b0x, b0y, b0z, reach, scratch):
                 continue
-            segment_closest(x[j, 0], x[j, 1], x[j, 2], x[j + 1, 0], x[j + 1, 1], x[j + 1, 2],
-                            a0x, a0y, a0z, b0x, b0y, b0z, scratch)
             s = scratch[0]
             t = scratch[1]
             d0 = math.sqrt(scratch[2])

@@ -35,7 +35,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .contact import segment_closest
+from .contact import closest_if_near, segment_closest, segment_move
 from .tissue import (PD_HALF, PF_LOCAL, PF_OFF, PF_SIGMA, PF_SPEED, PI_MATE, PI_PAD, PI_STATE, PS_DX, PS_F, PS_X,
                      PUN_ACTIVE, PUN_FREE, PUN_NEEDLE, TP_F_KINETIC, TP_F_STATIC, TP_K_LAT, TP_MU, TP_RADIUS,
                      closest_on_thread, entry_face, face_friction, puncture_point)
@@ -660,10 +660,7 @@ def needle_thread(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, 
         if w_eff[j] == 0.0 and w_eff[j + 1] == 0.0:
             continue
         lj = math.sqrt((x[j + 1, 0] - x[j, 0]) ** 2 + (x[j + 1, 1] - x[j, 1]) ** 2 + (x[j + 1, 2] - x[j, 2]) ** 2)
-        dmove = max(math.sqrt((xbar[j, 0] - x[j, 0]) ** 2 + (xbar[j, 1] - x[j, 1]) ** 2 + (xbar[j, 2] - x[j, 2]) ** 2),
-                    math.sqrt((xbar[j + 1, 0] - x[j + 1, 0]) ** 2 + (xbar[j + 1, 1] - x[j + 1, 1]) ** 2
-                              + (xbar[j + 1, 2] - x[j + 1, 2]) ** 2),
-                    needle_move)
+        dmove = max(segment_move(x, xbar, j), needle_move)
         slack = 0.5 * lj + touch + 2.0 * dmove
         dc = math.sqrt((0.5 * (x[j, 0] + x[j + 1, 0]) - cx0) ** 2 + (0.5 * (x[j, 1] + x[j + 1, 1]) - cy0) ** 2
                        + (0.5 * (x[j, 2] + x[j + 1, 2]) - cz0) ** 2)
@@ -675,14 +672,9 @@ def needle_thread(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, 
             a0x, a0y, a0z = arc_point(x, nst, NS_Q0, r, t0)
             a1x, a1y, a1z = arc_point(x, nst, NS_Q0, r, t1)
             # quick reject on the start geometry: midpoints further apart than both half lengths and the margin
-            mx = 0.5 * (x[j, 0] + x[j + 1, 0]) - 0.5 * (a0x + a1x)
-            my = 0.5 * (x[j, 1] + x[j + 1, 1]) - 0.5 * (a0y + a1y)
-            mz = 0.5 * (x[j, 2] + x[j + 1, 2]) - 0.5 * (a0z + a1z)
             reach = slack + 0.5 * math.sqrt((a1x - a0x) ** 2 + (a1y - a0y) ** 2 + (a1z - a0z) ** 2)
-            if mx * mx + my * my + mz * mz > reach * reach:
+            if not closest_if_near(x, j, a0x, a0y, a0z, a1x, a1y, a1z, reach, scratch):
                 continue
-            segment_closest(x[j, 0], x[j, 1], x[j, 2], x[j + 1, 0], x[j + 1, 1], x[j + 1, 2],
-                            a0x, a0y, a0z, a1x, a1y, a1z, scratch)
             sj = scratch[0]
             tk = scratch[1]
             d0 = math.sqrt(scratch[2])
