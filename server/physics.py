@@ -361,8 +361,7 @@ class PhysicsLoop:
         self.builder.watch.reset(self.state)
         # the tools' capsules in the state: a row pair per device, taken the first tick its tool is placed
         self.tool_rows: dict[str, tuple[int, ToolShape]] = {}
-        params = self.model.params
-        self.thread_radius = params.contact_radius or 0.5 * params.diameter or 1e-4
+        self.thread_radius = self.model.params.radius
         self.segment_length = float(self.model.rest_length.mean())
         for dev in self.devices:
             dev.live_at = None

@@ -47,6 +47,12 @@ class ThreadParams:
         """Total mass (kg)."""
         return self.linear_density * self.length
 
+    @property
+    def radius(self) -> float:
+        """The thread's radius (m) where it touches something else (a pad, a tool): its contact radius, else half
+        its diameter, else 0.1 mm."""
+        return self.contact_radius or 0.5 * self.diameter or 1e-4
+
 
 @dataclass(frozen=True)
 class SolverSettings:

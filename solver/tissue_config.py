@@ -93,8 +93,7 @@ def read_tissue(sec: Section | None, params, rest: np.ndarray) -> TissueSpec | N
     par[TP_V_STICK] = psec.get("stick_speed", float, 1e-3, above=0.0, maxval=1.0)
     psec.finish()
     par[TP_MU] = sec.get("friction", float, 0.3, minval=0.0, maxval=10.0)
-    default_r = params.contact_radius or 0.5 * params.diameter or 1e-4
-    par[TP_RADIUS] = sec.get("radius", float, default_r, minval=0.0, maxval=0.01)
+    par[TP_RADIUS] = sec.get("radius", float, params.radius, minval=0.0, maxval=0.01)
     par[TP_ROUNDS] = sec.get("rounds", int, 8, minval=1, maxval=64)
     par[TP_EDGE_MU] = sec.get("edge_friction", float, 0.0, minval=0.0, maxval=10.0)
 
