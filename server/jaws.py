@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..solver.instruments import (CAPSULES_PER_TOOL, TC_A, TC_A0, TC_B, TC_B0, TC_MU_K, TC_MU_S, TC_SKIP0,
-                                   TC_SKIP1, TC_TOUCH, TC_VA, TC_VB)
+from ..solver.instruments import (SH_COUNT, SH_JAW_LENGTH, SH_JAW_RADIUS, SH_MU_K, SH_MU_S, SH_SHAFT_LENGTH,
+                                   SH_SHAFT_RADIUS)
 from ..solver.needle import NP_ARC, NP_RADIUS, NS_Q
 from ..solver.tissue import PD_HALF, PS_X
 from .device import quat_mul as mul
@@ -49,6 +49,14 @@ class ToolShape:
     shaft_radius: float
     mu_static: float
     mu_kinetic: float
+    par: np.ndarray = field(init=False, repr=False, compare=False)   # the same as instruments.SH_* reads it
+
+    def __post_init__(self) -> None:
+        par = np.zeros(SH_COUNT)
+        par[SH_JAW_LENGTH], par[SH_JAW_RADIUS] = self.jaw_length, self.jaw_radius
+        par[SH_SHAFT_LENGTH], par[SH_SHAFT_RADIUS] = self.shaft_length, self.shaft_radius
+        par[SH_MU_S], par[SH_MU_K] = self.mu_static, self.mu_kinetic
+        object.__setattr__(self, "par", par)
 
 
 # A needle driver's closed jaws are about 2 mm across and 12 mm long; fine forceps' about 1.5 mm and 10 mm; both
@@ -57,40 +65,6 @@ class ToolShape:
 # no shape here: the thread does not meet it.
 SHAPES = {"needle_driver": ToolShape(0.012, 0.001, 0.10, 0.0025, 0.30, 0.25),
           "forceps": ToolShape(0.010, 0.00075, 0.10, 0.002, 0.30, 0.25)}
-
-
-def place_tool(caps: np.ndarray, row: int, shape: ToolShape, tip: np.ndarray, quat, tick: float,
-               thread_radius: float, skip: tuple[int, int], fresh: bool, max_step: float) -> None:
-    """Put tool ``row``'s jaw and shaft capsules (rows ``CAPSULES_PER_TOOL row`` on, of a state's
-    ``tool_cap``) where the tool's tip ``tip`` (m) and orientation ``quat`` (w, x, y, z) put them by the end of
-    this tick of ``tick`` s: each end gets the velocity that takes it there (the solver moves them each
-    substep), or is set there at once when ``fresh`` (a tool that just appeared) or when the tip jumped
-    further than ``max_step`` (m; the device's max_speed over a tick: a reset, a scripted jump), which swept
-    through the scene would whip the thread. ``skip``: the thread segments (first, last; (-1, -1) for none)
-    this tool does not meet, the ones its jaw holds."""
-    ax, ay, az = rotate(quat, (0.0, 0.0, 1.0))
-    tx, ty, tz = float(tip[0]), float(tip[1]), float(tip[2])
-    hinge = shape.jaw_length
-    end = shape.jaw_length + shape.shaft_length
-    c0 = CAPSULES_PER_TOOL * row
-    if not fresh:
-        jx, jy, jz = tx - caps[c0, TC_A], ty - caps[c0, TC_A + 1], tz - caps[c0, TC_A + 2]
-        fresh = jx * jx + jy * jy + jz * jz > max_step * max_step
-    for c, a, b, radius in ((c0, 0.0, hinge, shape.jaw_radius), (c0 + 1, hinge, end, shape.shaft_radius)):
-        for d, (t, u) in enumerate(((tx, ax), (ty, ay), (tz, az))):
-            pa, pb = t + a * u, t + b * u
-            if fresh:
-                caps[c, TC_A + d] = caps[c, TC_A0 + d] = pa
-                caps[c, TC_B + d] = caps[c, TC_B0 + d] = pb
-                caps[c, TC_VA + d] = caps[c, TC_VB + d] = 0.0
-            else:
-                caps[c, TC_VA + d] = (pa - caps[c, TC_A + d]) / tick
-                caps[c, TC_VB + d] = (pb - caps[c, TC_B + d]) / tick
-        caps[c, TC_TOUCH] = radius + thread_radius
-        caps[c, TC_MU_S] = shape.mu_static
-        caps[c, TC_MU_K] = shape.mu_kinetic
-        caps[c, TC_SKIP0] = skip[0]
-        caps[c, TC_SKIP1] = skip[1]
 
 
 def held_segments(kind: str, vertex: int, hold_offset: float, rest: float, n_segments: int,

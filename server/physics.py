@@ -21,7 +21,7 @@ import zmq
 
 from ..haptics.link import DeviceLink
 from ..solver.integrator import SolverDivergence, Stepper, warm_up
-from ..solver.instruments import MAX_TOOLS
+from ..solver.instruments import CAPSULES_PER_TOOL, MAX_TOOLS, place_capsules
 from ..solver.motion import MOTION_GRASP, MOTION_SPIN
 from ..solver.needle import NS_Q, NS_QT, NS_WT
 from ..solver.tissue import PS_X
@@ -33,7 +33,7 @@ from .config import ServerConfig
 from .console import say
 from .device import Device, DeviceTable, quat_mul_into, unit_quat_or_none
 from .jaws import (KIND_NEEDLE, KIND_THREAD, KIND_TISSUE, SHAPES, Hold, ToolShape, held_segments, needle_hold,
-                   needle_in_reach, pad_in_reach, place_tool, thread_in_reach, tissue_hold)
+                   needle_in_reach, pad_in_reach, thread_in_reach, tissue_hold)
 from .messages import MessageBuilder
 from .scene import SceneRunner
 from .security import SocketSecurity
@@ -525,7 +525,7 @@ class PhysicsLoop:
 
     def place_tool(self, dev: Device) -> None:
         """``dev``'s tool, jaw and shaft, where its stylus puts it by the end of this tick, in the state's
-        capsules (solver/instruments.py, server/jaws.py place_tool): the thread cannot pass through it, except
+        capsules (solver/instruments.py place_capsules): the thread cannot pass through it, except
         the part its jaw holds. The first MAX_TOOLS devices whose styluses have sent an orientation in a scene
         have a tool body, from the tick the first one came (a resimulation applies the recorded orientations
         from the same tick); a hand has none."""
@@ -549,8 +549,8 @@ class PhysicsLoop:
                     float(hold.offset[0] ** 2 + hold.offset[1] ** 2 + hold.offset[2] ** 2))
                 skip = held_segments(g.kind, int(self.state.grasp_vertex[g.slot]), offset, self.segment_length,
                                      self.model.n_segments, shape)
-        place_tool(self.state.tool_cap, row, shape, dev.stylus, dev.tool_quat, self.cfg.loop.tick_s,
-                   self.thread_radius, skip, fresh, dev.max_step)
+        place_capsules(self.state.tool_cap, CAPSULES_PER_TOOL * row, dev.stylus, dev.tool_quat, shape.par,
+                       self.thread_radius, skip[0], skip[1], self.cfg.loop.tick_s, dev.max_step, fresh)
 
     # -- inputs -----------------------------------------------------------------------------------------
     def read_link_poses(self) -> None:

@@ -2,8 +2,8 @@
 and its shaft, that the thread cannot pass through and that hold it by Coulomb friction.
 
 A capsule is the set of points within ``radius`` of a segment [A, B] (m). The server places every tool's
-capsules each tick from its stylus's pose (server/jaws.py ``place_tool``) and gives them the velocity that
-takes them there across the tick; ``move_tools`` (stage 1) moves them one substep along it, as a live grasp's
+capsules each tick from its stylus's pose (``place_capsules``, called by server/physics.py) and gives them the
+velocity that takes them there across the tick; ``move_tools`` (stage 1) moves them one substep along it, as a live grasp's
 target is ramped. Their mass is infinite: the thread gives way, the tool does not.
 
 One round of ``tool_contact`` (after a solve, on xbar) treats each thread segment closer to a capsule's axis
@@ -54,6 +54,16 @@ TC_SKIP1 = 22   # the last
 TC_PUSHES = 23  # contacts this capsule answered in the last tick (every round of every substep)
 TC_COUNT = 24
 
+# a tool's shape (server/jaws.py ToolShape.par): its jaw from the tip back to the hinge and its shaft on from there,
+# along the tool's axis (body +z), and the thread's friction on them
+SH_JAW_LENGTH = 0   # m
+SH_JAW_RADIUS = 1   # m
+SH_SHAFT_LENGTH = 2  # m
+SH_SHAFT_RADIUS = 3  # m
+SH_MU_S = 4
+SH_MU_K = 5
+SH_COUNT = 6
+
 MAX_TOOLS = 4             # tools (styluses) at once
 CAPSULES_PER_TOOL = 2     # its jaw and its shaft
 MAX_CAPSULES = MAX_TOOLS * CAPSULES_PER_TOOL
@@ -68,6 +78,52 @@ def tool_capsules() -> np.ndarray:
     caps[:, TC_SKIP0] = -1.0
     caps[:, TC_SKIP1] = -1.0
     return caps
+
+
+@njit(cache=True, error_model="numpy")
+def place_capsules(caps: np.ndarray, c0: int, tip: np.ndarray, quat: np.ndarray, shape: np.ndarray,
+                   thread_radius: float, skip0: int, skip1: int, tick: float, max_step: float,
+                   fresh: bool) -> None:
+    """Put a tool's jaw and shaft (rows ``c0`` and ``c0 + 1`` of ``caps``) where its tip ``tip`` (m) and its
+    orientation ``quat`` (w, x, y, z, unit; the axis is its body +z) put them by the end of this tick of ``tick``
+    s: each end gets the velocity that takes it there (move_tools moves it a substep at a time), or is set there
+    at once when ``fresh`` (a tool that just appeared) or when the tip is further than ``max_step`` (m; the
+    device's max_speed over a tick) from where the jaw is: a jump (a reset, a scripted teleport) swept through
+    the scene would whip the thread. ``shape``: SH_*; ``thread_radius`` (m) is added to each capsule's; the
+    thread segments ``skip0``..``skip1`` (-1: none) are the ones its jaw holds."""
+    w, x, y, z = quat[0], quat[1], quat[2], quat[3]
+    ax = 2.0 * (x * z + w * y)          # q (0, 0, 1) q^-1: the rotation matrix's third column
+    ay = 2.0 * (y * z - w * x)
+    az = 1.0 - 2.0 * (x * x + y * y)
+    if not fresh:
+        jx = tip[0] - caps[c0, TC_A]
+        jy = tip[1] - caps[c0, TC_A + 1]
+        jz = tip[2] - caps[c0, TC_A + 2]
+        fresh = jx * jx + jy * jy + jz * jz > max_step * max_step
+    hinge = shape[SH_JAW_LENGTH]
+    for k in range(CAPSULES_PER_TOOL):
+        c = c0 + k
+        a = 0.0 if k == 0 else hinge                                  # the jaw: tip to hinge; the shaft: on
+        b = hinge if k == 0 else hinge + shape[SH_SHAFT_LENGTH]
+        for d in range(3):
+            u = ax if d == 0 else (ay if d == 1 else az)
+            pa = tip[d] + a * u
+            pb = tip[d] + b * u
+            if fresh:
+                caps[c, TC_A + d] = pa
+                caps[c, TC_A0 + d] = pa
+                caps[c, TC_B + d] = pb
+                caps[c, TC_B0 + d] = pb
+                caps[c, TC_VA + d] = 0.0
+                caps[c, TC_VB + d] = 0.0
+            else:
+                caps[c, TC_VA + d] = (pa - caps[c, TC_A + d]) / tick
+                caps[c, TC_VB + d] = (pb - caps[c, TC_B + d]) / tick
+        caps[c, TC_TOUCH] = (shape[SH_JAW_RADIUS] if k == 0 else shape[SH_SHAFT_RADIUS]) + thread_radius
+        caps[c, TC_MU_S] = shape[SH_MU_S]
+        caps[c, TC_MU_K] = shape[SH_MU_K]
+        caps[c, TC_SKIP0] = skip0
+        caps[c, TC_SKIP1] = skip1
 
 
 @njit(cache=True, error_model="numpy")

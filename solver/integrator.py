@@ -35,7 +35,7 @@ from .forces import accumulate_forces, edge_vectors
 from .model import BUF_CARRIED_B, BUF_CARRIED_F, BUF_CARRIED_I, STATE_FIELDS, ThreadModel, ThreadState, TickCopy
 from .motion import apply_motions
 from .stability import omega_bound, scale_masses, substeps_for
-from .instruments import TC_PUSHES, move_tools, tool_contact
+from .instruments import SH_COUNT, TC_PUSHES, move_tools, place_capsules, tool_contact
 from .needle import (NP_WIRE, needle_constraints, needle_finish, needle_held, needle_pierce, needle_thread,
                      needle_turn)
 from .tissue import (PF_SIGMA, PI_STATE, PUN_ACTIVE, TP_EDGE_MU, TP_RADIUS, TP_ROUNDS, collide_pads, locate_punctures,
@@ -1196,9 +1196,9 @@ def tick(model: ThreadModel, state: ThreadState) -> int:
 
 def warm_up(model: ThreadModel, state: ThreadState) -> None:
     """Run every kernel a tick can reach once, on a copy of ``state``: the plain and the mass-scaled step, a
-    change of substep (rescale_history), the stability bounds and the energies. numba loads compiled code from
-    its cache at a function's first call (milliseconds each), so a loop that has not called them all would pay
-    that in the first tick that needs one (the first taut tick, say)."""
+    change of substep (rescale_history), the stability bounds, the energies and a tool's placement. numba loads
+    compiled code from its cache at a function's first call (milliseconds each), so a loop that has not called
+    them all would pay that in the first tick that needs one (the first taut tick, say)."""
     from .diagnostics import energies
 
     s = state.copy()
@@ -1208,4 +1208,6 @@ def warm_up(model: ThreadModel, state: ThreadState) -> None:
     omega_bound(s.x, model.inv_mass, model.bend_gersh, model.rest_length, s.tension, 1.0, s.contact_k, s.fold,
                 model.solver.mass_scaling == "local")
     energies(model, s)
+    place_capsules(s.tool_cap, 0, s.x[0].copy(), np.array([1.0, 0.0, 0.0, 0.0]), np.zeros(SH_COUNT), 0.0, -1, -1,
+                   h, 0.0, True)   # a tool's placement (the physics loop's, each tick a stylus drives one)
     Stepper(model, state.copy()).tick()
