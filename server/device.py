@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
 from ..haptics.safety import ForceSafety, SafetyConfig
+
+if TYPE_CHECKING:
+    from .jaws import ToolShape
 
 
 def _zeros3() -> np.ndarray:
@@ -74,8 +77,8 @@ class Device:
     motion_scale: float = 1.0              # tool motion per stylus motion
     shift: np.ndarray = field(default_factory=_zeros3)    # m: what clutching has added to the tool's position
     quat_shift: np.ndarray = field(default_factory=_unit_quat)   # ... and to its orientation (tool = shift hand)
-    body: tuple[float, float, float, float] | None = None   # its tool's jaw length and radius, shaft length and
-                                           # radius (m), once it has a body in the scene (server/jaws.py)
+    body: ToolShape | None = None          # its tool's body once it has one in the scene (server/jaws.py)
+    tool_row: int = -1                     # ... and its capsule pair in the state (solver/instruments.py), else -1
     frame: np.ndarray = field(default_factory=_unit_quat)   # the device's axes in the scene (w x y z: its
                                            # transform's rotation): an operator's view looks along them
     mapped: bool = False                   # the mapping is not the identity (else the tool is the stylus, bit for bit)

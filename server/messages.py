@@ -135,7 +135,9 @@ class MessageBuilder:
             if not dev.has_stylus:
                 continue
             held = next((g for g in self.grasps if g.device == dev.name), None)
-            tools.append(protocol.SortedMap(body=None if dev.body is None else list(dev.body),
+            b = dev.body
+            tools.append(protocol.SortedMap(body=None if b is None else [b.jaw_length, b.jaw_radius,
+                                                                         b.shaft_length, b.shaft_radius],
                                             centre=dev.workspace_centre(), clutched=dev.clutched, device=dev.name,
                                             frame=dev.frame.tolist(), grasp=None if held is None else held.id,
                                             holds=None if held is None else held.kind,

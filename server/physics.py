@@ -32,7 +32,7 @@ from . import protocol
 from .config import ServerConfig
 from .console import say
 from .device import Device, DeviceTable, quat_mul_into, unit_quat_or_none
-from .jaws import (KIND_NEEDLE, KIND_THREAD, KIND_TISSUE, SHAPES, Hold, ToolShape, held_segments, needle_hold,
+from .jaws import (KIND_NEEDLE, KIND_THREAD, KIND_TISSUE, SHAPES, Hold, held_segments, needle_hold,
                    needle_in_reach, pad_in_reach, thread_in_reach, tissue_hold)
 from .messages import MessageBuilder
 from .scene import SceneRunner
@@ -359,13 +359,13 @@ class PhysicsLoop:
         and every grasp of a device on a backend other than simulated waiting for its poses (its timeline
         motions removed, :meth:`drive_with_device`)."""
         self.builder.watch.reset(self.state)
-        # the tools' capsules in the state: a row pair per device, taken the first tick its tool is placed
-        self.tool_rows: dict[str, tuple[int, ToolShape]] = {}
+        # the tools' capsules in the state: a row pair per device (Device.tool_row), taken the first tick its
+        # tool is placed
         self.thread_radius = self.model.params.radius
         self.segment_length = float(self.model.rest_length.mean())
         for dev in self.devices:
             dev.live_at = None
-            dev.body = None
+            dev.body, dev.tool_row = None, -1
             self.set_workspace(dev)
         for g in self.grasps:
             if self.cfg.backend_of(g.device) != "simulated":  # no scripted stylus: the grasp waits for poses
@@ -529,18 +529,14 @@ class PhysicsLoop:
         the part its jaw holds. The first MAX_TOOLS devices whose styluses have sent an orientation in a scene
         have a tool body, from the tick the first one came (a resimulation applies the recorded orientations
         from the same tick); a hand has none."""
-        slot = self.tool_rows.get(dev.name)
-        fresh = slot is None
+        fresh = dev.body is None
         if fresh:
-            if len(self.tool_rows) >= MAX_TOOLS:
-                return
+            row = sum(1 for d in self.devices if d.tool_row >= 0)
             shape = SHAPES.get(self.cfg.tool_of(dev.name, self.scenario))
-            if shape is None:   # a hand: no body
+            if row >= MAX_TOOLS or shape is None:   # no row left, or a hand: no body
                 return
-            slot = (len(self.tool_rows), shape)
-            self.tool_rows[dev.name] = slot
-            dev.body = (shape.jaw_length, shape.jaw_radius, shape.shaft_length, shape.shaft_radius)
-        row, shape = slot
+            dev.body, dev.tool_row = shape, row
+        shape = dev.body
         skip = (-1, -1)
         for g in self.grasps:
             if g.device == dev.name and g.kind != KIND_TISSUE:
@@ -549,7 +545,7 @@ class PhysicsLoop:
                     float(hold.offset[0] ** 2 + hold.offset[1] ** 2 + hold.offset[2] ** 2))
                 skip = held_segments(g.kind, int(self.state.grasp_vertex[g.slot]), offset, self.segment_length,
                                      self.model.n_segments, shape)
-        place_capsules(self.state.tool_cap, CAPSULES_PER_TOOL * row, dev.stylus, dev.tool_quat, shape.par,
+        place_capsules(self.state.tool_cap, CAPSULES_PER_TOOL * dev.tool_row, dev.stylus, dev.tool_quat, shape.par,
                        self.thread_radius, skip[0], skip[1], self.cfg.loop.tick_s, dev.max_step, fresh)
 
     # -- inputs -----------------------------------------------------------------------------------------

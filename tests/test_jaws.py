@@ -214,7 +214,7 @@ def test_the_thread_a_jaw_holds_is_not_pushed_out_of_it():
     tick(loop)
     g = events(out, "grasp")[-1]
     assert g["holds"] == "thread"
-    row = loop.tool_rows[LEFT][0]
+    row = loop.devices[LEFT].tool_row
     caps = loop.state.tool_cap
     for c in (2 * row, 2 * row + 1):
         assert caps[c, TC_SKIP0] <= g["vertex"] <= caps[c, TC_SKIP1]
@@ -238,7 +238,8 @@ def test_a_hand_has_no_body_the_thread_meets():
     for k in range(301):
         send(loop, RIGHT, start + [0.0, 0.0, -0.02 * k / 300.0], along_y)
         tick(loop)
-    assert RIGHT not in loop.tool_rows and not loop.state.tool_cap[:, TC_PUSHES].any()
+    assert loop.devices[RIGHT].tool_row < 0 and loop.devices[RIGHT].body is None
+    assert not loop.state.tool_cap[:, TC_PUSHES].any()
     assert abs(loop.state.x[12, 2]) < 1e-3, "a hand pushed the thread"
     send(loop, RIGHT, loop.state.x[12], buttons=GRASP)
     tick(loop)
