@@ -40,6 +40,8 @@ DEVICE = "stylus0"          # the default scenario's grasp device (configs/scena
 
 _CTX = zmq.Context()
 
+TIMED_RERUNS = 1            # another try for a timed test that failed (pytest_collection_modifyitems)
+
 free_ports = bench_loop.free_ports   # k distinct free loopback TCP ports (one helper for the benches and tests)
 
 
@@ -51,6 +53,12 @@ def pytest_collection_modifyitems(config, items) -> None:
         m = item.get_closest_marker("long")
         return float(m.kwargs.get("cost", 0.0)) if m is not None else 0.0
     items.sort(key=lambda item: -cost(item))
+    # A timed test asserts wall-clock figures of a loop on a machine it shares (CI's VM, a neighbour's burst):
+    # it gets one more try (pytest-rerunfailures; the summary counts it as a rerun), so a regression fails both
+    # and one noisy minute fails neither.
+    for item in items:
+        if item.get_closest_marker("timed") is not None and item.get_closest_marker("flaky") is None:
+            item.add_marker(pytest.mark.flaky(reruns=TIMED_RERUNS))
 
 
 # ------------------------------------------------------------------------------------------------- harness
