@@ -10,6 +10,7 @@ from ..haptics.safety import SafetyConfig
 from ..solver import diagnostics
 from ..solver.forces import constraint_force_at
 from ..solver.contact_response import CS_CONTACTS, CS_COUNT, CS_OVERFLOW, CS_PENETRATION, CS_PROJECTIONS
+from ..solver.instruments import CAPSULES_PER_TOOL, TC_IMPULSE
 from ..solver.integrator import STAT_MAX_ITERS, STAT_MAX_RESIDUAL, STAT_SUBSTEPS
 from ..solver.needle import NP_ARC, NP_RADIUS, NS_Q, NS_TORQUE, arc_point
 from ..solver.scenario import Scenario
@@ -179,19 +180,28 @@ class MessageBuilder:
     def compute_forces(self, state: ThreadState) -> None:
         """The force stage: each streamed device's force (N, scene frame), axial force (N) and flags into its
         record. A device's force is the reaction of the virtual couplings it holds (minus the coupling force on
-        the thread), through its safety pipeline at this tick; `axial` is the magnitude of the thread's net
-        constraint force at the grasped vertex (or point, :meth:`axial`); `flags` are the pipeline's OR the driver's."""
+        the thread) and of the thread against its tool's jaw and shaft (minus the tool's impulse on the thread
+        over the tick, solver/instruments.py), through its safety pipeline at this tick; `axial` is the
+        magnitude of the thread's net constraint force at the grasped vertex (or point, :meth:`axial`); `flags`
+        are the pipeline's OR the driver's."""
         t = float(state.time[0])
         raw = self._raw
+        caps = state.tool_cap
+        per_tick = 1.0 / self.tick
         for dev in self.streams:
             raw[0] = raw[1] = raw[2] = 0.0
             axial = 0.0
-            for g in self.grasps:
-                # a clutched hand moves freely: its force ramps to zero at the pipeline's slew rate, and back
-                if g.device == dev.name and not dev.clutched:
-                    raw -= state.grasp_force[g.slot]
-                    if g.vertex >= 0:   # the thread's axial force where a grasp holds it (a pad has none)
-                        axial = max(axial, self.axial(state, g.vertex, float(state.grasp_frac[g.slot])))
+            # a clutched hand moves freely: its force ramps to zero at the pipeline's slew rate, and back
+            if not dev.clutched:
+                for g in self.grasps:
+                    if g.device == dev.name:
+                        raw -= state.grasp_force[g.slot]
+                        if g.vertex >= 0:   # the thread's axial force where a grasp holds it (a pad has none)
+                            axial = max(axial, self.axial(state, g.vertex, float(state.grasp_frac[g.slot])))
+                if dev.tool_row >= 0:
+                    for c in range(CAPSULES_PER_TOOL * dev.tool_row, CAPSULES_PER_TOOL * (dev.tool_row + 1)):
+                        for d in range(3):
+                            raw[d] -= caps[c, TC_IMPULSE + d] * per_tick
             dev.flags = dev.safety.step(raw, t, t, self.tick, dev.force) | dev.driver_flags
             dev.axial = axial
 

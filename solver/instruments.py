@@ -24,6 +24,12 @@ than the capsule's radius plus the thread's (``TC_TOUCH``):
   A thread wound round a jaw is pressed onto it by its own tension, so the wraps hold by the capstan's
   friction while the jaw moves along its axis.
 
+**What the hand feels.** A push (and its friction) c on a segment's point changes the momentum of its vertices
+by m_j dx_j / h + m_j+1 dx_j+1 / h = c / (w_pt h), with the same effective masses the solve used (the split
+above); ``TC_IMPULSE`` sums it over every round of the tick's substeps. At rest it balances the tension the
+thread pulls round the tool with (momentum, nothing else acting), and the server adds minus it over the tick to
+the force of the device whose tool it is.
+
 A tool's own hold is excluded: the segments ``TC_SKIP0``..``TC_SKIP1`` (the thread held in its jaw and the
 thread next to it, or the first segments of a needle it holds) do not meet that tool's capsules, which would
 otherwise push out of the jaw the very point the jaw's coupling holds in it.
@@ -52,7 +58,9 @@ TC_MU_K = 20    # kinetic (<= static)
 TC_SKIP0 = 21   # the first thread segment this capsule does not meet (-1: none)
 TC_SKIP1 = 22   # the last
 TC_PUSHES = 23  # contacts this capsule answered in the last tick (every round of every substep)
-TC_COUNT = 24
+TC_IMPULSE = 24  # 3: the impulse it gave the thread over the last tick (N s); the hand holding the tool feels
+                 # minus it over the tick
+TC_COUNT = 27
 
 # a tool's shape (server/jaws.py ToolShape.par): its jaw from the tip back to the hinge and its shaft on from there,
 # along the tool's axis (body +z), and the thread's friction on them
@@ -249,6 +257,11 @@ def tool_contact(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, c
             xbar[j + 1, 0] += fk * cx
             xbar[j + 1, 1] += fk * cy
             xbar[j + 1, 2] += fk * cz
+            # the momentum the push gave the vertices that move (a kinematic one takes none): m dx / h each
+            share = ((1.0 - s if wj > 0.0 else 0.0) + (s if wk > 0.0 else 0.0)) / (w_pt * h)
+            caps[c, TC_IMPULSE] += share * cx
+            caps[c, TC_IMPULSE + 1] += share * cy
+            caps[c, TC_IMPULSE + 2] += share * cz
             caps[c, TC_PUSHES] += 1.0
             pushed += 1
     return pushed

@@ -35,7 +35,7 @@ from .forces import accumulate_forces, edge_vectors
 from .model import BUF_CARRIED_B, BUF_CARRIED_F, BUF_CARRIED_I, STATE_FIELDS, ThreadModel, ThreadState, TickCopy
 from .motion import apply_motions
 from .stability import omega_bound, scale_masses, substeps_for
-from .instruments import SH_COUNT, TC_PUSHES, move_tools, place_capsules, tool_contact
+from .instruments import SH_COUNT, TC_IMPULSE, TC_PUSHES, move_tools, place_capsules, tool_contact
 from .needle import (NP_WIRE, needle_constraints, needle_finish, needle_held, needle_pierce, needle_thread,
                      needle_turn)
 from .tissue import (PF_SIGMA, PI_STATE, PUN_ACTIVE, TP_EDGE_MU, TP_RADIUS, TP_ROUNDS, collide_pads, locate_punctures,
@@ -779,6 +779,8 @@ def advance(n_sub: int, h: float, t: float, scale: bool, tension_margin: float, 
     split = scale and sv.local
     for c in range(tools.caps.shape[0]):
         tools.caps[c, TC_PUSHES] = 0.0
+        for d in range(3):
+            tools.caps[c, TC_IMPULSE + d] = 0.0
     for s in range(n_sub):
         if ct.on:
             n_cand = refresh_neighbours(n_cand, body, ct)

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from suturesim.solver.instruments import (TC_A, TC_A0, TC_B, TC_MU_K, TC_MU_S, TC_PUSHES, TC_TOUCH, TC_VA, TC_VB,
-                                          tool_clearance)
+from suturesim.solver.instruments import (TC_A, TC_A0, TC_B, TC_IMPULSE, TC_MU_K, TC_MU_S, TC_PUSHES, TC_TOUCH, TC_VA,
+                                          TC_VB, tool_clearance)
 from suturesim.solver.integrator import Stepper
 from suturesim.solver.scenario import build_scenario
 
@@ -117,3 +117,54 @@ def test_a_shaft_pressed_down_through_a_held_thread_carries_it_and_never_lets_it
     # the shaft's axis went from 4 mm above the thread to 15 mm below it: the thread lies under the shaft
     assert low < -0.015 + 0.0025 - 0.0005 and low > -0.015 - 0.0025 - THREAD_R - 1e-3
     assert np.linalg.norm(state.grasp_force[:2], axis=1).min() > 0.01
+
+
+def balance(model, state, stepper, rows, ticks: int = 200) -> tuple[np.ndarray, np.ndarray]:
+    """Over ``ticks`` more ticks with everything held still: the mean force (N) the capsules ``rows`` gave the
+    thread (their impulse over each tick, TC_IMPULSE) and the mean of everything else on it (the couplings'
+    forces and its weight)."""
+    tick = model.solver.tick
+    weight = float(model.mass.sum()) * np.asarray(model.gravity, dtype=float)
+    tool, rest = np.zeros(3), np.zeros(3)
+    for _ in range(ticks):
+        stepper.tick()
+        tool += state.tool_cap[rows, TC_IMPULSE:TC_IMPULSE + 3].sum(axis=0) / tick
+        rest += state.grasp_force[:2].sum(axis=0) + weight
+    return tool / ticks, rest / ticks
+
+
+def test_what_a_tool_gives_the_thread_balances_what_holds_it_there():
+    """The thread pressed round a shaft, and wound round a jaw, all held still: the force the tool gives the
+    thread (what the server makes its hand feel, reversed) balances the couplings' pulls and the thread's
+    weight, as momentum says with nothing else acting."""
+    data = {"thread": {"preset": "silk-3-0", "length": 0.1, "segments": 80},
+            "shape": {"kind": "straight", "start": [-0.05, 0.0, 0.0], "direction": [1.0, 0.0, 0.0]},
+            "gravity": [0.0, 0.0, -9.81], "contact": {"distance": 2 * THREAD_R},
+            "boundary": {"grasps": [{"id": "a", "vertex": 0, "stiffness": 200.0, "max_force": 3.0},
+                                    {"id": "b", "vertex": -1, "stiffness": 200.0, "max_force": 3.0}]}}
+    sc = build_scenario(data, "shaft.yaml")
+    model, state = sc.model, sc.new_state()
+    place(state, 1, [0.01, -0.05, 0.004], [0.01, 0.05, 0.004], 0.0025, 0.3)
+    stepper = Stepper(model, state)
+    caps = state.tool_cap
+    for i in range(600):
+        caps[1, TC_VA + 2] = caps[1, TC_VB + 2] = -0.05 if i < 300 else 0.0   # 15 mm down, then still
+        stepper.tick()
+    tool, rest = balance(model, state, stepper, [1])
+    print(f"shaft: the tool gives the thread {tool} N, the couplings and weight {rest} N")
+    assert tool[2] < -0.05                             # it presses the thread down against the couplings' pull
+    assert np.linalg.norm(tool + rest) < 0.02 * np.linalg.norm(tool), (tool, rest)
+
+    model, state = wound(0.3)
+    stepper = Stepper(model, state)
+    ends = state.grasp_target[:2].copy()
+    for i in range(300):
+        k = min(i / 200.0, 1.0)
+        state.grasp_target[0] = ends[0] + [-0.002 * k, 0.0, 0.0]
+        state.grasp_target[1] = ends[1] + [0.002 * k, 0.0, 0.0]
+        state.grasp_target_prev[:2] = state.grasp_target[:2]
+        stepper.tick()
+    tool, rest = balance(model, state, stepper, [0])
+    print(f"wraps: the jaw gives the thread {tool} N, the couplings and weight {rest} N")
+    assert np.linalg.norm(tool) > 0.02
+    assert np.linalg.norm(tool + rest) < 0.05 * np.linalg.norm(tool), (tool, rest)

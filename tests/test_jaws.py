@@ -204,6 +204,30 @@ def test_a_tools_shaft_pressed_onto_the_thread_pushes_it_and_never_lets_it_throu
     assert loop.state.x[12, 2] < -0.01, "the shaft did not carry the thread down"
 
 
+def test_the_thread_pressed_by_a_tools_shaft_pushes_back_on_the_hand():
+    """The thread held at one end by a scenario coupling and at the other by the left jaw; the right tool's shaft
+    presses it 15 mm down and holds it there: the right hand feels the thread push its shaft up, as much as the
+    two couplings pull the thread's ends up (momentum: nothing else acts), though it holds nothing."""
+    scene = {**NO_NEEDLE, "boundary": {"grasps": [{"id": "a", "vertex": 0, "stiffness": 200.0, "max_force": 3.0}]}}
+    loop, out = make_loop(scene)
+    end = loop.state.x[-1].copy()
+    send(loop, LEFT, end, buttons=GRASP)
+    tick(loop)
+    along_y = quat_of((1.0, 0.0, 0.0), -90.0)
+    start = loop.state.x[12] + [0.0, -0.05, 0.005]
+    pull_z = []
+    for k in range(1301):
+        send(loop, LEFT, end, buttons=GRASP)
+        send(loop, RIGHT, start + [0.0, 0.0, -0.015 * min(k, 1000) / 1000.0], along_y)
+        tick(loop)
+        pull_z.append(float(loop.state.grasp_force[:2, 2].sum()))
+    assert not [g for g in events(out, "grasp") if g["device"] == RIGHT], "the right tool holds nothing"
+    felt = forces(out, RIGHT)[-200:].mean(axis=0)
+    held = float(np.mean(pull_z[-200:]))
+    assert felt[2] > 0.3, felt
+    assert abs(felt[2] - held) < 0.05 * held, (felt, held)
+
+
 def test_the_thread_a_jaw_holds_is_not_pushed_out_of_it():
     """A jaw closed on the thread holds it at its tip, inside its own capsule: the held segments are left out
     of that tool's contact, and the held point follows the jaw while the jaw's shaft stands over the thread."""
