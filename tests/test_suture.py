@@ -113,7 +113,7 @@ def test_the_scripted_suture_closes_the_wound(scripted_suture):
     assert stepper.past_budget == 0 and stepper.retries <= 8
 
 
-@pytest.mark.long
+@pytest.mark.long(cost=35)
 def test_the_hand_tied_surgeons_knot_holds_the_wound_closed_for_good():
     """The same scene run on to 90 s: the wound stays closed at the crack, read every 0.5 s, from the first
     cinch to 64.9 s after both hands let go, and nothing enters a pad at any tick (docs/PHYSICS.md Sec. 9)."""
@@ -176,7 +176,7 @@ def test_the_surgeons_knot_holds_the_wound_closed_when_the_hands_let_go(needle_t
     assert [k for _, k, _ in events if k in ("gap_closed", "gap_opened")] == ["gap_closed"]
 
 
-@pytest.mark.long
+@pytest.mark.long(cost=26)   # 37 s and 15 s for the two scenes
 @pytest.mark.parametrize("scene", ["simple-interrupted-suture", "needle-tie-surgeons-knot"])
 def test_the_scripted_suture_never_crosses_itself(scene):
     """Every pair of consecutive substeps of the whole scene, checked by tools/crossings.py: the knots hold by
