@@ -93,18 +93,25 @@ def test_wraps_round_a_jaw_go_with_it_by_friction_and_stay_without_it():
     assert abs(g_a - g_b) < 0.1 * max(g_a, g_b)
 
 
-@pytest.mark.parametrize("speed", [0.05, 0.5])
-def test_a_shaft_pressed_down_through_a_held_thread_carries_it_and_never_lets_it_through(speed):
-    """A shaft (2.5 mm) across a thread held at both ends is pushed 15 mm down through it at ``speed`` (m/s):
-    the thread bends round it and is at no tick inside it."""
+def across_a_held_thread():
+    """Silk held straight along x at both ends by 200 N/m couplings, and a needle driver's shaft (2.5 mm, in row
+    1) across it along y, 4 mm above it. Returns the model and the state."""
     data = {"thread": {"preset": "silk-3-0", "length": 0.1, "segments": 80},
             "shape": {"kind": "straight", "start": [-0.05, 0.0, 0.0], "direction": [1.0, 0.0, 0.0]},
             "gravity": [0.0, 0.0, -9.81], "contact": {"distance": 2 * THREAD_R},
             "boundary": {"grasps": [{"id": "a", "vertex": 0, "stiffness": 200.0, "max_force": 3.0},
                                     {"id": "b", "vertex": -1, "stiffness": 200.0, "max_force": 3.0}]}}
     sc = build_scenario(data, "shaft.yaml")
-    model, state = sc.model, sc.new_state()
+    state = sc.new_state()
     place(state, 1, [0.01, -0.05, 0.004], [0.01, 0.05, 0.004], 0.0025, 0.3)
+    return sc.model, state
+
+
+@pytest.mark.parametrize("speed", [0.05, 0.5])
+def test_a_shaft_pressed_down_through_a_held_thread_carries_it_and_never_lets_it_through(speed):
+    """A shaft (2.5 mm) across a thread held at both ends is pushed 15 mm down through it at ``speed`` (m/s):
+    the thread bends round it and is at no tick inside it."""
+    model, state = across_a_held_thread()
     stepper = Stepper(model, state)
     caps = state.tool_cap
     scratch = np.zeros(3)
@@ -137,14 +144,7 @@ def test_what_a_tool_gives_the_thread_balances_what_holds_it_there():
     """The thread pressed round a shaft, and wound round a jaw, all held still: the force the tool gives the
     thread (what the server makes its hand feel, reversed) balances the couplings' pulls and the thread's
     weight, as momentum says with nothing else acting."""
-    data = {"thread": {"preset": "silk-3-0", "length": 0.1, "segments": 80},
-            "shape": {"kind": "straight", "start": [-0.05, 0.0, 0.0], "direction": [1.0, 0.0, 0.0]},
-            "gravity": [0.0, 0.0, -9.81], "contact": {"distance": 2 * THREAD_R},
-            "boundary": {"grasps": [{"id": "a", "vertex": 0, "stiffness": 200.0, "max_force": 3.0},
-                                    {"id": "b", "vertex": -1, "stiffness": 200.0, "max_force": 3.0}]}}
-    sc = build_scenario(data, "shaft.yaml")
-    model, state = sc.model, sc.new_state()
-    place(state, 1, [0.01, -0.05, 0.004], [0.01, 0.05, 0.004], 0.0025, 0.3)
+    model, state = across_a_held_thread()
     stepper = Stepper(model, state)
     caps = state.tool_cap
     for i in range(600):
