@@ -33,9 +33,6 @@ from .device import quat_mul as mul
 KIND_NEEDLE = "needle"
 KIND_THREAD = "thread"
 KIND_TISSUE = "tissue"
-# what a tool is: each takes the needle and the thread, forceps tissue too; a hand is fingers that pinch, with no
-# body the thread meets (a hand tie's loop passes over a finger as a finger is drawn out of it)
-TOOLS = ("needle_driver", "forceps", "hand")
 
 
 @dataclass(frozen=True)

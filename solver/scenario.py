@@ -82,7 +82,9 @@ class Workspace:
 
 
 MAX_MOTION_SCALE = 20.0     # tool motion per stylus motion: past it a hand's tremor is centimetres
-TOOLS = ("needle_driver", "forceps", "hand")   # a tool's kind (server/jaws.py): forceps also hold tissue
+# a tool's kind (server/jaws.py): each takes the needle and the thread, forceps tissue too; a hand is fingers that
+# pinch, with no body the thread meets (a hand tie's loop passes over a finger as a finger is drawn out of it)
+TOOLS = ("needle_driver", "forceps", "hand")
 
 
 @dataclass
