@@ -3,8 +3,8 @@ and its shaft, that the thread cannot pass through and that hold it by Coulomb f
 
 A capsule is the set of points within ``radius`` of a segment [A, B] (m). The server places every tool's
 capsules each tick from its stylus's pose (``place_capsules``, called by server/physics.py) and gives them the
-velocity that takes them there across the tick; ``move_tools`` (stage 1) moves them one substep along it, as a live grasp's
-target is ramped. Their mass is infinite: the thread gives way, the tool does not.
+velocity that takes them there across the tick; ``move_tools`` (stage 1) moves them one substep along it, as a
+live grasp's target is ramped. Their mass is infinite: the thread gives way, the tool does not.
 
 One round of ``tool_contact`` (after a solve, on xbar) treats each thread segment closer to a capsule's axis
 than the capsule's radius plus the thread's (``TC_TOUCH``):
@@ -156,8 +156,7 @@ def tool_contact(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, c
                  scratch: np.ndarray) -> int:
     """One round of the thread against every capsule (after a solve, on ``xbar``): no passing through, then
     Coulomb friction, as the module's docstring says. ``h``: the substep (s); ``x``: the positions at the
-    substep's start (m);
-    ``scratch`` (>= 3). Returns how many segment-capsule contacts were pushed."""
+    substep's start (m); ``scratch`` (>= 3). Returns how many segment-capsule contacts were pushed."""
     m = x.shape[0] - 1
     pushed = 0
     for c in range(caps.shape[0]):
