@@ -70,6 +70,9 @@ class LoopStats:
         self.period = np.zeros(self.capacity)
         self.step = np.zeros(self.capacity)
         self.tick = np.zeros(self.capacity)
+        self.inputs = np.zeros(self.capacity)
+        self.watch = np.zeros(self.capacity)
+        self.outputs = np.zeros(self.capacity)
         self.substeps = np.zeros(self.capacity)
         self.count = 0
         self.overruns = 0
@@ -78,12 +81,20 @@ class LoopStats:
         self.stylus_accepted = 0
         self.control_errors = 0
 
-    def add(self, lateness_us: float, period_us: float, step_us: float, substeps: int, tick_us: float) -> None:
+    def add(self, lateness_us: float, period_us: float, step_us: float, substeps: int, tick_us: float,
+            inputs_us: float = 0.0, watch_us: float = 0.0, outputs_us: float = 0.0) -> None:
+        """One tick: how late it started and since the last one (µs), its solver step (µs) and substeps, all of
+        it (µs), and its stages besides the step (µs): the inputs (the devices' poses read, the remote samples
+        taken, the grasps and tools moved toward them), the suture's watch, the outputs (the forces, the state,
+        what was published)."""
         i = self.count % self.capacity
         self.lateness[i] = lateness_us
         self.period[i] = period_us
         self.step[i] = step_us
         self.tick[i] = tick_us
+        self.inputs[i] = inputs_us
+        self.watch[i] = watch_us
+        self.outputs[i] = outputs_us
         self.substeps[i] = substeps
         self.count += 1
         self.ticks += 1
@@ -100,16 +111,16 @@ class LoopStats:
         if n == 0:
             return out
         sub = self.substeps[:n]
-        # the four series sorted at once and read as np.percentile reads them (_percentiles): ten np.percentile
+        # the series sorted at once and read as np.percentile reads them (_percentiles): ten np.percentile
         # calls took 370-470 us, on the tick that publishes the stats (2-core VM of docs/BENCHMARKS.md, 2026-11-28)
-        series = np.sort(np.stack((self.lateness[:n], self.period[:n], self.step[:n], self.tick[:n])), axis=1)
-        (lat50, lat99, lat999), (per50, per99, per999), (st50, st99, _), (tk50, tk99, _) = (
-            _percentiles(series, (50.0, 99.0, 99.9)))
+        series = np.sort(np.stack((self.lateness[:n], self.period[:n], self.step[:n], self.tick[:n],
+                                   self.inputs[:n], self.watch[:n], self.outputs[:n])), axis=1)
+        pct = _percentiles(series, (50.0, 99.0, 99.9))
         top = series[:, -1].tolist()
-        out["lateness_us"] = {"p50": lat50, "p99": lat99, "p999": lat999, "max": top[0]}
-        out["period_us"] = {"p50": per50, "p99": per99, "p999": per999, "max": top[1]}
-        out["step_us"] = {"p50": st50, "p99": st99, "max": top[2]}
-        out["tick_us"] = {"p50": tk50, "p99": tk99, "max": top[3]}
+        for k, key in enumerate(("lateness_us", "period_us", "step_us", "tick_us", "inputs_us", "watch_us",
+                                 "outputs_us")):
+            out[key] = {"p50": pct[k][0], "p99": pct[k][1], **({"p999": pct[k][2]} if k < 2 else {}),
+                        "max": top[k]}
         out["substeps"] = {"mean": float(sub.mean()), "max": int(sub.max())}
         self.count = 0
         return out
@@ -219,6 +230,7 @@ class PhysicsLoop:
         self.faults: list[int] = []             # the ticks of the latest divergences (fault_reset)
         self.tick_ns = int(round(cfg.loop.tick_s * 1e9))
         self._tick_start_ns = 0                 # the tick's start (link forces answer it)
+        self.inputs_end_ns = 0                  # when this tick's inputs were in (tick_scene)
         self.sink = sink
         self.ctx = self.security = self.pub = self.ctl = self.stylus = None
         if sink is None:
@@ -944,6 +956,7 @@ class PhysicsLoop:
                         t0 += (-err) % tick_ns
                         self.phase_locked = True
             substeps, step_ns = self.tick_scene(start)
+            scene_end = time.monotonic_ns()
             if control.busy() or k % SUPERVISOR_POLL_TICKS == 0:   # an answer awaited, or one said unasked
                 control.poll_supervisor()
             if control.busy():
@@ -954,8 +967,10 @@ class PhysicsLoop:
                 heartbeat[0] = k
             if self.snapshot is not None and k % SNAPSHOT_TICKS == 0:
                 self.snapshot.write(self.state)
+            inputs_ns, watch_ns = self.inputs_end_ns - start, self.runner.watch_ns
             self.stats.add(late / 1000.0, (start - last_start) / 1000.0, step_ns / 1000.0, substeps,
-                           (time.monotonic_ns() - start) / 1000.0)
+                           (time.monotonic_ns() - start) / 1000.0, inputs_ns / 1000.0, watch_ns / 1000.0,
+                           (scene_end - self.inputs_end_ns - step_ns - watch_ns) / 1000.0)
             last_start = start
             if self.stats.count >= stats_every:
                 self.publish_stats()
@@ -975,6 +990,7 @@ class PhysicsLoop:
         self.drain_stylus()
         self.follow_styluses()
         self._tick_start_ns = start_ns
+        self.inputs_end_ns = time.monotonic_ns()   # the tick's inputs are in: the loop's stats split the tick
         return self.runner.tick(self.seq, self.paused)
 
     def _diverged(self, exc: SolverDivergence) -> None:

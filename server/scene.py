@@ -49,6 +49,7 @@ class SceneRunner:
         self.on_divergence = on_divergence
         self.before_publish = before_publish
         self.seq = 0
+        self.watch_ns = 0   # the last tick's suture watch (ns): the loop's stats split the tick by stage
 
     @property
     def state(self):
@@ -77,7 +78,9 @@ class SceneRunner:
         state.grasp_vel.fill(0.0)  # the daemon's follow_styluses sets the grasps' motion for each tick afresh
         builder = self.builder
         if self.watching:
+            t_watch = time.monotonic_ns()
             builder.watch.check(state, self.event)   # punctures, the wound's gap, throws
+            self.watch_ns = time.monotonic_ns() - t_watch
         publish = self.publish
         if publish is None:
             return substeps, step_ns

@@ -84,8 +84,12 @@ def check_raw_types(topic: bytes, raw: dict) -> None:
         for key in ("lateness_us", "period_us"):
             assert set(raw[key]) >= {"p50", "p99", "p999", "max"}, raw
             assert all(isinstance(v, float) for v in raw[key].values()), raw
-        assert set(raw["step_us"]) >= {"p50", "p99", "max"}
-        assert all(isinstance(v, float) for v in raw["step_us"].values())
+        for key in ("step_us", "tick_us", "inputs_us", "watch_us", "outputs_us"):
+            assert set(raw[key]) >= {"p50", "p99", "max"}, raw
+            assert all(isinstance(v, float) and v >= 0.0 for v in raw[key].values()), raw
+        # the stages are parts of the tick: their medians add up to no more than its largest
+        assert sum(raw[k]["p50"] for k in ("step_us", "inputs_us", "watch_us", "outputs_us")) <= \
+            raw["tick_us"]["max"], raw
         assert _is_int(raw["overruns"]) and _is_int(raw["ticks"]) and _is_int(raw["retries"])
         assert _is_int(raw["retries_past_budget"]) and raw["retries_past_budget"] <= raw["retries"]
         assert isinstance(raw["substeps"]["mean"], float) and _is_int(raw["substeps"]["max"])
@@ -842,26 +846,29 @@ def test_port_in_use_fails_fast_with_one_clear_line():
 
 
 def test_the_loops_stats_read_their_percentiles_as_numpy_does():
-    """LoopStats.summary sorts the second's four series once and reads their percentiles itself (ten
-    np.percentile calls cost 0.4 ms on the tick that publishes them): every figure equals np.percentile's, for
-    full and partial seconds, on values with ties and without."""
+    """LoopStats.summary sorts the second's series once and reads their percentiles itself (ten np.percentile
+    calls cost 0.4 ms on the tick that publishes them): every figure equals np.percentile's, for full and
+    partial seconds, on values with ties and without, the tick's stages included."""
     from suturesim.server.physics import LoopStats
 
     stats = LoopStats(1000)
     rng = np.random.default_rng(3)
     for case in range(300):
         n = 1000 if case % 3 else int(rng.integers(1, 1000))
-        vals = rng.random((n, 4)) * 1000.0 * rng.random()
+        vals = rng.random((n, 7)) * 1000.0 * rng.random()
         if case % 5 == 0:
             vals = np.round(vals, int(rng.integers(0, 3)))
         for v in vals:
-            stats.add(v[0], v[1], v[2], 4, v[3])
+            stats.add(v[0], v[1], v[2], 4, v[3], v[4], v[5], v[6])
         got = stats.summary()
         for key, col, names in (("lateness_us", 0, ("p50", "p99", "p999")), ("period_us", 1, ("p50", "p99", "p999")),
-                                ("step_us", 2, ("p50", "p99")), ("tick_us", 3, ("p50", "p99"))):
+                                ("step_us", 2, ("p50", "p99")), ("tick_us", 3, ("p50", "p99")),
+                                ("inputs_us", 4, ("p50", "p99")), ("watch_us", 5, ("p50", "p99")),
+                                ("outputs_us", 6, ("p50", "p99"))):
             for name, q in zip(names, (50.0, 99.0, 99.9)):
                 assert got[key][name] == float(np.percentile(vals[:, col], q)), (case, key, name)
             assert got[key]["max"] == float(vals[:, col].max())
+            assert "p999" in got[key] if col < 2 else "p999" not in got[key]
         assert got["ticks"] == stats.ticks and stats.count == 0
 
 

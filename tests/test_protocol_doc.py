@@ -31,6 +31,8 @@ STATS = {
     "period_us": {"p50": 1000.0, "p99": 1010.0, "p999": 1030.0, "max": 1050.0},
     "step_us": {"p50": 300.0, "p99": 450.0, "max": 600.0},
     "tick_us": {"p50": 340.0, "p99": 520.0, "max": 700.0},
+    "inputs_us": {"p50": 40.0, "p99": 90.0, "max": 120.0}, "watch_us": {"p50": 8.0, "p99": 30.0, "max": 60.0},
+    "outputs_us": {"p50": 50.0, "p99": 160.0, "max": 200.0},
     "overruns": 0, "ticks": 1000, "substeps": {"mean": 27.0, "max": 27}, "realtime": True, "cpu": 3,
     "retries": 0, "retries_past_budget": 0,
 }

@@ -10,7 +10,8 @@ through, ties a surgeon's knot by hand (both devices `tool: hand`), lets go and 
 - the server's tick over the whole run, from its `stats` topic (one message a second: that second's p50, p99
   and max): the solver step (`step_us`: `Stepper.tick` with its substeps) and the whole tick (`tick_us`: the
   step, the watch's events and knot reading, the styluses, the forces and the `state` published), pooled as
-  the median of the seconds' p50 and the largest of their p99 and max; the ticks more than 1 ms late;
+  the median of the seconds' p50 and the largest of their p99 and max; the medians of the tick's other
+  stages (`inputs_us`, `watch_us`, `outputs_us`); the ticks more than 1 ms late;
 - the bot's own CPU time over its wall time: its share of one of the machine's cores, taken from the server's.
 """
 from __future__ import annotations
@@ -127,8 +128,10 @@ def render_bot(runs: list[BotRun]) -> list[str]:
         what = r.error or rep.get("failure") or (
             f"{rep.get('knot_at_end')}; wound {'closed' if rep.get('gap_closed') else 'open'}"
             f"{', opened after the hands let go' if rep.get('gap_opened_after_release') else ''}")
+        stages = " / ".join(f"{r.pooled(k)[0]:.0f}" for k in ("inputs_us", "step_us", "watch_us", "outputs_us"))
         rows.append([str(r.seed), "yes" if r.ok else "**no**", what,
                      f"{step[0]:.0f} / {step[1]:.0f} / {step[2]:.0f}", f"{tick[0]:.0f} / {tick[1]:.0f} / {tick[2]:.0f}",
+                     stages,
                      f"{r.overruns} of {r.ticks}", f"{share:.2f}", str(rep.get("late_ticks", ""))])
     done = sum(r.ok for r in runs)
     step99 = [r.pooled("step_us")[1] for r in runs if r.stats]
@@ -143,12 +146,16 @@ def render_bot(runs: list[BotRun]) -> list[str]:
            "and not opened after the hands let go, all by the server's events. Step: the "
            "solver's `Stepper.tick` with its substeps; tick: all of the server's tick (the step, the watch's "
            "events and knot reading, the styluses, the forces and the state published); both µs, the median of "
-           "the seconds' p50 / the largest p99 / the largest max, from the server's `stats`. Bot's share: its "
+           "the seconds' p50 / the largest p99 / the largest max, from the server's `stats`. The tick's stages: "
+           "the medians of the seconds' p50 (µs) of its inputs (the remote samples taken, the grasps and tools "
+           "moved toward them), the step, the suture's watch and its outputs (the forces, the state, the "
+           "messages published), from the same `stats`. Bot's share: its "
            "CPU time over its wall time, of one of the machine's cores (the server's physics process has the "
            "other to itself only if nothing else runs).", "",
            "| seed | done | what the server said | step p50 / p99 / max µs | tick p50 / p99 / max µs "
+           "| tick's stages p50 µs: inputs / step / watch / outputs "
            "| ticks > 1 ms late | bot's share of a core | bot's late ticks |",
-           "|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|"]
     out += ["| " + " | ".join(row) + " |" for row in rows]
     out += ["", f"- Done in **{done} of {len(runs)}** runs.",
             f"- Step p99 over the runs: largest {max(step99):.0f} µs; tick p99: largest {max(tick99):.0f} µs "
