@@ -309,11 +309,14 @@ def needle_pierce(x: np.ndarray, npar: np.ndarray, nst: np.ndarray, pads: np.nda
                     pun_i, pun_f, p, cx, cy, cz, pst, arc, -1) >= 0:
                 made += 1
         elif was and not now and entry >= 0:
-            # the way out: the first box point met walking back from the tip's end
+            # the way out: the first box point met walking back from the tip's end. A tip that backs out through
+            # the hole it went in by makes no exit there: a tip just in, pushed back over the face within a
+            # tick, made an exit at its own entry, and the needle, read as through the edge, missed the bite
             ok, cx, cy, cz = _segment_box_entry(tx, ty, tz, sx, sy, sz, pst[p, PS_X], pst[p, PS_X + 1],
                                                 pst[p, PS_X + 2], pads[p, PD_HALF], pads[p, PD_HALF + 1],
                                                 pads[p, PD_HALF + 2])
-            if ok and _new_puncture(pun_i, pun_f, p, cx, cy, cz, pst, arc, entry) >= 0:
+            if ok and not _near_hole(cx, cy, cz, p, pst, pun_i, pun_f, 4.0 * npar[NP_WIRE]) and _new_puncture(
+                    pun_i, pun_f, p, cx, cy, cz, pst, arc, entry) >= 0:
                 made += 1
     return made
 

@@ -11,7 +11,7 @@ from suturesim.solver.config import ConfigError
 from suturesim.solver.integrator import Stepper
 from suturesim.solver.needle import NP_ARC, NP_RADIUS, NP_WIRE, NS_Q, NS_TORQUE, NS_W, arc_point, needle_inside
 from suturesim.solver.scenario import build_scenario
-from suturesim.solver.tissue import PI_STATE, PUN_ACTIVE, PUN_FREE, PUN_NEEDLE, TP_RADIUS, count_inside
+from suturesim.solver.tissue import PI_MATE, PI_STATE, PUN_ACTIVE, PUN_FREE, PUN_NEEDLE, TP_RADIUS, count_inside
 
 R = 0.012 / (2.0 * math.pi * 3.0 / 8.0)   # the 3/8-circle 12 mm needle's radius (m)
 TOP = 0.005                                # the pad's top face (m)
@@ -91,6 +91,44 @@ def test_the_tip_alone_pierces():
         stepper.tick()
         assert trespass(model, state) == 0
     assert np.all(state.pun_i[:, PI_STATE] == PUN_FREE)
+
+
+def test_a_tip_that_backs_out_the_way_it_went_in_makes_no_exit():
+    """A tip that has just gone in and comes back out over the face within one substep (the tissue's pushes on
+    a needle held across a face can take it there) leaves through the hole it made: needle_pierce makes no exit
+    there, which would read the needle as through the tissue where it never went (a bite by hand, driven on,
+    then missed both edges). A tip that comes out a bite's chord away makes the exit, as before."""
+    from suturesim.solver.needle import NS_TIP0, needle_pierce
+
+    model, state = bite()
+    stepper = Stepper(model, state)
+    before = None
+    while not (state.pun_i[:, PI_STATE] == PUN_NEEDLE).any():
+        before = (state.x.copy(), state.nst.copy())
+        stepper.tick()
+    r, arc = model.needle_par[NP_RADIUS], model.needle_par[NP_ARC]
+    tip_in = np.array(arc_point(state.x, state.nst, NS_Q, r, arc))
+    hole = state.pun_f[0, :3].copy()
+    assert tip_in[2] < TOP < arc_point(before[0], before[1], NS_Q, r, arc)[2]
+
+    def out_again(x, nst, tip0) -> int:
+        """needle_pierce for a substep that took the tip from ``tip0`` (inside) to where x, nst put it."""
+        nst = nst.copy()
+        nst[NS_TIP0:NS_TIP0 + 3] = tip0
+        pun_i, pun_f = state.pun_i.copy(), state.pun_f.copy()
+        made = needle_pierce(x, model.needle_par, nst, model.pads, state.pst, pun_i, pun_f, True)
+        assert made == int((pun_i[:, PI_MATE] >= 0).sum()) // 2
+        return made
+
+    # back out where it went in: the tip where it was before it entered, a fraction of a mm from the hole
+    assert np.linalg.norm(np.array(arc_point(before[0], before[1], NS_Q, r, arc)) - hole) < 1e-3
+    assert out_again(*before, tip_in) == 0
+    # out a chord away, from 1 mm deep under where it comes out: an exit
+    chord = 2.0 * R * math.sqrt(1.0 - 0.25)
+    x = state.x.copy()
+    x[0] += [chord, 0.0, TOP + 2e-4 - tip_in[2]]
+    assert arc_point(x, state.nst, NS_Q, r, arc)[2] == pytest.approx(TOP + 2e-4)
+    assert out_again(x, state.nst, tip_in + [chord, 0.0, -1e-3]) == 1
 
 
 def test_a_thread_never_punctures():
