@@ -17,7 +17,7 @@ from suturesim.server.config import DeviceConfig, ServerConfig
 from suturesim.server.physics import PhysicsLoop
 from suturesim.solver.needle import NP_ARC, NP_RADIUS
 from suturesim.solver.scenario import load_scenario
-from suturesim.tools.trainee_bot import Q_BITE, UNIT, qconj, qmul, rot, slerp  # noqa: F401 (the tests' too)
+from suturesim.tools.trainee_bot import Q_BITE, UNIT, Trainee, qconj, qmul, rot, slerp  # noqa: F401 (the tests' too)
 
 RIGHT, LEFT = "stylus0", "stylus1"
 GRASP = 1
@@ -172,3 +172,48 @@ def start_of_suture(scene: Scene, settle: int = SETTLE_TICKS, theta: float = 0.0
     right.set(scene.poses[RIGHT][0] + [0.03, 0.0, 0.03], scene.poses[RIGHT][1], 0)   # the right hand withdraws
     return {"right": right, "left": left, "grasp": g, "start_tick": start_tick, "early": early,
             "tip_theta": tip_theta}
+
+
+class BotEyes:
+    """What the trainee bot (tools/trainee_bot.py) sees of ``scene``, as its own eyes see a server: the newest
+    `state` and every `event`, from what the loop published since the last look."""
+
+    def __init__(self, scene: Scene):
+        self.scene, self.seen = scene, 0
+        self.state: dict | None = None
+        self.events: list[dict] = []
+
+    def look(self) -> None:
+        out, newest = self.scene.out, None
+        for topic, payload in out[self.seen:]:
+            if topic == protocol.TOPIC_STATE:
+                newest = payload
+            elif topic == protocol.TOPIC_EVENT:
+                self.events.append(protocol.decode_event(payload))
+        self.seen = len(out)
+        if newest is not None:
+            self.state = protocol.decode_state(newest)
+
+
+def trainee_in_process(seed: int = 0, overrides: dict | None = None) -> tuple[Scene, Trainee]:
+    """`suture-practice` (``overrides`` merged over it) with both devices hands, as `suturesim bench bot` runs
+    it, and the trainee bot of ``seed`` looking at it: drive its ``plan`` with :func:`run_trainee`."""
+    hands = {"devices": {RIGHT: {"tool": "hand"}, LEFT: {"tool": "hand"}}}
+    scene = Scene(overrides=hands if overrides is None else {**overrides, **hands})
+    bot = Trainee.with_eyes(BotEyes(scene), seed)
+    scene.tick(20)
+    bot.eyes.look()
+    return scene, bot
+
+
+def run_trainee(scene: Scene, bot: Trainee, plan, until: str | None = None) -> None:
+    """Drive ``plan`` (a generator that yields once a tick) a tick at a time: the bot looks, moves its hands,
+    and both styluses' samples go to the loop, until the plan ends or the bot has done ``until``."""
+    for _ in plan:
+        for device, hand in bot.hands.items():
+            scene.poses[device] = (hand.pos, hand.quat, hand.buttons)
+        scene.tick()
+        bot.eyes.look()
+        if until is not None and until in bot.done:
+            return
+

@@ -212,11 +212,24 @@ class Trainee:
 
     def __init__(self, pub: str, stylus: str, seed: int, watch_s: float = 10.0):
         self.ctx = zmq.Context()
-        self.eyes = Eyes(self.ctx, pub)
         self.push = self.ctx.socket(zmq.PUSH)
         self.push.setsockopt(zmq.LINGER, 500)
         self.push.setsockopt(zmq.SNDHWM, 100)
         self.push.connect(stylus)
+        self._start(Eyes(self.ctx, pub), seed, watch_s)
+
+    @classmethod
+    def with_eyes(cls, eyes, seed: int, watch_s: float = 10.0) -> "Trainee":
+        """A bot without sockets: it reads ``eyes`` (``state``, ``events`` and ``look()``, as Eyes has them) and
+        its caller drives ``plan`` a tick at a time and takes the hands' poses (tests run it so against the
+        physics loop in process)."""
+        bot = cls.__new__(cls)
+        bot.ctx = bot.push = None
+        bot._start(eyes, seed, watch_s)
+        return bot
+
+    def _start(self, eyes, seed: int, watch_s: float) -> None:
+        self.eyes = eyes
         self.rng = np.random.default_rng(seed)
         self.seed = seed
         self.watch_s = watch_s
@@ -224,6 +237,7 @@ class Trainee:
         self.seq = 0
         self.done: list[str] = []         # the steps done, in order
         self.late_ticks = 0               # ticks the bot sent more than a tick late
+        self.released_at: int | None = None
 
     # -- reading ---------------------------------------------------------------------------------------
     @property
@@ -444,7 +458,6 @@ class Trainee:
                 raise BotFailed(f"no state within {timeout_s} s")
             self.eyes.sock.poll(50)
             self.eyes.look()
-        self.released_at = None
         failure = None
         cpu0, wall0 = time.process_time(), time.monotonic()
         plan = self.plan()
