@@ -17,7 +17,8 @@ from suturesim.server.config import DeviceConfig, ServerConfig
 from suturesim.server.physics import PhysicsLoop
 from suturesim.solver.needle import NP_ARC, NP_RADIUS
 from suturesim.solver.scenario import load_scenario
-from suturesim.tools.trainee_bot import Q_BITE, UNIT, Trainee, qconj, qmul, rot, slerp  # noqa: F401 (the tests' too)
+# the tests' own too
+from suturesim.tools.trainee_bot import Q_BITE, UNIT, Sight, Trainee, qconj, qmul, rot, slerp  # noqa: F401
 
 RIGHT, LEFT = "stylus0", "stylus1"
 GRASP = 1
@@ -174,25 +175,18 @@ def start_of_suture(scene: Scene, settle: int = SETTLE_TICKS, theta: float = 0.0
             "tip_theta": tip_theta}
 
 
-class BotEyes:
-    """What the trainee bot (tools/trainee_bot.py) sees of ``scene``, as its own eyes see a server: the newest
-    `state` and every `event`, from what the loop published since the last look."""
+class BotEyes(Sight):
+    """What the trainee bot (tools/trainee_bot.py) sees of ``scene``, as its own eyes see a server: what the loop
+    published since the last look."""
 
     def __init__(self, scene: Scene):
+        super().__init__()
         self.scene, self.seen = scene, 0
-        self.state: dict | None = None
-        self.events: list[dict] = []
 
     def look(self) -> None:
-        out, newest = self.scene.out, None
-        for topic, payload in out[self.seen:]:
-            if topic == protocol.TOPIC_STATE:
-                newest = payload
-            elif topic == protocol.TOPIC_EVENT:
-                self.events.append(protocol.decode_event(payload))
+        out = self.scene.out
+        self.see(out[self.seen:])
         self.seen = len(out)
-        if newest is not None:
-            self.state = protocol.decode_state(newest)
 
 
 def trainee_in_process(seed: int = 0, overrides: dict | None = None) -> tuple[Scene, Trainee]:

@@ -45,7 +45,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import msgpack
 import numpy as np
@@ -150,33 +150,51 @@ def about_z(angle: float) -> np.ndarray:
 
 
 # -- what the bot sees and sends ---------------------------------------------------------------------------
-class Eyes:
-    """The `state` and `event` topics: the newest state, and every event in order."""
+class Sight:
+    """What the bot has seen of the `state` and `event` topics: the newest state, and every event in order."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str):
-        self.sock = ctx.socket(zmq.SUB)
-        self.sock.setsockopt(zmq.RCVHWM, 0)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        for topic in (protocol.TOPIC_STATE, protocol.TOPIC_EVENT):
-            self.sock.setsockopt(zmq.SUBSCRIBE, topic)
-        self.sock.connect(endpoint)
+    def __init__(self):
         self.state: dict | None = None
         self.events: list[dict] = []
 
-    def look(self) -> None:
-        """Everything published since the last look (states are decoded only for the newest)."""
+    def see(self, messages: Iterable[tuple[bytes, bytes]]) -> None:
+        """Take (topic, payload) messages in the order published (states are decoded only for the newest)."""
         newest = None
-        while True:
-            try:
-                topic, payload = self.sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+        for topic, payload in messages:
             if topic == protocol.TOPIC_STATE:
                 newest = payload
             elif topic == protocol.TOPIC_EVENT:
                 self.events.append(protocol.decode_event(payload))
         if newest is not None:
             self.state = protocol.decode_state(newest)
+
+    def close(self) -> None:
+        pass
+
+
+class Eyes(Sight):
+    """The bot's sight of a server: the `state` and `event` topics of its PUB endpoint."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str):
+        super().__init__()
+        self.sock = ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        for topic in (protocol.TOPIC_STATE, protocol.TOPIC_EVENT):
+            self.sock.setsockopt(zmq.SUBSCRIBE, topic)
+        self.sock.connect(endpoint)
+
+    def look(self) -> None:
+        """Everything published since the last look."""
+        self.see(self._received())
+
+    def _received(self) -> Iterator[tuple[bytes, bytes]]:
+        while True:
+            try:
+                topic, payload = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            yield topic, payload
 
     def close(self) -> None:
         self.sock.close(0)
@@ -220,9 +238,9 @@ class Trainee:
 
     @classmethod
     def with_eyes(cls, eyes, seed: int, watch_s: float = 10.0) -> "Trainee":
-        """A bot without sockets: it reads ``eyes`` (``state``, ``events`` and ``look()``, as Eyes has them) and
-        its caller drives ``plan`` a tick at a time and takes the hands' poses (tests run it so against the
-        physics loop in process)."""
+        """A bot without sockets: it reads ``eyes`` (a Sight with a ``look()`` of its own) and its caller drives
+        ``plan`` a tick at a time and takes the hands' poses (tests run it so against the physics loop in
+        process)."""
         bot = cls.__new__(cls)
         bot.ctx = bot.push = None
         bot._start(eyes, seed, watch_s)
@@ -509,8 +527,9 @@ class Trainee:
 
     def close(self) -> None:
         self.eyes.close()
-        self.push.close()
-        self.ctx.term()
+        if self.ctx is not None:      # a bot with_eyes has no sockets of its own
+            self.push.close()
+            self.ctx.term()
 
 
 def main(argv: list[str] | None = None) -> int:
