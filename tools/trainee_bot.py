@@ -92,21 +92,30 @@ TAIL_TIE = [(0.0, -0.040, 0.0, 0.020), (0.7, -0.020, -0.008, 0.030), (1.5, 0.006
 SECOND_THROW_S = 10.5              # s into the tie: the second throw starts, the first one's cinch eased off
 
 
-def perturbed_practice(seed: int, out) -> None:
-    """Write `suture-practice` with its needle moved and turned on the pad as ``seed`` draws them (up to 4 mm
-    each way, up to 25 degrees about the vertical) to the YAML file ``out``: the world the bot finds. Both
-    devices are hands (``tool: hand``): the bot ties by hand, and a hand tie carries the tail, in the tool that
-    holds it, through a loop, which a needle driver's shaft would stay inside (docs/HAPTICS.md Sec. 1)."""
-    import yaml
-
+def perturbation(seed: int) -> dict:
+    """The world the bot of ``seed`` finds: `suture-practice` with its needle moved and turned on the pad as
+    ``seed`` draws them (up to 4 mm each way, up to 25 degrees about the vertical), as scenario overrides."""
     from ..solver.scenario import scenario_path
+    import yaml
 
     rng = np.random.default_rng(10_000 + seed)
     doc = yaml.safe_load(scenario_path("suture-practice").read_text())
     yaw = math.radians(rng.uniform(-25.0, 25.0))
     start = doc["shape"]["start"]
-    doc["shape"]["start"] = [start[0] + rng.uniform(-0.004, 0.004), start[1] + rng.uniform(-0.004, 0.004), start[2]]
-    doc["needle"]["orientation"] = [math.cos(yaw / 2), 0.0, 0.0, math.sin(yaw / 2)]
+    return {"shape": {"start": [start[0] + rng.uniform(-0.004, 0.004), start[1] + rng.uniform(-0.004, 0.004),
+                                start[2]]},
+            "needle": {"orientation": [math.cos(yaw / 2), 0.0, 0.0, math.sin(yaw / 2)]}}
+
+
+def perturbed_practice(seed: int, out) -> None:
+    """Write `suture-practice` with the perturbation of ``seed`` to the YAML file ``out``: the world the bot
+    finds. Both devices are hands (``tool: hand``): the bot ties by hand, and a hand tie carries the tail, in the
+    tool that holds it, through a loop, which a needle driver's shaft would stay inside (docs/HAPTICS.md Sec. 1)."""
+    import yaml
+
+    from ..solver.scenario import _merge, scenario_path
+
+    doc = _merge(yaml.safe_load(scenario_path("suture-practice").read_text()), perturbation(seed))
     for name in (RIGHT, LEFT):
         doc["devices"][name]["tool"] = "hand"
     with open(out, "w") as f:
@@ -358,6 +367,12 @@ class Trainee:
 
     # -- the suture ----------------------------------------------------------------------------------------
     def plan(self) -> Iterator[None]:
+        yield from self.suture()
+        yield from self.hand_tie()
+
+    def suture(self) -> Iterator[None]:
+        """Steps 1 and 2: the needle taken, driven through both edges, handed over and the thread drawn
+        through."""
         right, left = self.hands[RIGHT], self.hands[LEFT]
         rng = self.rng
         centre, _ = self.bite_frame()
@@ -413,6 +428,11 @@ class Trainee:
         if not self.events("thread_through"):
             raise BotFailed("the thread did not follow the needle through")
         self.done.append("drawn through")
+
+    def hand_tie(self) -> Iterator[None]:
+        """Steps 3 to 5: the tail taken, a surgeon's knot tied by hand, both hands let go and the knot
+        watched."""
+        right, left = self.hands[RIGHT], self.hands[LEFT]
         # 3. the right hand takes the thread 2 mm from its tail's end; the left turns the needle's arc up (Q_TIE) and
         # draws its strand out to the right, leaving a tail, while the right brings the tail across
         x = self.thread()
