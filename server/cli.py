@@ -140,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_plot(sub)
     _add_export(sub)
+    _add_score(sub)
 
     p = sub.add_parser("scenarios", help="list the shipped scenarios and thread presets")
     p.set_defaults(func=_cmd_scenarios)
@@ -245,6 +246,29 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--topics", metavar="T,...",
                    help="topics to export, comma-separated (default all: state,force,stats,event)")
     p.set_defaults(func=_cmd_export)
+
+
+def _add_score(sub: argparse._SubParsersAction) -> None:
+    """`suturesim score`: a suture attempt scored from its recording."""
+    p = sub.add_parser("score", help="score a suture attempt from its recording, FLS-style (docs/ASSESSMENT.md)",
+                       description="Read an MCAP recording of a suture and print its report: the time of each "
+                                   "phase (s), where the needle went in and came out against the scene's marks "
+                                   "(mm), the bite's depth, extra punctures and withdrawals, the thread's peak "
+                                   "tension (N), the knot and the wound's gap, each tool's path length, idle "
+                                   "time, grasps and clutches, needle drops, the penalties and an FLS-style "
+                                   "score (600 s - time - penalties, floored at 0), and a pass/fail table against "
+                                   "the FLS intracorporeal suturing benchmarks (112 s, 1 mm, a square knot). "
+                                   "Given a directory, one CSV row per recording in it. Exit code 2 for a file "
+                                   "that cannot be scored.")
+    p.add_argument("target", metavar="F.mcap|DIR", help="a recording, or a directory of recordings")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object instead")
+    p.set_defaults(func=_cmd_score)
+
+
+def _cmd_score(args: argparse.Namespace) -> int:
+    from ..tools.score import run_score
+
+    return run_score(args.target, args.json)
 
 
 def _cmd_record(args: argparse.Namespace) -> int:

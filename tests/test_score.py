@@ -1,0 +1,255 @@
+"""The suture attempt's score (tools/score.py): each metric on a constructed stream whose answer is known, and
+`suturesim score` on a recording."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+
+import numpy as np
+import pytest
+
+from suturesim.server import protocol
+from suturesim.server.recording import McapRecorder
+from suturesim.tools.score import (FLS_TIME_S, POINTS_EXTRA_PUNCTURE, POINTS_INSECURE_KNOT, POINTS_NEEDLE_DROP,
+                                   SCORE_CUTOFF, Scorer, run_score)
+
+MARKS = [{"id": "in", "pad": "left", "pos": [-0.005, 0.0, 0.0], "kind": "entry"},
+         {"id": "out", "pad": "right", "pos": [0.005, 0.0, 0.0], "kind": "exit"}]
+PADS = [{"id": "left", "pos": [-0.012, 0.0, -0.005], "size": [0.02, 0.03, 0.01]},
+        {"id": "right", "pos": [0.012, 0.0, -0.005], "size": [0.02, 0.03, 0.01]}]
+# a needle upright in the x-z plane, its swage at the top of its circle (radius 8 mm, centre 6 mm above the
+# face), its arc half the circle: body x -> -x, body y -> -z
+NEEDLE = {"pos": [0.0, 0.0, 0.014], "quat": [0.0, 0.0, math.sqrt(0.5), -math.sqrt(0.5)], "radius": 0.008,
+          "arc": math.pi, "tip": [0.0, 0.0, 0.0], "torque": [0.0, 0.0, 0.0]}
+
+
+class Stream:
+    """A suture's stream built by hand: states at 100 Hz with two tools, and events where a test puts them."""
+
+    def __init__(self, marks=MARKS):
+        self.msgs: list[tuple[str, dict]] = []
+        self.t = 0.0
+        self.marks = marks
+        self.tool_pos = {"stylus0": np.zeros(3), "stylus1": np.array([-0.05, 0.0, 0.0])}
+        self.punctures: list[dict] = []
+        self.gap = 0.003
+        self.tension = 0.1
+
+    def state(self, needle: dict | None = None) -> None:
+        tissue = {"pads": PADS, "punctures": self.punctures, "gap": self.gap, "knot": "unknot", "throws": 0}
+        if self.marks:
+            tissue["targets"] = self.marks
+        tools = [{"device": d, "pos": list(p), "quat": [1.0, 0.0, 0.0, 0.0]} for d, p in self.tool_pos.items()]
+        self.msgs.append(("state", {"t": self.t, "tension": np.full(4, self.tension), "tissue": tissue,
+                                    "tools": tools, **({"needle": needle} if needle else {})}))
+
+    def run(self, seconds: float, move: dict | None = None) -> None:
+        """States for ``seconds``, each tool in ``move`` going at its velocity (m/s)."""
+        for _ in range(int(round(seconds * 100))):
+            self.t += 0.01
+            for d, v in (move or {}).items():
+                self.tool_pos[d] = self.tool_pos[d] + 0.01 * np.asarray(v, float)
+            self.state()
+
+    def event(self, kind: str, **details) -> None:
+        self.msgs.append(("event", {"t": self.t, "kind": kind, **details}))
+
+    def suture(self, entry=(-0.005, 0.0, 0.0), exit_=(0.005, 0.0, 0.0), second: str = "surgeon's knot",
+               extra: int = 0, drop: bool = False) -> None:
+        """A whole suture: the needle taken at 1 s, the bite through both edges, the thread drawn through, a
+        double throw and ``second`` on it, the second throw at 38 s, both hands let go."""
+        self.state()
+        self.run(1.0)
+        self.event("grasp", id="grasp0", device="stylus0", holds="needle", vertex=0)
+        if drop:
+            self.run(1.0)
+            self.event("release", id="grasp0", device="stylus0", holds="needle")
+            self.run(1.0)
+            self.event("grasp", id="grasp1", device="stylus0", holds="needle", vertex=0)
+        self.run(4.0, {"stylus0": (0.01, 0.0, 0.0)})                  # 40 mm in 4 s
+        for _ in range(extra):
+            self.event("puncture", pad="left", side="entry", pos=[-0.003, 0.0, 0.0])
+            self.event("needle_out", pad="left")
+        self.punctures = [{"pad": "left", "pos": list(entry), "on": "needle", "drag": 0.0}]
+        self.state(NEEDLE)
+        self.event("puncture", pad="left", side="entry", pos=list(entry))
+        self.run(1.0)
+        self.event("puncture", pad="left", side="exit", pos=[-0.002, 0.0, -0.001])
+        self.run(1.0)
+        self.event("puncture", pad="right", side="entry", pos=[0.002, 0.0, -0.001])
+        self.run(1.0)
+        self.event("puncture", pad="right", side="exit", pos=list(exit_))
+        self.punctures = [dict(p, on="thread") for p in self.punctures]
+        self.run(5.0)
+        self.event("thread_through", pad="left")
+        self.event("thread_through", pad="right")
+        self.run(10.0)
+        self.event("knot", name="double throw", hand="left", throws=1)
+        self.event("throw", throws=1, linking=1.0)
+        self.gap = 0.0003
+        self.event("gap_closed", gap=self.gap)
+        self.tension = 3.2
+        self.run(15.0)
+        self.tension = 0.2
+        self.event("knot", name=second, hand="", throws=2)
+        self.event("throw", throws=2, linking=0.0)
+        self.run(1.0)
+        self.event("release", id="grasp1" if drop else "grasp0", device="stylus0", holds="needle")
+        self.run(2.0)
+
+    def scored(self):
+        sc = Scorer("test")
+        for topic, msg in self.msgs:
+            sc.feed(topic, msg)
+        return sc.attempt()
+
+
+def test_a_clean_suture_has_its_phases_its_marks_and_the_fls_score():
+    s = Stream()
+    s.suture()
+    a = s.scored()
+    assert list(a.phases) == ["needle grasped", "bite 1", "bite 2", "pulled through", "throw 1", "throw 2",
+                              "cinched"]
+    assert a.phases["needle grasped"] == pytest.approx(1.0)
+    assert a.phases["cinched"] == pytest.approx(38.0)
+    assert [(p.target, round(p.offset_mm, 9)) for p in a.placements] == [("in", 0.0), ("out", 0.0)]
+    assert a.knot == "surgeon's knot" and a.knot_secure and a.closed_at_end
+    assert a.penalties == []
+    assert a.score == pytest.approx(SCORE_CUTOFF - 38.0)
+    assert a.passed, a.checks
+
+
+def test_a_known_entry_offset_gives_that_distance_and_its_penalty():
+    s = Stream()
+    s.suture(entry=(-0.005 + 0.0012, 0.0009, 0.0))            # 1.5 mm off on the face
+    a = s.scored()
+    assert a.placements[0].offset_mm == pytest.approx(1.5)
+    assert a.score == pytest.approx(SCORE_CUTOFF - 38.0 - 1.5)
+    mark = [c for c in a.checks if c.what.startswith("worst mark")][0]
+    assert not mark.passed and mark.value == pytest.approx(1.5)
+    assert not a.passed
+
+
+def test_the_entry_angle_and_the_bite_depth_come_from_the_needle():
+    """The needle's circle (radius 8 mm, centre 6 mm above the face) meets the face at arc angle th0 with its
+    tangent at asin(sqrt(8^2 - 6^2) / 8) = 41.4 degrees to it; drawn on to half the circle it reaches 2 mm
+    below the face."""
+    s = Stream()
+    # the arc drawn to where it meets the face: the tip there
+    th0 = math.pi - math.acos(6.0 / 8.0)
+    s.suture()
+    for topic, msg in s.msgs:
+        if topic == "state" and "needle" in msg:
+            msg["needle"] = dict(NEEDLE, arc=th0)
+    a = s.scored()
+    assert a.placements[0].angle_deg == pytest.approx(math.degrees(math.asin(math.sqrt(28.0) / 8.0)), abs=1e-6)
+    assert a.bite_depth_mm == pytest.approx(0.0, abs=1e-6)         # the arc drawn only down to the face
+    s = Stream()
+    s.suture()
+    assert s.scored().bite_depth_mm == pytest.approx(2.0, rel=0.01)   # half the circle: its lowest point
+
+
+def test_a_granny_second_throw_is_named_and_penalised():
+    s = Stream()
+    s.suture(second="granny knot")
+    a = s.scored()
+    assert a.knot == "granny knot" and not a.knot_secure
+    assert [p.what for p in a.penalties] == ["knot not square"]
+    assert a.score == pytest.approx(SCORE_CUTOFF - 38.0 - POINTS_INSECURE_KNOT)
+    assert not [c for c in a.checks if c.what == "square knot"][0].passed
+
+
+def test_extra_holes_and_a_dropped_needle_are_counted_but_not_letting_go_at_the_end():
+    s = Stream()
+    s.suture(extra=2, drop=True)
+    a = s.scored()
+    assert (a.extra_punctures, a.withdrawals, a.needle_drops) == (2, 2, 1)
+    # the first grasp after the drop is not a new phase, and the entry mark is scored on the first entry, 2 mm
+    # from it
+    assert a.phases["needle grasped"] == pytest.approx(1.0)
+    assert a.placements[0].offset_mm == pytest.approx(2.0)
+    assert a.score == pytest.approx(SCORE_CUTOFF - a.completed_s - 2.0 - 4 * POINTS_EXTRA_PUNCTURE
+                                    - POINTS_NEEDLE_DROP)
+
+
+def test_tool_paths_idle_time_clutches_and_peak_tension():
+    s = Stream()
+    s.suture()
+    s.event("clutch", device="stylus1", on=True)
+    s.event("clutch", device="stylus1", on=False)
+    a = s.scored()
+    right, left = a.tools
+    assert right.path_m == pytest.approx(0.040)                   # 4 s at 10 mm/s
+    assert left.path_m == 0.0 and left.clutches == 1
+    assert left.idle_s == pytest.approx(a.duration_s, abs=0.02)
+    assert right.idle_s == pytest.approx(a.duration_s - 4.0, abs=0.02)
+    assert a.peak_tension_n == pytest.approx(3.2)
+
+
+def test_an_unfinished_suture_scores_zero_and_a_wound_left_open_is_penalised():
+    s = Stream()
+    s.state()
+    s.run(1.0)
+    s.event("grasp", id="grasp0", device="stylus0", holds="needle", vertex=0)
+    s.run(1.0)
+    a = s.scored()
+    assert a.completed_s is None and a.score == 0.0
+    assert [p.what for p in a.penalties] == ["wound open"]
+    assert a.penalties[0].points == pytest.approx(3.0)
+    assert not [c for c in a.checks if c.what == "time (s)"][0].passed
+    assert FLS_TIME_S == 112.0
+
+
+def test_a_scene_without_marks_has_no_accuracy_check():
+    s = Stream(marks=None)
+    s.suture()
+    a = s.scored()
+    assert a.placements == [] and not a.marked
+    assert [c.what for c in a.checks] == ["time (s)", "square knot", "wound closed at the end"]
+    assert a.passed
+
+
+def _record(path, msgs, trainee: str | None = None) -> None:
+    meta = {"scenario": {"name": "suture-practice", "file": "", "yaml": ""}}
+    if trainee:
+        meta["trainee"] = {"name": trainee}
+    rec = McapRecorder(path, metadata=meta)
+    for seq, (topic, m) in enumerate(msgs):
+        t = m["t"]
+        if topic == "state":
+            x = np.zeros((5, 3))
+            payload = protocol.encode_state(seq, t, x, np.asarray(m["tension"]), 0.0, [], 0,
+                                            {"kinetic": 0.0, "elastic": 0.0, "gravity": 0.0},
+                                            {"iters": 1, "residual": 0.0, "substeps": 1}, tissue=m["tissue"],
+                                            needle=m.get("needle"), tools=m["tools"])
+        else:
+            d = {k: v for k, v in m.items() if k not in ("t", "kind")}
+            payload = protocol.encode_event(seq, t, m["kind"], **d)
+        rec.write(topic, payload, int(t * 1e9) + 1)
+    rec.close()
+
+
+def test_score_reads_a_recording_and_a_course_of_them(tmp_path, capsys):
+    good, bad = Stream(), Stream()
+    good.suture()
+    bad.suture(entry=(-0.003, 0.0, 0.0), second="granny knot")
+    _record(tmp_path / "a.mcap", good.msgs, trainee="ana")
+    _record(tmp_path / "b.mcap", bad.msgs)
+    (tmp_path / "c.mcap").write_bytes(b"not a recording")
+    assert run_score(str(tmp_path / "a.mcap"), as_json=True) == 0
+    a = json.loads(capsys.readouterr().out)
+    assert a["trainee"] == "ana" and a["scenario"] == "suture-practice" and a["passed"]
+    assert a["score"] == pytest.approx(SCORE_CUTOFF - 38.0)
+    assert run_score(str(tmp_path / "a.mcap")) == 0
+    assert "surgeon's knot" in capsys.readouterr().out
+    out = io.StringIO()
+    assert run_score(str(tmp_path), out=out) == 0
+    rows = list(csv.DictReader(io.StringIO(out.getvalue())))
+    assert [r["file"] for r in rows] == ["a.mcap", "b.mcap", "c.mcap"]
+    assert rows[0]["passed"] == "True" and rows[1]["passed"] == "False"
+    assert float(rows[1]["score"]) == pytest.approx(SCORE_CUTOFF - 38.0 - 2.0 - POINTS_INSECURE_KNOT)
+    assert rows[2]["error"] and not rows[2]["score"]
+    assert run_score(str(tmp_path / "c.mcap")) == 2
+    assert "suturesim score:" in capsys.readouterr().err

@@ -1,0 +1,509 @@
+"""`suturesim score F.mcap [--json]` and `suturesim score DIR`: a suture attempt scored from what the server
+published, FLS-style (docs/ASSESSMENT.md).
+
+:class:`Scorer` reads the published stream, one decoded message at a time (``state``, ``force``, ``event``;
+``stats`` is ignored), and :meth:`Scorer.attempt` says what it saw as one :class:`Attempt`: the time of each
+phase, where the needle went in and came out against the scene's marks, how the tissue, the thread and the
+tools were handled, the knot and the wound, penalties and an FLS-style score, and a pass/fail table against
+proficiency benchmarks. It keeps running sums only (a few numbers a message), so it can follow a live stream
+as well as a recording; :func:`score_recording` feeds it a recording's messages in log order.
+
+What it reads, all from the public protocol (docs/PROTOCOL.md Sec. 3):
+
+* phases, from events: the needle grasped by a tool (`grasp` with ``holds`` needle), each bite done (the
+  first `puncture` exit in each pad), the thread pulled through (`thread_through` in every pad punctured),
+  each throw (`throw`), cinched (the first moment the knot has its two throws and the wound is closed: the
+  task done, whatever the knot; a knot that is not square is a penalty);
+* placement, from `puncture` events against the `state`'s ``tissue.targets`` of the same pad and kind (the
+  mark's position in the newest state before the puncture: marks move with their pad), the needle's angle to
+  the face at an entry (from the newest state's ``needle``: the tangent at the tip), the bite's depth (the
+  deepest point of the needle's arc below the marks' face while it is in the tissue), extra punctures of a
+  pad's side and `needle_out` withdrawals;
+* the thread's peak tension (``state.tension``) and each device's peak force (``force.force``, after the
+  safety pipeline);
+* the knot (the last `knot` event) and the wound (``tissue.gap`` in the last state; `gap_opened` after the
+  first `gap_closed`);
+* economy of motion, from ``state.tools`` (a scripted hand, which has no tool there, from the ``force``
+  topic's ``stylus``): each tool's path length, idle time (moving slower than ``IDLE_SPEED``), clutch
+  presses, grasps, missed grasps; needle drops (a `release` of the needle that leaves
+  no tool holding it while it runs through no puncture).
+
+The clock starts at the first state that shows a tool (a stylus sent a pose), else at the first message.
+Units: SI inside; the report gives mm, s and N.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..server import protocol
+
+IDLE_SPEED = 0.005          # m/s: a tool moving slower than this is idle
+ARC_SAMPLES = 17            # points along the needle's arc when the bite's depth is measured
+# an FLS-style score: SCORE_CUTOFF s less the completion time and the penalties, floored at 0 (docs/ASSESSMENT.md)
+SCORE_CUTOFF = 600.0
+SECURE_KNOTS = ("square knot", "surgeon's knot")
+TASK_THROWS = 2             # the task's knot: a throw (a surgeon's double throw) and the opposite one on it
+# penalty points, each with its reason (docs/ASSESSMENT.md Sec. 2)
+POINTS_PER_MM_OFF_MARK = 1.0      # the FLS suturing task's accuracy error is counted in mm from each mark
+POINTS_PER_MM_GAP = 1.0           # and the gap left in the slit in mm
+POINTS_INSECURE_KNOT = 20.0       # a knot that is not square (a granny, a half knot, a lone throw) can slip
+POINTS_EXTRA_PUNCTURE = 5.0       # every extra hole, and every needle backed out, is a wound of its own
+POINTS_NEEDLE_DROP = 5.0          # a needle dropped outside the tissue must be found and picked up again
+# proficiency benchmarks by default: the FLS intracorporeal suturing task's (112 s, no mark missed by more than
+# 1 mm, a knot that does not slip)
+FLS_TIME_S = 112.0
+FLS_DEVIATION_MM = 1.0
+
+
+class ScoreError(ValueError):
+    """A recording that cannot be scored (unreadable, or no message of the scene in it)."""
+
+
+@dataclass
+class Placement:
+    """A marked point and the puncture that came nearest it: the first of that pad's side."""
+    target: str
+    pad: str
+    side: str                     # "entry" or "exit"
+    t: float                      # s from the start
+    offset_mm: float              # from the mark, on the face
+    angle_deg: float | None       # the needle's tip to the face at the puncture: 90 is square to it
+
+
+@dataclass
+class ToolUse:
+    """One device's tool over the attempt."""
+    device: str
+    path_m: float = 0.0
+    idle_s: float = 0.0
+    clutches: int = 0
+    grasps: int = 0
+    missed_grasps: int = 0
+    peak_force_n: float = 0.0
+
+
+@dataclass
+class Penalty:
+    what: str
+    points: float
+    reason: str
+
+
+@dataclass
+class Check:
+    """A proficiency benchmark: ``value`` against ``limit`` (pass when at most it, or when true)."""
+    what: str
+    value: float | bool | None
+    limit: float | bool
+    passed: bool
+
+
+@dataclass
+class Attempt:
+    """An attempt as :class:`Scorer` read it (times in s from the start, lengths in mm unless named _m)."""
+    scenario: str = ""
+    trainee: str = ""
+    duration_s: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)
+    marked: bool = False          # the scene marks where the needle should go in and come out
+    completed_s: float | None = None
+    placements: list[Placement] = field(default_factory=list)
+    bite_depth_mm: float | None = None
+    extra_punctures: int = 0
+    withdrawals: int = 0
+    peak_tension_n: float = 0.0
+    peak_tension_at_s: float | None = None
+    knot: str | None = None
+    throws: int | None = None
+    knot_secure: bool = False
+    gap_end_mm: float | None = None
+    closed_at_end: bool = False
+    reopened: int = 0
+    tools: list[ToolUse] = field(default_factory=list)
+    needle_drops: int = 0
+    penalties: list[Penalty] = field(default_factory=list)
+    score: float = 0.0
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["passed"] = self.passed
+        return out
+
+
+def _quat_rot(q, v) -> np.ndarray:
+    w, x, y, z = q
+    u = np.array([x, y, z])
+    v = np.asarray(v, float)
+    return v + 2.0 * np.cross(u, np.cross(u, v) + w * v)
+
+
+class Scorer:
+    """Follows one attempt's stream: :meth:`feed` each message in order, :meth:`attempt` at any time."""
+
+    def __init__(self, scenario: str = "", trainee: str = ""):
+        self.a = Attempt(scenario=scenario, trainee=trainee)
+        self.t0: float | None = None
+        self.t_last = 0.0
+        self.state: dict | None = None          # the newest state
+        self.first_t: float | None = None
+        self.tools: dict[str, ToolUse] = {}
+        # device -> (t s, position m, path m, idle s): its tool's jaw from the state's tools, at the state's rate,
+        # and the hand from the force topic (a scripted hand has no tool in the state)
+        self.tool_paths: dict[str, tuple] = {}
+        self.hand_paths: dict[str, tuple] = {}
+        self.seen_side: dict[tuple[str, str], int] = {}
+        self.exits: list[str] = []              # pads in the order their first exit came
+        self.through: set[str] = set()
+        self.needle_grips: set[str] = set()     # grasp ids holding the needle
+        self.closed_once = False
+        self.last_gap_kind: str | None = None
+        self.throws_at: dict[int, float] = {}
+        self.face_z: float | None = None
+
+    # -- reading -----------------------------------------------------------------------------------------
+    def feed_payload(self, topic: str | bytes, payload: bytes) -> None:
+        """One published message as it came off the wire (``topic``, its msgpack payload)."""
+        name = topic.decode() if isinstance(topic, bytes) else topic
+        if name in ("state", "force", "event"):
+            self.feed(name, protocol.decode(payload, name))
+
+    def feed(self, topic: str, msg: dict) -> None:
+        """One decoded message of ``topic`` (``state``, ``force`` or ``event``)."""
+        t = float(msg.get("t", self.t_last))
+        if self.first_t is None:
+            self.first_t = t
+        self.t_last = max(self.t_last, t)
+        if topic == "state":
+            self._state(t, msg)
+        elif topic == "force":
+            tool = self._tool(msg["device"])
+            tool.peak_force_n = max(tool.peak_force_n, math.sqrt(sum(f * f for f in msg["force"])))
+            self._moved(self.hand_paths, msg["device"], t, msg.get("stylus") or msg["pose"])
+        elif topic == "event":
+            self._event(t, msg)
+
+    def _since(self, t: float) -> float:
+        return t - (self.t0 if self.t0 is not None else (self.first_t or 0.0))
+
+    @staticmethod
+    def _moved(paths: dict, device: str, t: float, pos) -> None:
+        """``device`` is at ``pos`` (m) at ``t``: its path (m) and idle time (s) so far in ``paths``."""
+        p = np.asarray(pos, float)
+        t_before, p_before, length, idle = paths.get(device, (t, p, 0.0, 0.0))
+        if t > t_before:
+            step = float(np.linalg.norm(p - p_before))
+            length += step
+            if step < IDLE_SPEED * (t - t_before):
+                idle += t - t_before
+        paths[device] = (max(t, t_before), p, length, idle)
+
+    def _tool(self, device: str) -> ToolUse:
+        if device not in self.tools:
+            self.tools[device] = ToolUse(device)
+        return self.tools[device]
+
+    def _state(self, t: float, st: dict) -> None:
+        self.state = st
+        tools = st.get("tools") or []
+        if tools and self.t0 is None:
+            self.t0 = t
+        for tool in tools:
+            self._tool(tool["device"])
+            self._moved(self.tool_paths, tool["device"], t, tool["pos"])
+        tension = st.get("tension")
+        if tension is not None and len(tension):
+            peak = float(np.max(tension))
+            if peak > self.a.peak_tension_n:
+                self.a.peak_tension_n, self.a.peak_tension_at_s = peak, self._since(t)
+        tissue = st.get("tissue") or {}
+        targets = tissue.get("targets") or []
+        if targets:
+            self.a.marked = True
+            self.face_z = float(np.mean([tg["pos"][2] for tg in targets]))
+        elif tissue.get("pads"):
+            self.face_z = max(float(p["pos"][2]) + 0.5 * float(p["size"][2]) for p in tissue["pads"])
+        if tissue.get("gap") is not None:
+            self.a.gap_end_mm = 1e3 * float(tissue["gap"])
+        needle = st.get("needle")
+        if needle is not None and self.face_z is not None and \
+                any(p.get("on") == "needle" for p in tissue.get("punctures") or []):
+            theta = np.linspace(0.0, needle["arc"], ARC_SAMPLES)
+            r = needle["radius"]
+            local = np.stack([r * np.sin(theta), r * (1.0 - np.cos(theta)), np.zeros_like(theta)], axis=1)
+            z = min(float(_quat_rot(needle["quat"], p)[2]) for p in local) + needle["pos"][2]
+            depth = 1e3 * (self.face_z - z)
+            if self.a.bite_depth_mm is None or depth > self.a.bite_depth_mm:
+                self.a.bite_depth_mm = depth
+
+    def _tip_angle(self) -> float | None:
+        """The needle's tip to the horizontal face, degrees (90: square to it), from the newest state."""
+        needle = (self.state or {}).get("needle")
+        if needle is None:
+            return None
+        th = needle["arc"]
+        tangent = _quat_rot(needle["quat"], [math.cos(th), math.sin(th), 0.0])
+        return math.degrees(math.asin(min(1.0, abs(tangent[2]) / float(np.linalg.norm(tangent)))))
+
+    def _event(self, t: float, ev: dict) -> None:
+        kind, a, since = ev.get("kind"), self.a, self._since(t)
+        if kind == "grasp":
+            if ev.get("device"):
+                self._tool(ev["device"]).grasps += 1
+            if ev.get("holds") == "needle":
+                self.needle_grips.add(ev.get("id"))
+                if ev.get("device"):
+                    a.phases.setdefault("needle grasped", since)
+        elif kind == "release":
+            if ev.get("id") in self.needle_grips:
+                self.needle_grips.discard(ev.get("id"))
+                in_tissue = any(p.get("on") == "needle"
+                                for p in ((self.state or {}).get("tissue") or {}).get("punctures") or [])
+                # letting go of the needle once the task is done is no drop
+                if not self.needle_grips and not in_tissue and "cinched" not in a.phases:
+                    a.needle_drops += 1
+        elif kind == "grasp_missed" and ev.get("device"):
+            self._tool(ev["device"]).missed_grasps += 1
+        elif kind == "clutch" and ev.get("on") and ev.get("device"):
+            self._tool(ev["device"]).clutches += 1
+        elif kind == "puncture":
+            self._puncture(since, ev)
+        elif kind == "needle_out":
+            a.withdrawals += 1
+        elif kind == "thread_through":
+            self.through.add(ev.get("pad"))
+            if self.exits and set(self.exits) <= self.through:
+                a.phases.setdefault("pulled through", since)
+        elif kind == "throw":
+            self._throws(int(ev.get("throws") or 0), since)
+            self._cinched(since)
+        elif kind == "knot":
+            a.knot = ev.get("name")
+            if ev.get("throws") is not None:
+                self._throws(int(ev["throws"]), since)
+            self._cinched(since)
+        elif kind == "gap_closed":
+            self.closed_once = True
+            self.last_gap_kind = kind
+            self._cinched(since)
+        elif kind == "gap_opened":
+            if self.closed_once:
+                a.reopened += 1
+            self.last_gap_kind = kind
+
+    def _throws(self, n: int, since: float) -> None:
+        """The knot has ``n`` throws now (a `throw` event, or a `knot` event that names its throws)."""
+        for k in range(1, n + 1):
+            if k not in self.throws_at:
+                self.throws_at[k] = since
+                self.a.phases.setdefault(f"throw {k}", since)
+        self.a.throws = n
+
+    def _puncture(self, since: float, ev: dict) -> None:
+        a, key = self.a, (ev.get("pad"), ev.get("side"))
+        self.seen_side[key] = self.seen_side.get(key, 0) + 1
+        if self.seen_side[key] > 1:
+            a.extra_punctures += 1
+            return
+        if ev.get("side") == "exit" and ev.get("pad") not in self.exits:
+            self.exits.append(ev.get("pad"))
+            a.phases.setdefault(f"bite {len(self.exits)}", since)
+        targets = ((self.state or {}).get("tissue") or {}).get("targets") or []
+        for tg in targets:
+            if tg["pad"] == ev.get("pad") and tg["kind"] == ev.get("side"):
+                off = np.asarray(ev["pos"], float) - np.asarray(tg["pos"], float)
+                a.placements.append(Placement(
+                    target=tg["id"], pad=tg["pad"], side=tg["kind"], t=since,
+                    offset_mm=1e3 * float(np.hypot(off[0], off[1])),
+                    angle_deg=self._tip_angle() if ev.get("side") == "entry" else None))
+
+    def _cinched(self, since: float) -> None:
+        """The knot has its throws and the wound is closed: the task is done (the first time both hold)."""
+        a = self.a
+        if "cinched" not in a.phases and self.last_gap_kind == "gap_closed" and (a.throws or 0) >= TASK_THROWS:
+            a.phases["cinched"] = since
+
+    # -- the result --------------------------------------------------------------------------------------
+    def attempt(self) -> Attempt:
+        """The attempt as read so far, its penalties, score and benchmark checks computed."""
+        a = self.a
+        a.duration_s = self._since(self.t_last)
+        for d, use in self.tools.items():
+            path = self.tool_paths.get(d) or self.hand_paths.get(d)
+            if path is not None:
+                use.path_m, use.idle_s = path[2], path[3]
+        a.tools = [self.tools[d] for d in sorted(self.tools)]
+        a.knot_secure = a.knot in SECURE_KNOTS
+        a.closed_at_end = self.last_gap_kind == "gap_closed"
+        a.completed_s = a.phases.get("cinched")
+        a.penalties = penalties(a)
+        lost = sum(p.points for p in a.penalties)
+        a.score = 0.0 if a.completed_s is None else max(0.0, SCORE_CUTOFF - a.completed_s - lost)
+        a.checks = fls_checks(a)
+        return a
+
+
+def penalties(a: Attempt) -> list[Penalty]:
+    """The penalties of ``a`` (docs/ASSESSMENT.md Sec. 2)."""
+    out = []
+    for p in a.placements:
+        if p.offset_mm > 0.0:
+            out.append(Penalty(f"{p.target} off its mark", POINTS_PER_MM_OFF_MARK * p.offset_mm,
+                               f"{p.offset_mm:.2f} mm from the mark, a point a mm"))
+    if not a.closed_at_end and a.gap_end_mm is not None:
+        out.append(Penalty("wound open", POINTS_PER_MM_GAP * a.gap_end_mm,
+                           f"a gap of {a.gap_end_mm:.2f} mm at the end, a point a mm"))
+    if a.completed_s is not None and not a.knot_secure:
+        out.append(Penalty("knot not square", POINTS_INSECURE_KNOT, f"{a.knot} can slip"))
+    if a.extra_punctures or a.withdrawals:
+        n = a.extra_punctures + a.withdrawals
+        out.append(Penalty("extra holes", POINTS_EXTRA_PUNCTURE * n,
+                           f"{a.extra_punctures} extra punctures, {a.withdrawals} withdrawals"))
+    if a.needle_drops:
+        out.append(Penalty("needle dropped", POINTS_NEEDLE_DROP * a.needle_drops, f"{a.needle_drops} times"))
+    return out
+
+
+def fls_checks(a: Attempt) -> list[Check]:
+    """The FLS intracorporeal suturing task's proficiency benchmarks against ``a``."""
+    worst = max((p.offset_mm for p in a.placements), default=None)
+    checks = [Check("time (s)", a.completed_s, FLS_TIME_S,
+                    a.completed_s is not None and a.completed_s <= FLS_TIME_S)]
+    if a.marked:            # a scene without marks has no accuracy to check
+        checks.append(Check("worst mark (mm)", worst, FLS_DEVIATION_MM,
+                            worst is not None and worst <= FLS_DEVIATION_MM))
+    return checks + [Check("square knot", a.knot_secure, True, a.knot_secure),
+                     Check("wound closed at the end", a.closed_at_end, True, a.closed_at_end)]
+
+
+def score_recording(path: str | os.PathLike) -> Attempt:
+    """Score the MCAP recording at ``path``: its messages fed to a :class:`Scorer` in log order."""
+    from ..server.recording import RecordingError, read_messages, read_metadata
+
+    try:
+        meta = read_metadata(path)
+        scorer = Scorer(scenario=meta.get("scenario", {}).get("name", ""),
+                        trainee=meta.get("trainee", {}).get("name", ""))
+        fed = 0
+        for topic, payload, _, _ in read_messages(path):
+            if topic in ("state", "force", "event"):
+                try:
+                    scorer.feed_payload(topic, payload)
+                except (protocol.ProtocolError, KeyError, TypeError, ValueError) as exc:
+                    raise ScoreError(f"{os.fspath(path)}: a {topic} message it cannot read: {exc}") from exc
+                fed += 1
+    except (RecordingError, OSError) as exc:
+        raise ScoreError(str(exc)) from exc
+    if not fed:
+        raise ScoreError(f"{os.fspath(path)}: no state, force or event message to score")
+    return scorer.attempt()
+
+
+# -- printing ----------------------------------------------------------------------------------------------
+def _f(v, fmt: str = ".1f") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return format(v, fmt)
+
+
+def table(a: Attempt) -> str:
+    """``a`` as a plain-text report."""
+    lines = [f"suture attempt: {a.scenario or '?'}" + (f", trainee {a.trainee}" if a.trainee else ""),
+             f"  score {a.score:.1f} (FLS-style: {SCORE_CUTOFF:g} s - time - penalties), "
+             f"{'PASS' if a.passed else 'FAIL'} against the FLS benchmarks", "", "phases (s from the start):"]
+    lines += [f"  {name:<16} {t:8.2f}" for name, t in sorted(a.phases.items(), key=lambda kv: kv[1])] \
+        or ["  none"]
+    lines += ["", "placement:"]
+    lines += [f"  {p.target:<8} {p.pad}/{p.side:<6} {p.offset_mm:6.2f} mm off the mark"
+              + (f", at {p.angle_deg:.0f} deg to the face" if p.angle_deg is not None else "")
+              for p in a.placements] or ["  no marked point punctured"]
+    lines += [f"  bite depth {_f(a.bite_depth_mm, '.2f')} mm, {a.extra_punctures} extra punctures, "
+              f"{a.withdrawals} withdrawals",
+              "", "thread and knot:",
+              f"  peak tension {a.peak_tension_n:.2f} N at {_f(a.peak_tension_at_s, '.2f')} s",
+              f"  knot {a.knot or 'none'}, throws {_f(a.throws, 'd')}, square {_f(a.knot_secure)}",
+              f"  wound: gap at the end {_f(a.gap_end_mm, '.2f')} mm, closed {_f(a.closed_at_end)}, "
+              f"reopened {a.reopened} times", "", "tools:"]
+    lines += [f"  {u.device:<10} path {u.path_m:6.3f} m, idle {u.idle_s:6.1f} s, {u.grasps} grasps "
+              f"({u.missed_grasps} missed), {u.clutches} clutches, peak force {u.peak_force_n:.2f} N"
+              for u in a.tools] or ["  none"]
+    lines += [f"  needle drops {a.needle_drops}", "", "penalties:"]
+    lines += [f"  {p.what:<18} {p.points:6.1f}  ({p.reason})" for p in a.penalties] or ["  none"]
+    lines += ["", "benchmarks:"]
+    lines += [f"  {c.what:<24} {_f(c.value, '.2f'):>8} against {_f(c.limit, 'g'):>5}  "
+              f"{'pass' if c.passed else 'FAIL'}" for c in a.checks]
+    return "\n".join(lines)
+
+
+CSV_FIELDS = ("file", "scenario", "trainee", "score", "passed", "completed_s", "worst_mark_mm", "knot",
+              "gap_end_mm", "peak_tension_n", "extra_punctures", "withdrawals", "needle_drops", "path_m",
+              "error")
+
+
+def course(directory: Path, out) -> int:
+    """Every recording in ``directory``, one CSV row each (a row with ``error`` for one that cannot be
+    scored); returns the number scored."""
+    w = csv.DictWriter(out, fieldnames=CSV_FIELDS)
+    w.writeheader()
+    done = 0
+    for path in sorted(directory.glob("*.mcap")):
+        row = {"file": path.name}
+        try:
+            a = score_recording(path)
+        except ScoreError as exc:
+            row["error"] = str(exc)
+        else:
+            done += 1
+            row.update(scenario=a.scenario, trainee=a.trainee, score=f"{a.score:.1f}", passed=a.passed,
+                       completed_s=_f(a.completed_s, ".2f"),
+                       worst_mark_mm=_f(max((p.offset_mm for p in a.placements), default=None), ".2f"),
+                       knot=a.knot or "", gap_end_mm=_f(a.gap_end_mm, ".2f"),
+                       peak_tension_n=f"{a.peak_tension_n:.3f}", extra_punctures=a.extra_punctures,
+                       withdrawals=a.withdrawals, needle_drops=a.needle_drops,
+                       path_m=f"{sum(u.path_m for u in a.tools):.3f}")
+        w.writerow(row)
+    return done
+
+
+def run_score(target: str, as_json: bool = False, out=None) -> int:
+    """`suturesim score`: a recording's report (or JSON), or a directory's CSV; exit code 2 for what cannot be
+    scored."""
+    out = out or sys.stdout
+    path = Path(target)
+    try:
+        if path.is_dir():
+            course(path, out)
+            return 0
+        a = score_recording(path)
+    except ScoreError as exc:
+        print(f"suturesim score: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(a.to_json()) if as_json else table(a), file=out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="suturesim score", description=__doc__.split("\n")[0])
+    p.add_argument("target", metavar="F.mcap|DIR")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    return run_score(args.target, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
