@@ -231,3 +231,31 @@ def test_a_double_throw_by_hand_holds_the_wound_with_both_strands_slack():
     assert pull < 0.05, pull
     assert opened
 
+
+
+@pytest.mark.long(cost=30)
+def test_the_trainee_bots_suture_by_hand_scored_from_what_the_loop_published():
+    """The trainee bot (seed 0) sutures suture-practice by hand; tools/score.py reads what the loop published:
+    every phase in its order, both marks hit within the FLS's 1 mm, a surgeon's knot, the wound closed and the
+    needle let go only once the knot was tied, a score of 600 s less the time and the marks' millimetres, and
+    every FLS benchmark passed."""
+    from suturesim.tools.score import SCORE_CUTOFF, Scorer
+
+    scene, bot = trainee_in_process(0)
+    bot.watch_s = 2.0
+    run_trainee(scene, bot, bot.plan())
+    assert bot.done[-1] == "watched", bot.done
+    scorer = Scorer("suture-practice")
+    for topic, payload in scene.out:
+        scorer.feed_payload(topic, payload)
+    a = scorer.attempt()
+    assert list(a.phases) == ["needle grasped", "bite 1", "bite 2", "pulled through", "throw 1", "throw 2",
+                              "cinched"]
+    assert list(a.phases.values()) == sorted(a.phases.values())
+    assert [(p.target, p.side) for p in a.placements] == [("entry", "entry"), ("exit", "exit")]
+    assert all(p.offset_mm < 1.0 for p in a.placements), a.placements
+    assert a.knot == "surgeon's knot" and a.closed_at_end and a.needle_drops == 0
+    assert (a.extra_punctures, a.withdrawals) == (0, 0)
+    assert all(u.path_m > 0.1 for u in a.tools), a.tools
+    assert a.score == pytest.approx(SCORE_CUTOFF - a.completed_s - sum(p.offset_mm for p in a.placements))
+    assert a.passed, a.checks
