@@ -31,7 +31,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     overrides = {"scenario": args.scenario, "record": args.record, "device": args.device, "replay": args.replay,
                  "endpoints": {"pub": args.pub, "control": args.control, "stylus": args.stylus},
-                 "security": {"insecure": True} if args.insecure else {}}
+                 "security": {"insecure": True} if args.insecure else {}, "trainee": args.trainee}
     cfg = load_server_config(args.config, overrides)
     try:
         return serve(cfg)
@@ -171,6 +171,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--control", metavar="EP", help="REP control endpoint (default tcp://127.0.0.1:5556)")
     p.add_argument("--stylus", metavar="EP", help="PULL remote stylus endpoint (default tcp://127.0.0.1:5557)")
     p.add_argument("--record", metavar="F.mcap", help="record every published message to this MCAP file")
+    p.add_argument("--trainee", metavar="NAME",
+                   help="who is at the styluses: named in every recording's metadata, which `suturesim score` "
+                        "reports (1 to 64 printable characters)")
     p.add_argument("--insecure", action="store_true",
                    help="allow binding non-loopback addresses without CURVE authentication (trusted networks only)")
     p.set_defaults(func=_cmd_serve)

@@ -160,6 +160,7 @@ class ServerConfig:
     device_limits: tuple[tuple[str, float], ...] = ()   # (device, nominal max continuous force N), from drivers
     link_devices: tuple[str, ...] = ()          # the device of each shared-memory link slot (set by serve)
     device_stiffness: tuple[tuple[str, float], ...] = ()   # (device, nominal max stiffness N/m), from drivers
+    trainee: str = ""                           # who is at the styluses, named in every recording's metadata
 
     def device_config(self, name: str) -> DeviceConfig:
         """The settings of device ``name`` (the defaults if it is not listed)."""
@@ -425,6 +426,17 @@ def _record(top: Section, from_cli: set[str]) -> str | None:
     return str(p)
 
 
+TRAINEE_MAX_CHARS = 64
+
+
+def _trainee(top: Section) -> str:
+    """`trainee` (--trainee): a name for the score's tables, 1 to 64 printable characters."""
+    name = top.get("trainee", str, "")
+    if name and (len(name) > TRAINEE_MAX_CHARS or not name.isprintable() or not name.strip()):
+        raise top.error("trainee", f"must be 1 to {TRAINEE_MAX_CHARS} printable characters, got {name!r}")
+    return name.strip()
+
+
 def _build(data: dict, file: str, from_cli: set[str]) -> ServerConfig:
     top = Section(data, file)
     endpoints = _endpoints(top.section("endpoints", {}))
@@ -439,6 +451,7 @@ def _build(data: dict, file: str, from_cli: set[str]) -> ServerConfig:
     fallback = top.get("device_fallback", str, "none", choices=("none", "simulated"))
     replay = _path(top, "replay", from_cli)
     safety = _safety(top.section("safety", {}))
+    trainee = _trainee(top)
     top.finish()
     uses_replay = device == "replay" or any(d.backend == "replay" for d in devices)
     if uses_replay and replay is None:
@@ -449,7 +462,8 @@ def _build(data: dict, file: str, from_cli: set[str]) -> ServerConfig:
     cfg = ServerConfig(file=file, scenario=scenario, endpoints=endpoints, loop=loop, security=security,
                        fault=fault, record=record, device=device, devices=devices,
                        device_fallback=None if fallback == "none" else fallback,
-                       replay=None if replay is None else str(replay), safety=safety, files=files)
+                       replay=None if replay is None else str(replay), safety=safety, files=files,
+                       trainee=trainee)
     check_scene_fits_loop(scene, cfg)
     return cfg
 
@@ -553,7 +567,7 @@ def _safety(sec: Section) -> SafetyConfig:
 # -- recording metadata ------------------------------------------------------------------------------------
 def server_metadata(cfg: ServerConfig) -> dict[str, str]:
     """The server's configuration as an MCAP metadata string map: the file and its content, the PUB endpoint,
-    and (as YAML) what a resimulation needs: the loop rates, the safety settings and every device's backend
+    the trainee's name (empty if not given), and (as YAML) what a resimulation needs: the loop rates, the safety settings and every device's backend
     and settings, after the command line's overrides."""
     import yaml
 
@@ -572,7 +586,8 @@ def server_metadata(cfg: ServerConfig) -> dict[str, str]:
             "device_stiffness": {k: v for k, v in cfg.device_stiffness},
             "safety": {k: getattr(cfg.safety, k) for k in ("scale", "max_force_n", "max_slew_n_per_s",
                                                           "lowpass_hz", "watchdog_s", "ramp_down_s")}}
-    out = {"config": cfg.file, "pub": cfg.endpoints.pub, "yaml": yaml.safe_dump(data, sort_keys=False)}
+    out = {"config": cfg.file, "pub": cfg.endpoints.pub, "yaml": yaml.safe_dump(data, sort_keys=False),
+           "trainee": cfg.trainee}
     try:   # the config file as written, too (it holds paths to key files, never keys)
         out["config_file"] = Path(cfg.file).read_text()
     except OSError:

@@ -3,6 +3,7 @@ to resimulate and to a device, against real servers on loopback. The recordings 
 reader; a resimulation must be exact on the same machine and version."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -34,7 +35,7 @@ def force_seqs(path) -> dict[str, list[int]]:
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
     """A 5 s recording of the default scene with its scripted stylus."""
-    return serve_and_record(tmp_path_factory.mktemp("session"), 5.0)
+    return serve_and_record(tmp_path_factory.mktemp("session"), 5.0, "session.mcap", "--trainee", "Ana Lima")
 
 
 @pytest.mark.xdist_group("replay-session")   # one worker records the module's session (under -n)
@@ -46,6 +47,12 @@ def test_serve_record_is_complete_with_metadata(session):
     assert "tick_s: 0.001" in meta["server"]["yaml"] and "safety:" in meta["server"]["yaml"]
     assert "scenario: default" in meta["server"]["config_file"]
     assert {"suturesim", "numpy", "numba", "python"} <= set(meta["versions"]) and meta["machine"]["platform"]
+    assert meta["server"]["trainee"] == "Ana Lima"
+    scored = subprocess.run([*CLI, "score", str(session), "--json"], capture_output=True, text=True, timeout=120)
+    assert scored.returncode == 0, scored.stderr
+    report = json.loads(scored.stdout)
+    assert report["trainee"] == "Ana Lima" and report["scenario"] == "default"
+    assert report["score"] == 0.0 and report["completed_s"] is None        # no suture in the default scene
 
 
 @pytest.mark.xdist_group("replay-session")   # one worker records the module's session (under -n)

@@ -211,10 +211,13 @@ def test_a_scene_without_marks_has_no_accuracy_check():
     assert a.passed
 
 
+START_NS = 1_795_000_000 * 10**9          # 2026-11-18T11:06:40Z
+
+
 def _record(path, msgs, trainee: str | None = None) -> None:
     meta = {"scenario": {"name": "suture-practice", "file": "", "yaml": ""}}
     if trainee:
-        meta["trainee"] = {"name": trainee}
+        meta["server"] = {"trainee": trainee}
     rec = McapRecorder(path, metadata=meta)
     for seq, (topic, m) in enumerate(msgs):
         t = m["t"]
@@ -227,7 +230,7 @@ def _record(path, msgs, trainee: str | None = None) -> None:
         else:
             d = {k: v for k, v in m.items() if k not in ("t", "kind")}
             payload = protocol.encode_event(seq, t, m["kind"], **d)
-        rec.write(topic, payload, int(t * 1e9) + 1)
+        rec.write(topic, payload, START_NS + int(t * 1e9))
     rec.close()
 
 
@@ -241,6 +244,7 @@ def test_score_reads_a_recording_and_a_course_of_them(tmp_path, capsys):
     assert run_score(str(tmp_path / "a.mcap"), as_json=True) == 0
     a = json.loads(capsys.readouterr().out)
     assert a["trainee"] == "ana" and a["scenario"] == "suture-practice" and a["passed"]
+    assert a["started"] == "2026-11-18T11:06:40+00:00"
     assert a["score"] == pytest.approx(SCORE_CUTOFF - 38.0)
     assert run_score(str(tmp_path / "a.mcap")) == 0
     assert "surgeon's knot" in capsys.readouterr().out

@@ -251,3 +251,12 @@ def test_not_a_mapping_and_missing_file(tmp_path):
     _error(tmp_path, "endpoints: [1, 2]", "endpoints", "must be a mapping")
     with pytest.raises(ConfigError, match="nope.yaml: cannot read"):
         load_server_config(str(tmp_path / "nope.yaml"))
+
+
+def test_the_trainee_is_a_printable_name(tmp_path):
+    _write(tmp_path, "trainee: Ana Lima\n")
+    assert load_server_config(str(tmp_path / "server.yaml")).trainee == "Ana Lima"
+    assert load_server_config(str(tmp_path / "server.yaml"), {"trainee": " Bo "}).trainee == "Bo"
+    _error(tmp_path, "trainee: \"a\\x00b\"", "trainee", "printable characters")
+    _error(tmp_path, f"trainee: {'x' * 65}", "trainee", "1 to 64")
+    _error(tmp_path, "", "trainee", "printable characters", "command line", overrides={"trainee": "\n"})

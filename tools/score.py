@@ -40,6 +40,7 @@ import math
 import os
 import sys
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -111,7 +112,8 @@ class Check:
 class Attempt:
     """An attempt as :class:`Scorer` read it (times in s from the start, lengths in mm unless named _m)."""
     scenario: str = ""
-    trainee: str = ""
+    trainee: str = ""             # `serve --trainee NAME`, from the recording's metadata
+    started: str = ""             # when the recording began (ISO 8601, UTC): which attempt it is
     duration_s: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
     marked: bool = False          # the scene marks where the needle should go in and come out
@@ -396,9 +398,12 @@ def score_recording(path: str | os.PathLike) -> Attempt:
     try:
         meta = read_metadata(path)
         scorer = Scorer(scenario=meta.get("scenario", {}).get("name", ""),
-                        trainee=meta.get("trainee", {}).get("name", ""))
+                        trainee=meta.get("server", {}).get("trainee", ""))
         fed = 0
-        for topic, payload, _, _ in read_messages(path):
+        for topic, payload, log_time, _ in read_messages(path):
+            if not scorer.a.started:      # the attempt's start: its first message's log time (UTC)
+                scorer.a.started = datetime.fromtimestamp(log_time * 1e-9, timezone.utc).isoformat(
+                    timespec="seconds")
             if topic in ("state", "force", "event"):
                 try:
                     scorer.feed_payload(topic, payload)
@@ -423,7 +428,8 @@ def _f(v, fmt: str = ".1f") -> str:
 
 def table(a: Attempt) -> str:
     """``a`` as a plain-text report."""
-    lines = [f"suture attempt: {a.scenario or '?'}" + (f", trainee {a.trainee}" if a.trainee else ""),
+    lines = [f"suture attempt: {a.scenario or '?'}" + (f", trainee {a.trainee}" if a.trainee else "")
+             + (f", started {a.started}" if a.started else ""),
              f"  score {a.score:.1f} (FLS-style: {SCORE_CUTOFF:g} s - time - penalties), "
              f"{'PASS' if a.passed else 'FAIL'} against the FLS benchmarks", "", "phases (s from the start):"]
     lines += [f"  {name:<16} {t:8.2f}" for name, t in sorted(a.phases.items(), key=lambda kv: kv[1])] \
@@ -450,7 +456,7 @@ def table(a: Attempt) -> str:
     return "\n".join(lines)
 
 
-CSV_FIELDS = ("file", "scenario", "trainee", "score", "passed", "completed_s", "worst_mark_mm", "knot",
+CSV_FIELDS = ("file", "scenario", "trainee", "started", "score", "passed", "completed_s", "worst_mark_mm", "knot",
               "gap_end_mm", "peak_tension_n", "extra_punctures", "withdrawals", "needle_drops", "path_m",
               "error")
 
@@ -469,7 +475,7 @@ def course(directory: Path, out) -> int:
             row["error"] = str(exc)
         else:
             done += 1
-            row.update(scenario=a.scenario, trainee=a.trainee, score=f"{a.score:.1f}", passed=a.passed,
+            row.update(scenario=a.scenario, trainee=a.trainee, started=a.started, score=f"{a.score:.1f}", passed=a.passed,
                        completed_s=_f(a.completed_s, ".2f"),
                        worst_mark_mm=_f(max((p.offset_mm for p in a.placements), default=None), ".2f"),
                        knot=a.knot or "", gap_end_mm=_f(a.gap_end_mm, ".2f"),
