@@ -265,13 +265,17 @@ def _add_score(sub: argparse._SubParsersAction) -> None:
                                    "that cannot be scored.")
     p.add_argument("target", metavar="F.mcap|DIR", help="a recording, or a directory of recordings")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object instead")
+    p.add_argument("--html", metavar="OUT.html",
+                   help="also write a one-page HTML report: the score and benchmarks, the phase timeline, the "
+                        "force on each hand, the thread's tension and the wound's gap against time, the entry and "
+                        "exit against the marks")
     p.set_defaults(func=_cmd_score)
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
     from ..tools.score import run_score
 
-    return run_score(args.target, args.json)
+    return run_score(args.target, args.json, html=args.html)
 
 
 def _cmd_record(args: argparse.Namespace) -> int:

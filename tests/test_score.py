@@ -227,6 +227,8 @@ def _record(path, msgs, trainee: str | None = None) -> None:
                                             {"kinetic": 0.0, "elastic": 0.0, "gravity": 0.0},
                                             {"iters": 1, "residual": 0.0, "substeps": 1}, tissue=m["tissue"],
                                             needle=m.get("needle"), tools=m["tools"])
+        elif topic == "force":
+            payload = protocol.encode_force(seq, t, m["device"], [0.0, 0.0, 0.0], m["force"], 0.0, 0)
         else:
             d = {k: v for k, v in m.items() if k not in ("t", "kind")}
             payload = protocol.encode_event(seq, t, m["kind"], **d)
@@ -257,3 +259,22 @@ def test_score_reads_a_recording_and_a_course_of_them(tmp_path, capsys):
     assert rows[2]["error"] and not rows[2]["score"]
     assert run_score(str(tmp_path / "c.mcap")) == 2
     assert "suturesim score:" in capsys.readouterr().err
+
+
+def test_the_html_report_draws_the_attempt_and_escapes_what_the_recording_says(tmp_path, capsys):
+    s = Stream()
+    s.suture(exit_=(0.006, 0.0, 0.0))
+    for topic, msg in s.msgs:
+        if topic == "state":
+            s.msgs.append(("force", {"t": msg["t"], "device": "stylus0", "force": [0.0, 0.0, 1.0]}))
+    s.msgs.sort(key=lambda tm: tm[1]["t"])
+    _record(tmp_path / "a.mcap", s.msgs, trainee="<script>x()</script>")
+    out = tmp_path / "a.html"
+    assert run_score(str(tmp_path / "a.mcap"), html=str(out)) == 0
+    page = out.read_text()
+    assert "<script>" not in page and "&lt;script&gt;x()&lt;/script&gt;" in page
+    assert f"{SCORE_CUTOFF - 38.0 - 1.0:.1f}" in page                     # the exit 1 mm off its mark
+    assert page.count("<svg") == 5 and page.count("<polyline") == 3      # the force, the tension, the gap
+    assert "in mark" in page and "out mark" in page and page.count("<circle") >= 4 + 7
+    assert run_score(str(tmp_path / "a.mcap"), html=str(tmp_path / "no" / "such" / "dir.html")) == 2
+    assert "cannot write the report" in capsys.readouterr().err

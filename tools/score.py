@@ -114,6 +114,7 @@ class Attempt:
     scenario: str = ""
     trainee: str = ""             # `serve --trainee NAME`, from the recording's metadata
     started: str = ""             # when the recording began (ISO 8601, UTC): which attempt it is
+    clock_start_s: float = 0.0    # the scene time (s) the attempt's clock starts at
     duration_s: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
     marked: bool = False          # the scene marks where the needle should go in and come out
@@ -342,6 +343,7 @@ class Scorer:
     def attempt(self) -> Attempt:
         """The attempt as read so far, its penalties, score and benchmark checks computed."""
         a = self.a
+        a.clock_start_s = self.t0 if self.t0 is not None else (self.first_t or 0.0)
         a.duration_s = self._since(self.t_last)
         for d, use in self.tools.items():
             path = self.tool_paths.get(d) or self.hand_paths.get(d)
@@ -486,9 +488,9 @@ def course(directory: Path, out) -> int:
     return done
 
 
-def run_score(target: str, as_json: bool = False, out=None) -> int:
-    """`suturesim score`: a recording's report (or JSON), or a directory's CSV; exit code 2 for what cannot be
-    scored."""
+def run_score(target: str, as_json: bool = False, out=None, html: str | None = None) -> int:
+    """`suturesim score`: a recording's report (or JSON; ``html``: also the HTML page, written there), or a
+    directory's CSV; exit code 2 for what cannot be scored or written."""
     out = out or sys.stdout
     path = Path(target)
     try:
@@ -496,6 +498,13 @@ def run_score(target: str, as_json: bool = False, out=None) -> int:
             course(path, out)
             return 0
         a = score_recording(path)
+        if html is not None:
+            from .score_report import write_report
+
+            try:
+                write_report(path, a, html)
+            except OSError as exc:
+                raise ScoreError(f"cannot write the report {html}: {exc}") from exc
     except ScoreError as exc:
         print(f"suturesim score: {exc}", file=sys.stderr)
         return 2
@@ -507,8 +516,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="suturesim score", description=__doc__.split("\n")[0])
     p.add_argument("target", metavar="F.mcap|DIR")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--html", metavar="OUT.html")
     args = p.parse_args(argv)
-    return run_score(args.target, args.json)
+    return run_score(args.target, args.json, html=args.html)
 
 
 if __name__ == "__main__":
