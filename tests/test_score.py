@@ -214,25 +214,26 @@ def test_a_scene_without_marks_has_no_accuracy_check():
 START_NS = 1_795_000_000 * 10**9          # 2026-11-18T11:06:40Z
 
 
+def encode(seq: int, topic: str, m: dict) -> bytes:
+    """A Stream's message as the server publishes it."""
+    t = m["t"]
+    if topic == "state":
+        return protocol.encode_state(seq, t, np.zeros((5, 3)), np.asarray(m["tension"]), 0.0, [], 0,
+                                     {"kinetic": 0.0, "elastic": 0.0, "gravity": 0.0},
+                                     {"iters": 1, "residual": 0.0, "substeps": 1}, tissue=m["tissue"],
+                                     needle=m.get("needle"), tools=m["tools"])
+    if topic == "force":
+        return protocol.encode_force(seq, t, m["device"], [0.0, 0.0, 0.0], m["force"], 0.0, 0)
+    return protocol.encode_event(seq, t, m["kind"], **{k: v for k, v in m.items() if k not in ("t", "kind")})
+
+
 def _record(path, msgs, trainee: str | None = None) -> None:
     meta = {"scenario": {"name": "suture-practice", "file": "", "yaml": ""}}
     if trainee:
         meta["server"] = {"trainee": trainee}
     rec = McapRecorder(path, metadata=meta)
     for seq, (topic, m) in enumerate(msgs):
-        t = m["t"]
-        if topic == "state":
-            x = np.zeros((5, 3))
-            payload = protocol.encode_state(seq, t, x, np.asarray(m["tension"]), 0.0, [], 0,
-                                            {"kinetic": 0.0, "elastic": 0.0, "gravity": 0.0},
-                                            {"iters": 1, "residual": 0.0, "substeps": 1}, tissue=m["tissue"],
-                                            needle=m.get("needle"), tools=m["tools"])
-        elif topic == "force":
-            payload = protocol.encode_force(seq, t, m["device"], [0.0, 0.0, 0.0], m["force"], 0.0, 0)
-        else:
-            d = {k: v for k, v in m.items() if k not in ("t", "kind")}
-            payload = protocol.encode_event(seq, t, m["kind"], **d)
-        rec.write(topic, payload, START_NS + int(t * 1e9))
+        rec.write(topic, encode(seq, topic, m), START_NS + int(m["t"] * 1e9))
     rec.close()
 
 

@@ -602,6 +602,11 @@ def test_page_draws_tissue_and_needle(suture_live, browser):
     assert "gap 10.00 mm" in panel.text and "throws 1 (linking -1.23)" in panel.text, panel.text
     assert "knot half knot" in panel.text, panel.text
     assert "punctures needle/thread/passed 1 / 1 / 1" in panel.text, panel.text
+    # the attempt's score, from what the bridge received: no event, so no phase done and no knot tied; the
+    # wound's 10 mm gap is 10 penalty points
+    score = browser.find_element(By.ID, "score")
+    wait_for(lambda: score.is_displayed() and "penalties" in score.text, PAGE_TIMEOUT_S, "the score panel")
+    assert "score not done" in score.text and "penalties 10 points" in score.text, score.text
     time.sleep(0.2)                                 # a redraw after the first state's fit
     rgb = canvas_rgb(browser, "scene")
     h = rgb.shape[0]
@@ -734,3 +739,38 @@ def test_page_draws_tools_targets_and_the_operator_view(tools_live, browser):
         assert colour_pixels(orbit[middle], colour).sum() > 10, f"no {kind} mark"
     severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not severe, severe
+
+
+# ------------------------------------------------------------------------------------------ the attempt's score
+def test_the_bridge_scores_the_attempt_it_watches_and_starts_again_at_a_reset(monkeypatch):
+    """Every state, force and event the bridge takes is scored (tools/score.py), watched or not; the pages get
+    the summary. A suture whose exit is 1.5 mm off its mark: done at 38 s, 600 - 38 - 1.5, the accuracy benchmark
+    failed. A `reset` starts a new attempt."""
+    from test_score import Stream, encode
+
+    monkeypatch.setattr(view, "SCORE_S", 0.0)       # a summary after every message
+    s = Stream()
+    s.suture(exit_=(0.0065, 0.0, 0.0))
+    bridge = view.Bridge("tcp://127.0.0.1:9", zmq.Context.instance())     # never started: take() by hand
+    try:
+        for seq, (topic, msg) in enumerate(s.msgs[:10]):                    # nobody watching yet
+            bridge.take(topic.encode(), encode(seq, topic, msg))
+        buf = bridge.attach()
+        for seq, (topic, msg) in enumerate(s.msgs[10:], 10):
+            bridge.take(topic.encode(), encode(seq, topic, msg))
+        sc = buf.drain()["score"]
+        assert sc["tissue"] and sc["done"] and not sc["passed"]
+        assert sc["score"] == pytest.approx(600.0 - 38.0 - 1.5)
+        assert [p[0] for p in sc["phases"]] == ["needle grasped", "bite 1", "bite 2", "pulled through", "throw 1",
+                                                "throw 2", "cinched"]
+        assert sc["marks"] == [["in", 0.0], ["out", 1.5]] and sc["knot"] == "surgeon's knot" and sc["square"]
+        assert ["worst mark (mm)", False] in sc["checks"] and bridge.score_errors == 0
+        json.dumps(sc, allow_nan=False)
+        n = len(s.msgs)
+        bridge.take(b"event", protocol.encode_event(n, s.t, "reset"))
+        s.state()
+        bridge.take(b"state", encode(n + 1, "state", s.msgs[-1][1]))
+        sc = buf.drain()["score"]
+        assert sc["phases"] == [] and not sc["done"] and sc["marks"] == []
+    finally:
+        bridge.stop()

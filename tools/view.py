@@ -36,6 +36,12 @@ Page protocol (JSON text messages on ``/ws``; unknown keys are to be ignored):
     clock (s, Unix time) when that ``stats`` arrived. Stats and events are the payloads as published.
     Non-finite numbers become null. A frame is sent whenever something arrived, and at least every
     :data:`HEARTBEAT_S` so the page can show the message age.
+    ``score`` (every :data:`SCORE_S`, only in the frames that carry a new one): the attempt scored as
+    `suturesim score` scores a recording (tools/score.py), from what the bridge has received since it joined or
+    since the last `reset` or `load`: ``{"tissue": bool (a suture scene), "score": float, "done": bool,
+    "passed": bool, "elapsed_s": float, "phases": [[name, s], ...], "marks": [[mark id, mm off], ...],
+    "knot": str|null, "square": bool, "gap_mm": float|null, "penalties": float (points), "checks": [[benchmark,
+    passed], ...]}``. The score is computed in this process, never in the server's loop.
 """
 from __future__ import annotations
 
@@ -62,6 +68,7 @@ import zmq
 from ..server import protocol
 from ..server.recorder import receive_until
 from ..server.security import ClientCurve
+from .score import Attempt, Scorer
 
 DEFAULT_CONNECT = "tcp://127.0.0.1:5555"
 DEFAULT_HOST = "127.0.0.1"
@@ -74,6 +81,7 @@ MAX_FORCE_POINTS = 64       # pending force points per device (~0.6 s of simulat
 MAX_DEVICES = 16            # devices tracked per page; a publisher inventing names cannot grow the buffer
 MAX_STATS = 16              # pending stats payloads (1 Hz from the server)
 MAX_EVENTS = 64             # pending events
+SCORE_S = 0.5               # the attempt's score summary goes to the pages this often (s)
 SUB_HWM = 4000              # ZeroMQ's own queue (messages): ~2 s of a two-device server if the thread stalls
 ASSETS_DIR = Path(__file__).with_name("viewer")
 _CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -289,6 +297,7 @@ class FrameBuffer:
         self._forces: dict[str, _ForceTrack] = {}
         self._stats: deque[dict] = deque(maxlen=MAX_STATS)
         self._events: deque[dict] = deque(maxlen=MAX_EVENTS)
+        self._score: dict | None = None     # the newest score summary (score_to_json)
         self.dropped_states = 0         # states replaced by a newer one before a page got them
         self.dropped_devices = 0        # force messages of devices beyond MAX_DEVICES
 
@@ -313,6 +322,11 @@ class FrameBuffer:
             elif topic == protocol.TOPIC_EVENT:
                 self._events.append(msg)
 
+    def set_score(self, summary: dict) -> None:
+        """The attempt's newest score summary (JSON-ready): sent with the next frame, replacing any older."""
+        with self._lock:
+            self._score = summary
+
     def held(self) -> int:
         """Items held (a state, force points incl. open buckets, stats, events): the bound the tests check."""
         with self._lock:
@@ -328,15 +342,29 @@ class FrameBuffer:
             stats, events = list(self._stats), list(self._events)
             self._stats.clear()
             self._events.clear()
+            score, self._score = self._score, None
             dropped = self.dropped_states
-        if state is None and not forces and not stats and not events:
+        if state is None and not forces and not stats and not events and score is None:
             return None
         # converting outside the lock keeps the ZeroMQ thread from waiting on JSON work
         return {"state": None if state is None else state_to_json(state),
                 "force": {dev: [json_safe(p) for p in pts] for dev, pts in forces.items()},
                 "stats": [{"recv": s["recv"], "stats": json_safe(s["stats"])} for s in stats],
                 "events": [json_safe(e) for e in events],
+                **({"score": score} if score is not None else {}),
                 "dropped": {"state": dropped}}
+
+
+def score_to_json(a: Attempt) -> dict:
+    """The page's summary of a scored attempt (tools/score.py): strict JSON, names as text."""
+    return json_safe({
+        "tissue": a.gap_end_mm is not None or bool(a.placements), "score": round(a.score, 1),
+        "done": a.completed_s is not None, "passed": a.passed, "elapsed_s": round(a.duration_s, 2),
+        "phases": [[str(k), round(v, 2)] for k, v in sorted(a.phases.items(), key=lambda kv: kv[1])],
+        "marks": [[p.target, round(p.offset_mm, 2)] for p in a.placements],
+        "knot": a.knot, "square": a.knot_secure, "gap_mm": None if a.gap_end_mm is None else round(a.gap_end_mm, 2),
+        "penalties": round(sum(p.points for p in a.penalties), 1),
+        "checks": [[c.what, c.passed] for c in a.checks]})
 
 
 # ------------------------------------------------------------------------------------------------ the bridge
@@ -387,6 +415,10 @@ class Bridge:
         self._last_monotonic: float | None = None
         self.received = 0
         self.bad = 0
+        self.scorer = Scorer()
+        self._score_due = 0.0
+        self.score_errors = 0             # messages the score could not read (and the last one's reason)
+        self.score_error = ""
 
     def start(self) -> None:
         self._thread.start()
@@ -415,19 +447,42 @@ class Bridge:
 
     def _run(self) -> None:
         for topic, payload in receive_until(self._sub, self._stop):
-            self._last_monotonic = time.monotonic()
-            self.received += 1
-            buffers = self._buffers         # copy-on-write list: no lock on the hot path
-            if not buffers or topic not in protocol.TOPICS:
-                continue                    # nobody watching: only the age matters
-            try:
-                msg = protocol.decode(payload, topic)
-            except protocol.ProtocolError:
-                self.bad += 1
-                continue
-            now = time.time()
-            for buf in buffers:
-                buf.add(topic, msg, now)
+            self.take(topic, payload)
+
+    def take(self, topic: bytes, payload: bytes) -> None:
+        """One message as it arrived: into every page's buffer, and into the attempt's score (every state,
+        force and event, watched or not: the score covers the attempt since the bridge joined it, or since the
+        last `reset` or `load`), whose summary goes to the pages every SCORE_S."""
+        self._last_monotonic = now_mono = time.monotonic()
+        self.received += 1
+        buffers = self._buffers             # copy-on-write list: no lock on the hot path
+        scored = topic in (protocol.TOPIC_STATE, protocol.TOPIC_FORCE, protocol.TOPIC_EVENT)
+        if topic not in protocol.TOPICS or (not buffers and not scored):
+            return                          # nobody watching and nothing to score: only the age matters
+        try:
+            msg = protocol.decode(payload, topic)
+        except protocol.ProtocolError:
+            self.bad += 1
+            return
+        if scored:
+            self._score(topic, msg, now_mono, buffers)
+        now = time.time()
+        for buf in buffers:
+            buf.add(topic, msg, now)
+
+    def _score(self, topic: bytes, msg: dict, now: float, buffers: list[FrameBuffer]) -> None:
+        if topic == protocol.TOPIC_EVENT and msg.get("kind") in ("reset", "load"):
+            self.scorer = Scorer()          # a new attempt
+        try:
+            self.scorer.feed(topic.decode(), msg)
+            if now >= self._score_due and buffers:
+                self._score_due = now + SCORE_S
+                summary = score_to_json(self.scorer.attempt())
+                for buf in buffers:
+                    buf.set_score(summary)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:   # a payload the score cannot read
+            self.score_errors += 1
+            self.score_error = f"{type(exc).__name__}: {exc}"
 
 
 # ------------------------------------------------------------------------------------------- the web server

@@ -82,6 +82,26 @@ function onMessage(m) {
   if (m.state) { scene.setState(m.state); showThread(m.state); showTools(m.state); }
   for (const [dev, pts] of Object.entries(m.force || {})) plot.add(dev, pts);
   for (const s of m.stats || []) showStats(s);
+  if (m.score) showScore(m.score);
+}
+
+// The attempt's score as the bridge computes it (tools/view.py score_to_json): the FLS-style score and the
+// benchmarks passed, each phase's time, each mark's offset, the knot and the penalties. Suture scenes only.
+function showScore(sc) {
+  const shown = sc.tissue === true;
+  $('score-head').hidden = $('score').hidden = !shown;
+  if (!shown) return;
+  const checks = Array.isArray(sc.checks) ? sc.checks : [];
+  const passed = checks.filter(c => c[1] === true).length;
+  const rows = [
+    ['score', sc.done ? `${fmt(sc.score, 4)} (${sc.passed ? 'pass' : 'fail'})` : `not done (${fmt(sc.elapsed_s, 4)} s)`],
+    ['benchmarks passed', `${passed} / ${checks.length}`],
+    ...(sc.phases || []).map(([name, t]) => [String(name), `${fmt(t, 4)} s`]),
+    ...(sc.marks || []).map(([id, mm]) => [`${id} mark off by`, `${fmt(mm, 3)} mm`]),
+    ['knot', typeof sc.knot === 'string' ? `${sc.knot}${sc.square ? ' (square)' : ''}` : '–'],
+    ['penalties', `${fmt(sc.penalties, 4)} points`],
+  ];
+  setRows($('score'), rows);
 }
 
 function onEvent(e) {
