@@ -30,7 +30,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from .supervisor import serve
 
     overrides = {"scenario": args.scenario, "record": args.record, "device": args.device, "replay": args.replay,
-                 "endpoints": {"pub": args.pub, "control": args.control, "stylus": args.stylus},
+                 "endpoints": {"pub": args.pub, "control": args.control, "stylus": args.stylus,
+                               "score": args.score},
                  "security": {"insecure": True} if args.insecure else {}, "trainee": args.trainee}
     cfg = load_server_config(args.config, overrides)
     try:
@@ -170,6 +171,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pub", metavar="EP", help="PUB endpoint (default tcp://127.0.0.1:5555)")
     p.add_argument("--control", metavar="EP", help="REP control endpoint (default tcp://127.0.0.1:5556)")
     p.add_argument("--stylus", metavar="EP", help="PULL remote stylus endpoint (default tcp://127.0.0.1:5557)")
+    p.add_argument("--score", metavar="EP",
+                   help="PUB endpoint of the live score: topic `score` at 2 Hz and `score` events at each phase's "
+                        "end, from a scorer process beside the physics (default tcp://127.0.0.1:5558; the config's "
+                        "endpoints.score: null turns it off)")
     p.add_argument("--record", metavar="F.mcap", help="record every published message to this MCAP file")
     p.add_argument("--trainee", metavar="NAME",
                    help="who is at the styluses: named in every recording's metadata, which `suturesim score` "

@@ -34,9 +34,10 @@ class Endpoints:
     pub: str = "tcp://127.0.0.1:5555"       # PUB: state / force / stats / event
     control: str = "tcp://127.0.0.1:5556"   # REP: control requests
     stylus: str = "tcp://127.0.0.1:5557"    # PULL: remote stylus poses
+    score: str | None = "tcp://127.0.0.1:5558"   # PUB of the scorer process: the attempt's score (None: none)
 
     def all(self) -> list[str]:
-        return [self.pub, self.control, self.stylus]
+        return [self.pub, self.control, self.stylus] + ([self.score] if self.score else [])
 
 
 @dataclass(frozen=True)
@@ -276,7 +277,12 @@ def endpoint_error(endpoint: str) -> str | None:
 
 def _endpoints(sec: Section) -> Endpoints:
     values = {}
-    for key, default in (("pub", Endpoints.pub), ("control", Endpoints.control), ("stylus", Endpoints.stylus)):
+    for key, default in (("pub", Endpoints.pub), ("control", Endpoints.control), ("stylus", Endpoints.stylus),
+                         ("score", Endpoints.score)):
+        if key == "score" and sec.has(key) and sec.data[key] is None:
+            values[key] = None            # no live score
+            sec.read.add(key)
+            continue
         ep = sec.get(key, str, default).strip()
         reason = endpoint_error(ep)
         if reason:

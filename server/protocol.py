@@ -60,7 +60,8 @@ TOPIC_STATE = b"state"
 TOPIC_FORCE = b"force"
 TOPIC_STATS = b"stats"
 TOPIC_EVENT = b"event"
-TOPICS = (TOPIC_STATE, TOPIC_FORCE, TOPIC_STATS, TOPIC_EVENT)
+TOPICS = (TOPIC_STATE, TOPIC_FORCE, TOPIC_STATS, TOPIC_EVENT)   # the PUB socket's
+TOPIC_SCORE = b"score"     # the scorer process's own PUB socket (endpoints.score), beside its score events
 
 
 _ENVELOPE_KEYS = ("v", "seq", "t")
@@ -258,6 +259,19 @@ def encode_event(seq: int, t: float, kind: str, **details: Any) -> bytes:
     return _pack(msg)
 
 
+def encode_score(seq: int, t: float, body: Mapping[str, Any]) -> bytes:
+    """Encode a ``score`` payload (published by the scorer process on ``endpoints.score``, not on the PUB
+    socket: server/scoring.py): ``t`` is the scene time of the newest message scored; ``body`` holds the
+    attempt's summary (docs/PROTOCOL.md Sec. 3.5) and must not reuse v, seq or t."""
+    clash = {"v", "seq", "t"} & set(body)
+    if clash:
+        raise ProtocolError(f"score may not use reserved keys {sorted(clash)}")
+    msg = _envelope(seq, t)
+    for k in sorted(body):
+        msg[k] = _canonical(body[k])
+    return _pack(msg)
+
+
 def encode_stats(seq: int, t: float, stats: Mapping[str, Any]) -> bytes:
     """Encode a ``stats`` payload: loop lateness/period/step-time percentiles (microseconds), overruns, substeps.
 
@@ -410,7 +424,18 @@ def _check_stats(m: dict) -> dict:
     return m
 
 
-_CHECKS = {"state": _check_state, "force": _check_force, "event": _check_event, "stats": _check_stats}
+def _check_score(m: dict) -> dict:
+    _num(m, "score", "score")
+    for key in ("done", "passed"):
+        if not isinstance(m.get(key), bool):
+            raise _fail("score", f"key {key!r} must be bool")
+    for key in ("phases", "marks", "penalties", "checks"):
+        _get(m, key, list, "score")
+    return m
+
+
+_CHECKS = {"state": _check_state, "force": _check_force, "event": _check_event, "stats": _check_stats,
+           "score": _check_score}
 
 
 def _topic_name(topic: bytes | str) -> str:

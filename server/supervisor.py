@@ -29,6 +29,7 @@ from .config import ServerConfig, server_metadata
 from .console import say
 from .headless import recording_metadata
 from .recordings import RecorderProcess, RecordingDesk
+from .scoring import ScorerProcess
 from .security import ZapService, check_bind_policy, start_server_zap
 from .snapshot import Snapshot, unlink_snapshot
 
@@ -184,6 +185,7 @@ class Supervisor:
         self.link: DeviceLink | None = None
         self.driver: DeviceDriver | None = None
         self.desk: RecordingDesk | None = None
+        self.scorer: ScorerProcess | None = None   # the live score's process, beside the physics
         self.channel: PhysicsChannel | None = None
         self.snapshot_name: str | None = None   # the running scene's snapshot (server/snapshot.py)
         self.recorder_curve = None              # client keys of the server's own recorder, when CURVE needs them
@@ -251,6 +253,8 @@ class Supervisor:
             self.poll_driver()
             if self.desk is not None:
                 self.desk.check()
+            if self.scorer is not None:
+                self.scorer.check()
             now = time.monotonic()
             ticks = self.heartbeat[0]
             if not self.heartbeat[1] or ticks != last_ticks:
@@ -300,6 +304,9 @@ class Supervisor:
         stopping = StopRequest(self.stop, (signal.SIGINT, signal.SIGTERM))  # sets self.stop for the children
         self.desk = RecordingDesk(RecorderProcess(self.mp, cfg.endpoints.pub, self.recorder_curve),
                                   cfg.files.recordings_dir, self.scene_metadata, self.answer_physics, self.out)
+        if cfg.endpoints.score:     # it connects to the PUB socket whenever the physics binds it
+            self.scorer = ScorerProcess(self.mp, cfg, scenario.name, self.recorder_curve, say)
+            self.scorer.start()
         restarts = 0
         fault_note = None
         restore: str | None = None   # the snapshot a restarted physics process resumes from
@@ -331,8 +338,9 @@ class Supervisor:
                     code = 1
                     break
                 if ready.is_set():
+                    score = f", score on {cfg.endpoints.score}" if self.scorer is not None else ""
                     self.out(f"suturesim: serving {scenario.name!r}: state/force/stats/event on {cfg.endpoints.pub}, "
-                             f"control on {cfg.endpoints.control}, stylus on {cfg.endpoints.stylus} "
+                             f"control on {cfg.endpoints.control}, stylus on {cfg.endpoints.stylus}{score} "
                              f"(first tick {time.monotonic() - t_start:.2f} s after start)")
                     if restore is not None and restore != self.snapshot_name:
                         unlink_snapshot(restore)   # the new process has resumed from it and made its own
@@ -365,6 +373,8 @@ class Supervisor:
         finally:
             self.link.zero_forces(protocol.FLAG_FAULT if code else 0, time.monotonic_ns())  # zero on stop
             self.stop_driver()
+            if self.scorer is not None:
+                self.scorer.stop()
             self.desk.close()
             if self.channel is not None:
                 self.channel.close()

@@ -66,10 +66,10 @@ class Daemon:
     """`suturesim serve` in a subprocess (its own session, so the finalizer can reap every child)."""
 
     def __init__(self, *extra: str, env: dict | None = None, preexec_fn=None):
-        self.ports = free_ports(3)
-        self.pub, self.control, self.stylus = (f"tcp://127.0.0.1:{p}" for p in self.ports)
+        self.ports = free_ports(4)
+        self.pub, self.control, self.stylus, self.score = (f"tcp://127.0.0.1:{p}" for p in self.ports)
         cmd = [sys.executable, "-m", "suturesim.server.cli", "serve", "--pub", self.pub, "--control", self.control,
-               "--stylus", self.stylus, *extra]
+               "--stylus", self.stylus, "--score", self.score, *extra]
         env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
         # the recordings directory (files.recordings_dir) defaults under XDG_DATA_HOME: never the user's own
         self.data_home = tempfile.mkdtemp(prefix="suturesim-test-data-")
@@ -210,11 +210,28 @@ class Daemon:
                 pass
             time.sleep(0.5)   # one at a time (dumps on one pipe interleave); the pump threads collect them
 
+    def spawn_children_named(self, name: str) -> list[int]:
+        """The supervisor's spawn children that named themselves ``name`` (haptics/process.py name_process:
+        suturesim-physics, suturesim-recorder, suturesim-scorer, suturesim-device; Linux keeps 15 bytes)."""
+        out = []
+        for pid in self.spawn_children():
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().strip() == name[:15]:
+                        out.append(pid)
+            except FileNotFoundError:
+                pass
+        return out
+
     def physics_pid(self) -> int:
-        """The physics process: the supervisor's multiprocessing (spawn) child. Only valid while nothing is
-        being recorded (the recorder is a spawn child too); the resource tracker is the other child."""
-        kids = self.spawn_children()
-        assert len(kids) == 1, f"expected one spawn child of {self.pid}, found {kids}"
+        """The physics process: the supervisor's spawn child named suturesim-physics."""
+        deadline = time.monotonic() + 2.0      # a child just spawned names itself first thing
+        while True:
+            kids = self.spawn_children_named("suturesim-physics")
+            if len(kids) == 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert len(kids) == 1, f"expected one physics process of {self.pid}, found {kids} of {self.spawn_children()}"
         return kids[0]
 
     def close(self) -> None:

@@ -51,14 +51,15 @@ def server(tmp_path_factory):
     os.link(tmp / "good" / "client.key", clients / "client.key")
     recordings = tmp / "recordings"
     recordings.mkdir()
-    p_pub, p_ctl, p_sty = free_ports(3)
+    p_pub, p_ctl, p_sty, p_sco = free_ports(4)
     cfg = tmp / "server.yaml"
     cfg.write_text(f"security:\n  server_secret_key: {server_secret}\n  client_keys_dir: {clients}\n"
                    f"  curve_on_loopback: true\nfiles:\n  recordings_dir: {recordings}\n")
     serve_rec = tmp / "serve.mcap"
     proc = subprocess.Popen([sys.executable, "-m", "suturesim.server.cli", "serve", "--config", str(cfg),
                              "--record", str(serve_rec), "--pub", f"tcp://127.0.0.1:{p_pub}",
-                             "--control", f"tcp://127.0.0.1:{p_ctl}", "--stylus", f"tcp://127.0.0.1:{p_sty}"],
+                             "--control", f"tcp://127.0.0.1:{p_ctl}", "--stylus", f"tcp://127.0.0.1:{p_sty}",
+                             "--score", f"tcp://127.0.0.1:{p_sco}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log: list[str] = []
     reader = threading.Thread(target=lambda: log.extend(iter(proc.stdout.readline, "")), daemon=True)

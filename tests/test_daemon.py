@@ -758,9 +758,7 @@ def test_a_recorder_that_does_not_finish_is_killed_and_said_so(tmp_path):
     d = Daemon("--record", str(out))
     try:
         d.wait_serving()
-        # physics_pid() is ambiguous while recording; the physics process has a child (control's pool), the
-        # recorder none
-        recorder = [pid for pid in d.spawn_children() if not Daemon.children_of(pid)]
+        recorder = d.spawn_children_named("suturesim-recorder")
         assert len(recorder) == 1, (d.spawn_children(), recorder)
         os.kill(recorder[0], signal.SIGSTOP)
         elapsed = _stop_timed(d, 12.0)
@@ -832,11 +830,12 @@ def test_port_in_use_fails_fast_with_one_clear_line():
     holder.listen()
     taken = holder.getsockname()[1]
     try:
-        ctl, sty = free_ports(2)
+        ctl, sty, sco = free_ports(3)
         t0 = time.monotonic()
         r = subprocess.run([sys.executable, "-m", "suturesim.server.cli", "serve",
                             "--pub", f"tcp://127.0.0.1:{taken}", "--control", f"tcp://127.0.0.1:{ctl}",
-                            "--stylus", f"tcp://127.0.0.1:{sty}"], capture_output=True, text=True, timeout=60)
+                            "--stylus", f"tcp://127.0.0.1:{sty}", "--score", f"tcp://127.0.0.1:{sco}"],
+                           capture_output=True, text=True, timeout=60)
         assert r.returncode == 1
         assert time.monotonic() - t0 < 30
         assert "could not start" in r.stderr and "Address already in use" in r.stderr

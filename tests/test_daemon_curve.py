@@ -25,13 +25,13 @@ def curve_daemon(tmp_path):
     clients.mkdir()
     os.link(good_pub, clients / "client.key")
     bad_pub, bad_secret = make_keys(str(tmp_path / "bad"), "intruder")
-    p_pub, p_ctl, p_sty = free_ports(3)
+    p_pub, p_ctl, p_sty, p_sco = free_ports(4)
     cfg = tmp_path / "server.yaml"
     cfg.write_text(f"security:\n  server_secret_key: {server_secret}\n  client_keys_dir: {clients}\n"
                    f"  curve_on_loopback: true\nloop:\n  realtime: false\n")
     proc = subprocess.Popen([sys.executable, "-m", "suturesim.server.cli", "serve", "--config", str(cfg),
                              "--pub", f"tcp://127.0.0.1:{p_pub}", "--control", f"tcp://127.0.0.1:{p_ctl}",
-                             "--stylus", f"tcp://127.0.0.1:{p_sty}"],
+                             "--stylus", f"tcp://127.0.0.1:{p_sty}", "--score", f"tcp://127.0.0.1:{p_sco}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 90

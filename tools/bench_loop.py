@@ -189,10 +189,10 @@ class Server:
     read by a thread that notes when the "serving ... first tick X s" line arrives."""
 
     def __init__(self, env: dict | None = None):
-        pub, control, stylus = (f"tcp://{LOOPBACK}:{p}" for p in free_ports(3))
-        self.pub = pub
+        pub, control, stylus, score = (f"tcp://{LOOPBACK}:{p}" for p in free_ports(4))
+        self.pub, self.score = pub, score
         self.cmd = [sys.executable, "-m", "suturesim.server.cli", "serve",
-                    "--pub", pub, "--control", control, "--stylus", stylus]
+                    "--pub", pub, "--control", control, "--stylus", stylus, "--score", score]
         self.env = env
         self.lines: list[str] = []
         self.ready = threading.Event()

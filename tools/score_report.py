@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..server import protocol
-from .score import Attempt, table
+from ..server.assessment import Attempt
+from .score import table
 
 WIDTH = 900               # px: the page's plots
 PLOT_H = 220

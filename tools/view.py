@@ -37,7 +37,7 @@ Page protocol (JSON text messages on ``/ws``; unknown keys are to be ignored):
     Non-finite numbers become null. A frame is sent whenever something arrived, and at least every
     :data:`HEARTBEAT_S` so the page can show the message age.
     ``score`` (every :data:`SCORE_S`, only in the frames that carry a new one): the attempt scored as
-    `suturesim score` scores a recording (tools/score.py), from what the bridge has received since it joined or
+    `suturesim score` scores a recording (server/assessment.py), from what the bridge has received since it joined or
     since the last `reset` or `load`: ``{"tissue": bool (a suture scene), "score": float, "done": bool,
     "passed": bool, "elapsed_s": float, "phases": [[name, s], ...], "marks": [[mark id, mm off], ...],
     "knot": str|null, "square": bool, "gap_mm": float|null, "penalties": float (points), "checks": [[benchmark,
@@ -68,7 +68,7 @@ import zmq
 from ..server import protocol
 from ..server.recorder import receive_until
 from ..server.security import ClientCurve
-from .score import Attempt, Scorer
+from ..server.assessment import Attempt, Scorer
 
 DEFAULT_CONNECT = "tcp://127.0.0.1:5555"
 DEFAULT_HOST = "127.0.0.1"
@@ -356,7 +356,7 @@ class FrameBuffer:
 
 
 def score_to_json(a: Attempt) -> dict:
-    """The page's summary of a scored attempt (tools/score.py): strict JSON, names as text."""
+    """The page's summary of a scored attempt (server/assessment.py): strict JSON, names as text."""
     return json_safe({
         "tissue": a.gap_end_mm is not None or bool(a.placements), "score": round(a.score, 1),
         "done": a.completed_s is not None, "passed": a.passed, "elapsed_s": round(a.duration_s, 2),
@@ -450,13 +450,13 @@ class Bridge:
             self.take(topic, payload)
 
     def take(self, topic: bytes, payload: bytes) -> None:
-        """One message as it arrived: into every page's buffer, and into the attempt's score (every state,
-        force and event, watched or not: the score covers the attempt since the bridge joined it, or since the
+        """One message as it arrived: into every page's buffer, and into the attempt's score (every state and
+        event, watched or not: the score covers the attempt since the bridge joined it, or since the
         last `reset` or `load`), whose summary goes to the pages every SCORE_S."""
         self._last_monotonic = now_mono = time.monotonic()
         self.received += 1
         buffers = self._buffers             # copy-on-write list: no lock on the hot path
-        scored = topic in (protocol.TOPIC_STATE, protocol.TOPIC_FORCE, protocol.TOPIC_EVENT)
+        scored = topic in (protocol.TOPIC_STATE, protocol.TOPIC_EVENT)
         if topic not in protocol.TOPICS or (not buffers and not scored):
             return                          # nobody watching and nothing to score: only the age matters
         try:
