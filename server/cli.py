@@ -173,8 +173,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stylus", metavar="EP", help="PULL remote stylus endpoint (default tcp://127.0.0.1:5557)")
     p.add_argument("--score", metavar="EP",
                    help="PUB endpoint of the live score: topic `score` at 2 Hz and `score` events at each phase's "
-                        "end, from a scorer process beside the physics (default tcp://127.0.0.1:5558; the config's "
-                        "endpoints.score: null turns it off)")
+                        "end, from a scorer process beside the physics (default tcp://127.0.0.1:5558; off: no live "
+                        "score)")
     p.add_argument("--record", metavar="F.mcap", help="record every published message to this MCAP file")
     p.add_argument("--trainee", metavar="NAME",
                    help="who is at the styluses: named in every recording's metadata, which `suturesim score` "

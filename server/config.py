@@ -279,8 +279,9 @@ def _endpoints(sec: Section) -> Endpoints:
     values = {}
     for key, default in (("pub", Endpoints.pub), ("control", Endpoints.control), ("stylus", Endpoints.stylus),
                          ("score", Endpoints.score)):
-        if key == "score" and sec.has(key) and sec.data[key] is None:
-            values[key] = None            # no live score
+        if key == "score" and sec.has(key) and (sec.data[key] in (None, False) or
+                                                 str(sec.data[key]).strip().lower() == "off"):
+            values[key] = None            # no live score: null, false (YAML's `off`) or "off" (--score off)
             sec.read.add(key)
             continue
         ep = sec.get(key, str, default).strip()

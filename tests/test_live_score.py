@@ -44,6 +44,9 @@ def test_the_score_endpoint_is_configured_or_turned_off(tmp_path):
     cfg.write_text("endpoints:\n  score: null\n")
     off = load_server_config(str(cfg))
     assert off.endpoints.score is None and len(off.endpoints.all()) == 3
+    cfg.write_text("endpoints:\n  score: off\n")              # YAML reads `off` as false
+    assert load_server_config(str(cfg)).endpoints.score is None
+    assert load_server_config(overrides={"endpoints": {"score": "off"}}).endpoints.score is None    # --score off
     cfg.write_text("endpoints:\n  score: tcp://127.0.0.1:5555\n")
     with pytest.raises(Exception, match="endpoints.score: is the same endpoint as endpoints.pub"):
         load_server_config(str(cfg))

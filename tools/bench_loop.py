@@ -80,6 +80,7 @@ class Condition:
     label: str
     subscribers: int
     busy: bool = False
+    score: bool = True          # the server's live scorer (server/scoring.py) runs
 
 
 BASELINE = Condition("0", "baseline: bare wait loop, no server", 0)
@@ -88,6 +89,7 @@ CONDITIONS = (
     Condition("b", "1 subscriber (all topics)", 1),
     Condition("c", "8 subscribers (all topics)", 8),
     Condition("d", "1 subscriber, other CPU(s) busy", 1, busy=True),
+    Condition("e", "no extra subscriber, no live scorer (`--score off`)", 0, score=False),
 )
 
 
@@ -188,11 +190,11 @@ class Server:
     """``suturesim serve`` on free loopback ports, as a subprocess in its own process group; its output is
     read by a thread that notes when the "serving ... first tick X s" line arrives."""
 
-    def __init__(self, env: dict | None = None):
-        pub, control, stylus, score = (f"tcp://{LOOPBACK}:{p}" for p in free_ports(4))
-        self.pub, self.score = pub, score
+    def __init__(self, env: dict | None = None, score: bool = True):
+        pub, control, stylus, score_ep = (f"tcp://{LOOPBACK}:{p}" for p in free_ports(4))
+        self.pub = pub
         self.cmd = [sys.executable, "-m", "suturesim.server.cli", "serve",
-                    "--pub", pub, "--control", control, "--stylus", stylus, "--score", score]
+                    "--pub", pub, "--control", control, "--stylus", stylus, "--score", score_ep if score else "off"]
         self.env = env
         self.lines: list[str] = []
         self.ready = threading.Event()
@@ -380,7 +382,7 @@ class ConditionResult:
 
 def measure_condition(cond: Condition, budget: LoopBudget, log: Callable[[str], None]) -> ConditionResult:
     res = ConditionResult(cond)
-    server = Server()
+    server = Server(score=cond.score)
     spawn = mp.get_context("spawn")
     sub_stop = spawn.Event()
     busy_stop = spawn.Event()
