@@ -23,6 +23,7 @@ import zmq
 from . import protocol
 
 if TYPE_CHECKING:
+    from .assessment import Attempt
     from .config import ServerConfig
     from .security import ClientCurve
 
@@ -32,8 +33,8 @@ DRAIN_S = 0.02            # s between the scorer's drains of what the server pub
 SCORE_SNDHWM = 100
 
 
-def summary(a) -> dict:
-    """The attempt ``a`` (server/assessment.py Attempt) as the `score` topic carries it (docs/PROTOCOL.md Sec. 3.5)."""
+def summary(a: Attempt) -> dict:
+    """The attempt ``a`` as the `score` topic carries it (docs/PROTOCOL.md Sec. 3.5)."""
     return {"scenario": a.scenario, "trainee": a.trainee, "score": round(a.score, 3),
             "done": a.completed_s is not None, "passed": a.passed, "elapsed_s": round(a.duration_s, 3),
             "completed_s": a.completed_s,
