@@ -128,6 +128,7 @@ class Attempt:
     penalties: list[Penalty] = field(default_factory=list)
     score: float = 0.0
     checks: list[Check] = field(default_factory=list)
+    benchmarks: str = "the FLS's"  # whose benchmarks the checks are
 
     @property
     def passed(self) -> bool:

@@ -270,6 +270,11 @@ def _add_score(sub: argparse._SubParsersAction) -> None:
                                    "that cannot be scored.")
     p.add_argument("target", metavar="F.mcap|DIR", help="a recording, or a directory of recordings")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object instead")
+    p.add_argument("--benchmarks", metavar="DIR",
+                   help="judge against an instructor's benchmarks instead of the FLS's: the expert recordings in "
+                        "DIR that finished set each metric's limit (time, worst mark, path of all tools, peak "
+                        "tension, penalty points) at the largest value among them; a square knot and a closed "
+                        "wound are still required")
     p.add_argument("--html", metavar="OUT.html",
                    help="also write a one-page HTML report: the score and benchmarks, the phase timeline, the "
                         "force on each hand, the thread's tension and the wound's gap against time, the entry and "
@@ -280,7 +285,7 @@ def _add_score(sub: argparse._SubParsersAction) -> None:
 def _cmd_score(args: argparse.Namespace) -> int:
     from ..tools.score import run_score
 
-    return run_score(args.target, args.json, html=args.html)
+    return run_score(args.target, args.json, html=args.html, benchmarks=args.benchmarks)
 
 
 def _cmd_record(args: argparse.Namespace) -> int:

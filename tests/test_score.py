@@ -58,9 +58,9 @@ class Stream:
         self.msgs.append(("event", {"t": self.t, "kind": kind, **details}))
 
     def suture(self, entry=(-0.005, 0.0, 0.0), exit_=(0.005, 0.0, 0.0), second: str = "surgeon's knot",
-               extra: int = 0, drop: bool = False) -> None:
+               extra: int = 0, drop: bool = False, pause: float = 0.0) -> None:
         """A whole suture: the needle taken at 1 s, the bite through both edges, the thread drawn through, a
-        double throw and ``second`` on it, the second throw at 38 s, both hands let go."""
+        double throw and ``second`` on it, the second throw at 38 s (and ``pause`` s), both hands let go."""
         self.state()
         self.run(1.0)
         self.event("grasp", id="grasp0", device="stylus0", holds="needle", vertex=0)
@@ -92,7 +92,7 @@ class Stream:
         self.gap = 0.0003
         self.event("gap_closed", gap=self.gap)
         self.tension = 3.2
-        self.run(15.0)
+        self.run(15.0 + pause)
         self.tension = 0.2
         self.event("knot", name=second, hand="", throws=2)
         self.event("throw", throws=2, linking=0.0)
@@ -280,3 +280,45 @@ def test_the_html_report_draws_the_attempt_and_escapes_what_the_recording_says(t
     assert "in mark" in page and "out mark" in page and page.count("<circle") >= 4 + 7
     assert run_score(str(tmp_path / "a.mcap"), html=str(tmp_path / "no" / "such" / "dir.html")) == 2
     assert "cannot write the report" in capsys.readouterr().err
+
+
+def test_an_instructors_experts_set_the_benchmarks(tmp_path, capsys):
+    """Two experts: one 1.5 mm off the exit mark at 38 s, one on it at 48 s. Each metric's benchmark is the
+    least good expert's: 48 s, 1.5 mm, 1.5 penalty points. A trainee 1.2 mm off at 43 s passes them (and fails the
+    FLS's 1 mm); one on the mark at 58 s fails on time alone; every expert passes their own benchmarks."""
+    experts, course = tmp_path / "experts", tmp_path / "course"
+    experts.mkdir()
+    course.mkdir()
+    for name, kw in (("a", {"exit_": (0.0065, 0.0, 0.0)}), ("b", {"pause": 10.0})):
+        s = Stream()
+        s.suture(**kw)
+        _record(experts / f"{name}.mcap", s.msgs)
+    for name, kw in (("close", {"exit_": (0.0062, 0.0, 0.0), "pause": 5.0}), ("slow", {"pause": 20.0})):
+        s = Stream()
+        s.suture(**kw)
+        _record(course / f"{name}.mcap", s.msgs)
+    assert run_score(str(course / "close.mcap"), as_json=True) == 0
+    fls = json.loads(capsys.readouterr().out)
+    assert not fls["passed"] and ["worst mark (mm)", pytest.approx(1.2), 1.0, False] in \
+        [[c["what"], c["value"], c["limit"], c["passed"]] for c in fls["checks"]]
+    assert run_score(str(course / "close.mcap"), as_json=True, benchmarks=str(experts)) == 0
+    a = json.loads(capsys.readouterr().out)
+    limits = {c["what"]: c["limit"] for c in a["checks"]}
+    assert limits["time (s)"] == pytest.approx(48.0) and limits["worst mark (mm)"] == pytest.approx(1.5)
+    assert limits["penalty points"] == pytest.approx(1.5) and a["passed"], a["checks"]
+    assert "2 expert recordings" in a["benchmarks"]
+    out = io.StringIO()
+    assert run_score(str(course), out=out, benchmarks=str(experts)) == 0
+    assert [(r["file"], r["passed"]) for r in csv.DictReader(io.StringIO(out.getvalue()))] == \
+        [("close.mcap", "True"), ("slow.mcap", "False")]
+    out = io.StringIO()
+    assert run_score(str(experts), out=out, benchmarks=str(experts)) == 0
+    assert {r["passed"] for r in csv.DictReader(io.StringIO(out.getvalue()))} == {"True"}
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    s = Stream()
+    s.state()
+    s.run(1.0)
+    _record(unfinished / "u.mcap", s.msgs)
+    assert run_score(str(course / "close.mcap"), benchmarks=str(unfinished)) == 2
+    assert "no recording in it finished the task" in capsys.readouterr().err

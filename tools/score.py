@@ -3,7 +3,8 @@ recording, FLS-style (docs/ASSESSMENT.md).
 
 A recording's messages are fed in log order to server/assessment.py's :class:`Scorer`, the same code the live
 scorer runs; this module reads the file, prints the report (or its JSON), writes the HTML page
-(tools/score_report.py) and tabulates a directory of recordings, one CSV row each.
+(tools/score_report.py), tabulates a directory of recordings, one CSV row each, and judges them against the
+FLS's benchmarks or an instructor's, set by a directory of expert recordings (``--benchmarks DIR``).
 """
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import csv
 import json
 import os
 import sys
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from ..server import protocol
-from ..server.assessment import SCORE_CUTOFF, Attempt, Scorer
+from ..server.assessment import SCORE_CUTOFF, Attempt, Check, Scorer, fls_checks
 
 
 class ScoreError(ValueError):
@@ -63,7 +65,7 @@ def table(a: Attempt) -> str:
     lines = [f"suture attempt: {a.scenario or '?'}" + (f", trainee {a.trainee}" if a.trainee else "")
              + (f", started {a.started}" if a.started else ""),
              f"  score {a.score:.1f} (FLS-style: {SCORE_CUTOFF:g} s - time - penalties), "
-             f"{'PASS' if a.passed else 'FAIL'} against the FLS benchmarks", "", "phases (s from the start):"]
+             f"{'PASS' if a.passed else 'FAIL'} against {a.benchmarks} benchmarks", "", "phases (s from the start):"]
     lines += [f"  {name:<16} {t:8.2f}" for name, t in sorted(a.phases.items(), key=lambda kv: kv[1])] \
         or ["  none"]
     lines += ["", "placement:"]
@@ -88,27 +90,77 @@ def table(a: Attempt) -> str:
     return "\n".join(lines)
 
 
+# the metrics an instructor's expert recordings set benchmarks for, lower being better: (name, the attempt's value)
+EXPERT_METRICS = (
+    ("time (s)", lambda a: a.completed_s),
+    ("worst mark (mm)", lambda a: max((p.offset_mm for p in a.placements), default=None)),
+    ("path of all tools (m)", lambda a: sum(u.path_m for u in a.tools)),
+    ("peak tension (N)", lambda a: a.peak_tension_n),
+    ("penalty points", lambda a: sum(p.points for p in a.penalties)),
+)
+
+
+@dataclass(frozen=True)
+class Benchmarks:
+    """Proficiency benchmarks from experts' recordings: each metric's limit is the largest value among the experts
+    who finished (an attempt as good as the least good expert's passes; every expert passes their own)."""
+    source: str
+    experts: int
+    limits: tuple[tuple[str, float], ...]
+
+    def checks(self, a: Attempt) -> list[Check]:
+        """``a`` against these benchmarks, and a square knot and a closed wound as the FLS's own checks ask."""
+        values = dict((name, value(a)) for name, value in EXPERT_METRICS)
+        out = [Check(name, values[name], limit, values[name] is not None and values[name] <= limit)
+               for name, limit in self.limits]
+        return out + [c for c in fls_checks(a) if c.what in ("square knot", "wound closed at the end")]
+
+
+def expert_benchmarks(directory: str | os.PathLike) -> Benchmarks:
+    """The benchmarks set by every recording in ``directory`` (``*.mcap``) that reached cinched; raises
+    ScoreError if none did or one cannot be read."""
+    path = Path(directory)
+    if not path.is_dir():
+        raise ScoreError(f"--benchmarks {directory}: not a directory of recordings")
+    done = [a for a in (score_recording(f) for f in sorted(path.glob("*.mcap"))) if a.completed_s is not None]
+    if not done:
+        raise ScoreError(f"--benchmarks {directory}: no recording in it finished the task (cinched)")
+    limits = []
+    for name, value in EXPERT_METRICS:
+        seen = [v for v in (value(a) for a in done) if v is not None]
+        if len(seen) == len(done):          # a metric some experts lack (no marks in their scene) sets none
+            limits.append((name, float(max(seen))))
+    return Benchmarks(str(path), len(done), tuple(limits))
+
+
+def _judge(a: Attempt, benchmarks: Benchmarks | None) -> Attempt:
+    if benchmarks is not None:
+        a.checks = benchmarks.checks(a)
+        a.benchmarks = f"the {benchmarks.experts} expert recordings' in {benchmarks.source}"
+    return a
+
+
 CSV_FIELDS = ("file", "scenario", "trainee", "started", "score", "passed", "completed_s", "worst_mark_mm", "knot",
               "gap_end_mm", "peak_tension_n", "extra_punctures", "withdrawals", "needle_drops", "path_m",
               "error")
 
 
-def course(directory: Path, out) -> int:
+def course(directory: Path, out, benchmarks: Benchmarks | None = None) -> int:
     """Every recording in ``directory``, one CSV row each (a row with ``error`` for one that cannot be
-    scored); returns the number scored."""
+    scored), passed or not against ``benchmarks`` (default: the FLS's); returns the number scored."""
     w = csv.DictWriter(out, fieldnames=CSV_FIELDS)
     w.writeheader()
     done = 0
     for path in sorted(directory.glob("*.mcap")):
         row = {"file": path.name}
         try:
-            a = score_recording(path)
+            a = _judge(score_recording(path), benchmarks)
         except ScoreError as exc:
             row["error"] = str(exc)
         else:
             done += 1
-            row.update(scenario=a.scenario, trainee=a.trainee, started=a.started, score=f"{a.score:.1f}", passed=a.passed,
-                       completed_s=_f(a.completed_s, ".2f"),
+            row.update(scenario=a.scenario, trainee=a.trainee, started=a.started, score=f"{a.score:.1f}",
+                       passed=a.passed, completed_s=_f(a.completed_s, ".2f"),
                        worst_mark_mm=_f(max((p.offset_mm for p in a.placements), default=None), ".2f"),
                        knot=a.knot or "", gap_end_mm=_f(a.gap_end_mm, ".2f"),
                        peak_tension_n=f"{a.peak_tension_n:.3f}", extra_punctures=a.extra_punctures,
@@ -118,16 +170,19 @@ def course(directory: Path, out) -> int:
     return done
 
 
-def run_score(target: str, as_json: bool = False, out=None, html: str | None = None) -> int:
+def run_score(target: str, as_json: bool = False, out=None, html: str | None = None,
+              benchmarks: str | None = None) -> int:
     """`suturesim score`: a recording's report (or JSON; ``html``: also the HTML page, written there), or a
-    directory's CSV; exit code 2 for what cannot be scored or written."""
+    directory's CSV, judged against the FLS's benchmarks or those of the expert recordings in ``benchmarks``;
+    exit code 2 for what cannot be scored or written."""
     out = out or sys.stdout
     path = Path(target)
     try:
+        bm = None if benchmarks is None else expert_benchmarks(benchmarks)
         if path.is_dir():
-            course(path, out)
+            course(path, out, bm)
             return 0
-        a = score_recording(path)
+        a = _judge(score_recording(path), bm)
         if html is not None:
             from .score_report import write_report
 
@@ -147,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("target", metavar="F.mcap|DIR")
     p.add_argument("--json", action="store_true")
     p.add_argument("--html", metavar="OUT.html")
+    p.add_argument("--benchmarks", metavar="DIR")
     args = p.parse_args(argv)
-    return run_score(args.target, args.json, html=args.html)
+    return run_score(args.target, args.json, html=args.html, benchmarks=args.benchmarks)
 
 
 if __name__ == "__main__":

@@ -219,7 +219,8 @@ table {{ border-collapse: collapse; }} td, th {{ border-bottom: 1px solid #ddd; 
 </style></head><body>
 <h1>Suture attempt</h1><div>{who}</div>
 <div class="row"><div><div class="score">{a.score:.1f}</div>
-<div>FLS-style: 600 s &minus; time &minus; penalties &middot; <b class="{verdict.lower()}">{verdict}</b></div></div>
+<div>FLS-style: 600 s &minus; time &minus; penalties &middot; <b class="{verdict.lower()}">{verdict}</b>
+against {html.escape(a.benchmarks)} benchmarks</div></div>
 <table><tr><th>benchmark</th><th>value</th><th>limit</th><th></th></tr>{checks}</table></div>
 <h2>Phases</h2>{_timeline(a, t_end)}
 <h2>Force on each hand (N)</h2>{_plot(forces, t_end, "N", marks)}
