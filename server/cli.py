@@ -15,7 +15,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from ..solver.scenario import load_scenario
     from .headless import run_scenario
 
-    scenario = load_scenario(args.scenario)
+    scenario = load_scenario(args.scenario, assignments=args.set)
     summary = run_scenario(scenario, duration=args.duration, record=args.record, progress=sys.stderr.isatty())
     for line in summary.lines():
         print(line)
@@ -116,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("scenario", help="a shipped scenario name (see `suturesim scenarios`) or a YAML file")
     p.add_argument("--duration", type=float, help="simulated seconds (default: the scenario's duration)")
     p.add_argument("--record", metavar="OUT.mcap", help="record the published messages to this MCAP file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="change the scenario before the run: a dotted key path and a YAML value, a number indexing "
+                        "a list (e.g. shape.start=[0.0015,0,0.0143908] or boundary.grasps.0.max_force=6); repeat "
+                        "for several; checked as the scenario file is")
     p.set_defaults(func=_cmd_run)
 
     _add_view(sub)

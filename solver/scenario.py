@@ -10,6 +10,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -122,10 +123,54 @@ def scenario_path(name_or_path: str) -> Path:
     return SCENARIOS_DIR / f"{name_or_path}.yaml"
 
 
-def load_scenario(name_or_path: str, overrides: dict | None = None, *, policy: FilePolicy | None = None) -> Scenario:
+def set_keys(data: dict, assignments: Iterable[str], label: str = "--set") -> dict:
+    """``key.path=value`` assignments (the value read as YAML; a number in the path indexes a list:
+    ``boundary.grasps.0.max_force=6``) applied to a copy of the scenario mapping ``data``. A ConfigError names
+    the assignment (``label``, the key path) and why it does not fit."""
+    import copy
+
+    import yaml
+
+    out = copy.deepcopy(data)
+    for item in assignments:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(label, item, "wants key.path=value")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(label, key, f"its value is not YAML: {exc}") from None
+        node: Any = out
+        parts = key.split(".")
+        for i, part in enumerate(parts):
+            last, where = i == len(parts) - 1, ".".join(parts[:i]) or "the scenario"
+            if isinstance(node, list):
+                try:
+                    idx = int(part)
+                except ValueError:
+                    raise ConfigError(label, key, f"{where} is a list: index it with a number") from None
+                if not -len(node) <= idx < len(node):
+                    raise ConfigError(label, key, f"{where} has {len(node)} items, no item {idx}")
+            elif isinstance(node, dict):
+                idx = part
+                if not last and idx not in node:
+                    node[idx] = {}
+            else:
+                raise ConfigError(label, key, f"{where} is a value, not a mapping or list")
+            if last:
+                node[idx] = value
+            else:
+                node = node[idx]
+    return out
+
+
+def load_scenario(name_or_path: str, overrides: dict | None = None, *, policy: FilePolicy | None = None,
+                  assignments: Iterable[str] = ()) -> Scenario:
     """Read and validate a scenario file (by shipped name or path). ``overrides`` is a nested mapping merged
-    over the file's content (e.g. {"thread": {"segments": 20}}) before validation. ``policy`` (None: trusted)
-    confines the file and what it refers to (solver/sources.py)."""
+    over the file's content (e.g. {"thread": {"segments": 20}}) before validation, then ``assignments``
+    (:func:`set_keys`). ``policy`` (None: trusted) confines the file and what it refers to
+    (solver/sources.py)."""
     path = scenario_path(name_or_path)
     missing = f"no such scenario (shipped: {', '.join(scenario_names())})"
     if policy is None:
@@ -140,6 +185,8 @@ def load_scenario(name_or_path: str, overrides: dict | None = None, *, policy: F
                                 lambda reason: ConfigError(str(path), "", reason))
     if overrides:
         data = _merge(data, overrides)
+    if assignments:
+        data = set_keys(data, assignments)
     return build_scenario(data, str(path), policy=policy)
 
 

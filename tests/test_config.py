@@ -753,3 +753,25 @@ def test_docs_example_loads(tmp_path):
     np.testing.assert_allclose(m.mot_vel[0], [-0.05, 0.0, 0.05], atol=1e-15)
     np.testing.assert_allclose(m.mot_vel[2], [0.05, 0.0, 0.02], atol=1e-15)
     assert m.mot_t1[3] == pytest.approx(2.5)
+
+
+def test_set_keys_changes_a_scenario_by_key_path_and_list_index():
+    """`suturesim run --set` and `replay --set`: a dotted key path, a number indexing a list, a YAML value; a
+    path that does not fit is an error naming it, and the scenario given is left as it was."""
+    from suturesim.solver.scenario import load_scenario, set_keys
+
+    data = {"shape": {"start": [0, 0, 0]}, "timeline": [{"to": 1.0}, {"to": 2.0}]}
+    out = set_keys(data, ["shape.start=[0.0015, 0, 0]", "timeline.1.to=3.5", "timeline.-1.from=3", "gravity.z=1"])
+    assert out == {"shape": {"start": [0.0015, 0, 0]}, "timeline": [{"to": 1.0}, {"to": 3.5, "from": 3}],
+                   "gravity": {"z": 1}}
+    assert data["timeline"][1] == {"to": 2.0}
+    for bad, reason in (("timeline.x=1", "timeline is a list: index it with a number"),
+                        ("timeline.2.to=1", "timeline has 2 items, no item 2"),
+                        ("shape.start.0.x=1", "shape.start.0 is a value"), ("=1", "wants key.path=value"),
+                        ("shape", "wants key.path=value"), ("shape.start=[1,", "its value is not YAML")):
+        with pytest.raises(ConfigError, match=reason.replace("[", r"\[")):
+            set_keys(data, [bad])
+    sc = load_scenario("simple-interrupted-suture", assignments=["boundary.grasps.0.max_force=4.5"])
+    assert [g.max_force for g in sc.grasps] == [4.5, 3.0]
+    with pytest.raises(ConfigError, match="nope: unknown key"):
+        load_scenario("simple-interrupted-suture", assignments=["nope=1"])

@@ -181,34 +181,19 @@ class ResimReport:
         return out
 
 
-def _merge_set(source: dict, assignments: list[str]) -> dict:
-    """``key.path=value`` assignments (value parsed as YAML) applied to a copy of the scenario source."""
-    out = yaml.safe_load(yaml.safe_dump(source))
-    for a in assignments:
-        key, sep, value = a.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set wants key.path=value, got {a!r}")
-        node = out
-        parts = key.split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = yaml.safe_load(value)
-    return out
-
-
 def resimulate(path: str, assignments: list[str] | None = None, progress: bool = False) -> ResimReport:
     """Step the recorded session again and compare (module docstring). Raises RecordingError when the file
     cannot be resimulated (no scenario in its metadata, or it does not start at the scene's first tick)."""
     from ..server.config import server_config_from_metadata
     from ..server.physics import PhysicsLoop
-    from ..solver.scenario import build_scenario
+    from ..solver.scenario import build_scenario, set_keys
 
     meta = read_metadata(path)
     if "scenario" not in meta or "yaml" not in meta["scenario"]:
         raise RecordingError(f"{path}: no scenario in the recording's metadata; cannot resimulate")
     source = yaml.safe_load(meta["scenario"]["yaml"])
     if assignments:
-        source = _merge_set(source, assignments)
+        source = set_keys(source, assignments)
     scenario = build_scenario(source, meta["scenario"].get("file", "<recording>"))
     cfg = server_config_from_metadata(meta.get("server"))
 
