@@ -322,3 +322,34 @@ def test_an_instructors_experts_set_the_benchmarks(tmp_path, capsys):
     _record(unfinished / "u.mcap", s.msgs)
     assert run_score(str(course / "close.mcap"), benchmarks=str(unfinished)) == 2
     assert "no recording in it finished the task" in capsys.readouterr().err
+
+
+@pytest.mark.long(cost=30)
+def test_the_scripted_suture_scores_and_a_sloppier_bite_loses_only_on_its_marks(tmp_path):
+    """simple-interrupted-suture, run headless and recorded, then scored: its bite on the marks, a surgeon's knot,
+    the wound closed, every benchmark passed. The same script with the needle set 1.5 mm to the right
+    (`suturesim run --set shape.start=...`) bites 1.5 mm off both marks and loses exactly those millimetres: the
+    same phases, done at the same time, the same knot and wound, and only the accuracy benchmark failed."""
+    from suturesim.server.headless import run_scenario
+    from suturesim.solver.scenario import load_scenario
+    from suturesim.tools.score import score_recording
+
+    scored = {}
+    for name, sets in (("clean", []), ("sloppy", ["shape.start=[0.0015, 0.0, 0.0143908]"])):
+        path = tmp_path / f"{name}.mcap"
+        run_scenario(load_scenario("simple-interrupted-suture", assignments=sets), duration=21.5, record=str(path))
+        scored[name] = score_recording(path)
+    clean, sloppy = scored["clean"], scored["sloppy"]
+    assert [p.target for p in clean.placements] == ["entry", "exit"]
+    assert all(p.offset_mm < 0.1 for p in clean.placements), clean.placements
+    assert clean.knot == "surgeon's knot" and clean.closed_at_end and clean.passed, clean.checks
+    assert [p.offset_mm for p in sloppy.placements] == [pytest.approx(1.5, abs=0.1)] * 2
+    # the same phases; the shifted needle leaves the left pad 0.17 s sooner and draws the thread through sooner,
+    # and the knot is done when the script is
+    assert list(sloppy.phases) == list(clean.phases)
+    assert all(sloppy.phases[k] == pytest.approx(clean.phases[k], abs=0.2) for k in clean.phases)
+    assert sloppy.completed_s == pytest.approx(clean.completed_s, abs=0.01)
+    assert (sloppy.knot, sloppy.closed_at_end) == (clean.knot, clean.closed_at_end)
+    lost = sum(p.offset_mm for p in sloppy.placements) - sum(p.offset_mm for p in clean.placements)
+    assert sloppy.score == pytest.approx(clean.score - lost, abs=0.05)
+    assert [c.what for c in sloppy.checks if not c.passed] == ["worst mark (mm)"]
