@@ -166,8 +166,9 @@ class MessageBuilder:
         targets = [protocol.SortedMap(id=tg.id, kind=tg.kind, pad=m.pad_ids[tg.pad],
                                       pos=[float(state.pst[tg.pad, PS_X + i] + tg.local[i]) for i in range(3)])
                    for tg in self.scenario.targets]
+        # keys in sorted order (a SortedMap is packed as built): targets, when the scene marks any, before throws
         return protocol.SortedMap(gap=g if math.isfinite(g) else None, knot=w.knot, linking=w.link, pads=pads,
-                                  punctures=punctures, throws=w.throws, **({"targets": targets} if targets else {}))
+                                  punctures=punctures, **({"targets": targets} if targets else {}), throws=w.throws)
 
     def _needle(self, state: ThreadState) -> protocol.SortedMap:
         """The `state` topic's `needle` map (docs/PROTOCOL.md Sec. 3.1), built with its keys in sorted order."""
