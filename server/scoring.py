@@ -15,6 +15,7 @@ mark, never slowing the loop.
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,7 @@ SCORE_HZ = 2.0            # `score` messages a second
 SUB_HWM = 2_000           # messages queued from the server (~20 s of states and events) before ZeroMQ drops
 DRAIN_S = 0.02            # s between the scorer's drains of what the server published
 SCORE_SNDHWM = 100
+NICENESS = 10             # the scorer's scheduling priority below the server's (os.nice)
 
 
 def summary(a: Attempt) -> dict:
@@ -165,6 +167,10 @@ def scorer_main(cfg: ServerConfig, scenario: str, stop, conn, client: ClientCurv
     from ..haptics.process import StopRequest
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:        # a background reader: it yields the CPU to the physics process starting beside it
+        os.nice(NICENESS)
+    except OSError:
+        pass
 
     def ready(why: str | None) -> None:
         conn.send(("ready", "") if why is None else ("error", why))
