@@ -29,8 +29,10 @@ The throws' paths are those a person makes, set from the wound's centre (the mar
 tie starts and not corrected while it runs: the needle's strand held up across the wound while the tail goes
 round it. The tie is a hand tie, so both of the bot's devices are hands (``tool: hand``, no body the thread
 meets: the tail is carried through a loop in the hand that holds it, and a needle driver's shaft would stay in
-the loop). An instrument tie, the thread wound round a needle driver's jaw and slid off its tip onto the tail,
-is not what the bot does (docs/HAPTICS.md Sec. 8).
+the loop). Of an instrument tie, the thread wound round a needle driver's jaw and slid off its tip onto the
+tail, the bot has the first throw (``instrument_double_throw``, with suture-practice's own tools: a needle driver
+right, forceps left), which a long test runs in process; the opposite throw on it is not found yet, so the plan
+ties by hand (docs/HAPTICS.md Sec. 8).
 
 Run: ``python -m suturesim.tools.trainee_bot --pub tcp://127.0.0.1:5555 --stylus tcp://127.0.0.1:5557 --seed 3``;
 it prints one JSON line: what the server's events said (punctures, knots, the wound), whether each step was
@@ -90,6 +92,24 @@ TAIL_TIE = [(0.0, -0.040, 0.0, 0.020), (0.7, -0.020, -0.008, 0.030), (1.5, 0.006
             (14.4, 0.0, 0.009, 0.005), (15.0, 0.0215, 0.004, 0.010), (16.4, 0.043, 0.0, 0.003),
             (19.0, 0.043, 0.0, 0.003), (19.7, 0.0357, 0.0, 0.003), (20.5, 0.028, 0.0, 0.003)]
 SECOND_THROW_S = 10.5              # s into the tie: the second throw starts, the first one's cinch eased off
+# The instrument tie's first throw, a surgeon's double throw wound on the right tool's jaw (a needle driver), in the
+# frame of the wound's centre on the face: u toward the exit mark, v = z x u, z up (m, rad, ticks).
+IT_TAIL = 0.030                    # the tail left beyond the entry mark; a longer one pulls the wind's strand
+                                   # straight as the jaw reaches the tail's end, and a wrap cuts through the jaw
+IT_AXIS = math.radians(35.0)       # the driver's axis, in the u-z plane, rises this much toward the hand; its tip
+                                   # points toward the tail
+IT_JAW_MID = 0.012                 # the jaw's middle from the exit mark, square to the axis
+IT_WIND_R = 0.010                  # the needle hand circles the jaw's middle at this radius ...
+IT_TURNS = 2.5                     # ... this many turns, from +v, turning +n toward +v
+IT_TURN_TICKS = 1200
+IT_FOLLOW = 0.6                    # the needle hand follows this share of the jaw's reach to the tail
+IT_ASIDE = 0.008                   # it steps this far to -v as the jaw closes: no point of the needle within the
+                                   # jaw's reach (the needle would win the grasp)
+IT_PAST_TIP = 0.005                # then it carries the swage this far past the jaw's tip, along the axis, so the
+                                   # wraps slide off the tip one at a time instead of snapping off together
+IT_BACK = 0.040                    # the jaw drawn back along its axis, the tail's end through the wraps
+IT_CINCH = 0.047                   # each end pulled to its own side, this far from the centre, 3 mm up, over 4 s
+IT_CINCH_TICKS, IT_CINCH_HOLD = 4000, 1000
 
 
 def perturbation(seed: int) -> dict:
@@ -364,6 +384,108 @@ class Trainee:
         swage, q = self.needle()
         yield from self.move_jaw(hand, self.arc_point(swage, q, theta), quat, self.pace(150), buttons=0)
         yield from self.close_on(hand, "needle")
+
+    # -- the instrument tie ---------------------------------------------------------------------------------
+    def wound_frame(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """The wound's centre (the marks' midpoint), u (toward the exit mark, horizontal), v = z x u, and u's
+        yaw (rad)."""
+        entry, exit_ = self.marks()
+        u = exit_ - entry
+        u[2] = 0.0
+        u /= np.linalg.norm(u)
+        return 0.5 * (entry + exit_), u, np.cross([0.0, 0.0, 1.0], u), math.atan2(u[1], u[0])
+
+    def tail_length(self) -> float:
+        """The thread's length (m) from the vertex nearest the entry mark to the tail's end."""
+        x = self.thread()
+        k = int(np.argmin(np.linalg.norm(x - self.marks()[0], axis=1)))
+        return float(np.linalg.norm(np.diff(x[k:], axis=0), axis=1).sum())
+
+    def instrument_double_throw(self) -> Iterator[None]:
+        """After step 2, with the right tool a needle driver: a surgeon's double throw tied on it. The left hand
+        leaves a 30 mm tail and winds the needle's strand round the driver's jaw 2.5 times; the jaw takes the
+        tail's very end and is drawn back through the wraps; each end is pulled to its own side, the pull eased,
+        the jaw lets go and the driver moves clear."""
+        right, left = self.hands[RIGHT], self.hands[LEFT]
+        c, u, v, yaw = self.wound_frame()
+        z = np.array([0.0, 0.0, 1.0])
+
+        def at(du, dv, dz):
+            return c + du * u + dv * v + dz * z
+
+        yield from self.move_jaw(right, at(0.0, 0.03, 0.05), right.quat, 800)
+        yield from self.move_needle(left, at(0.045, 0.0, 0.030), Q_TIE, 2500)
+        for _ in range(3):                               # the tail: draw the needle's strand out till it is 30 mm
+            tail = self.tail_length()
+            if tail <= IT_TAIL + 0.002:
+                break
+            swage, _ = self.needle()
+            yield from self.move_needle(left, swage + (tail - IT_TAIL) * u, Q_TIE, 600)
+            yield from self.wait(200)
+        # the driver laid over the exit side: its axis a (tip to hinge), n square to it, up
+        q = qmul(about_z(yaw), [math.cos((math.pi / 2 - IT_AXIS) / 2), 0.0, math.sin((math.pi / 2 - IT_AXIS) / 2),
+                                0.0])
+        a = math.cos(IT_AXIS) * u + math.sin(IT_AXIS) * z
+        n = -math.sin(IT_AXIS) * u + math.cos(IT_AXIS) * z
+        mid = at(0.005, 0.0, 0.0) + IT_JAW_MID * n
+        tip = mid - 0.006 * a                            # half the needle driver's 12 mm jaw (server/jaws.py)
+        yield from self.move_jaw(right, tip + 0.02 * n, q, 800)
+        yield from self.move_jaw(right, tip, q, 400)
+        # the wind: the needle hand round the jaw's middle
+        def circle(phi):
+            return mid + IT_WIND_R * (math.cos(phi) * n + math.sin(phi) * v)
+
+        yield from self.move_needle(left, circle(0.5 * math.pi), Q_TIE, 1000)
+        turns = int(IT_TURNS * IT_TURN_TICKS)
+        for k in range(1, turns + 1):
+            left.pos, left.quat = left.jaw_for_needle(circle(0.5 * math.pi + 2.0 * math.pi * IT_TURNS * k / turns),
+                                                      Q_TIE)
+            yield
+        # the jaw reaches tip first over the tail's end, the needle hand following part of the way
+        target = self.thread()[-1] + [0.0, 0.0, 0.003]
+        p0, l0 = right.pos.copy(), left.pos.copy()
+        for k in range(1, 2001):
+            s = k / 2000
+            right.pos = p0 + s * (target - p0)
+            left.pos = l0 + IT_FOLLOW * s * (target - p0)
+            yield
+        end = self.thread()[-1]
+        p0, l0, aside = right.pos.copy(), left.pos.copy(), at(0.0, -IT_ASIDE, 0.0) - c
+        for k in range(1, 301):                          # down onto the tail's last vertex, the needle aside
+            right.pos = p0 + k / 300 * (end - p0)
+            left.pos = l0 + k / 300 * aside
+            yield
+        yield from self.close_on(right, "thread")
+        yield from self.wait(50)
+        swage, _ = self.needle()
+        goal, l0 = right.pos - IT_PAST_TIP * a - IT_ASIDE * v, left.pos.copy()
+        for k in range(1, 501):                          # the swage past the jaw's tip
+            left.pos = l0 + k / 500 * (goal - swage)
+            yield
+        for _ in range(4):                               # the jaw drawn back, the tail's end through the wraps
+            yield from self.move_jaw(right, right.pos + IT_BACK * a / 4, right.quat, 200)
+        swage, _ = self.needle()
+        p0 = right.pos.copy()
+        for k in range(1, IT_CINCH_TICKS + 1):           # the cinch, each end to its own side
+            s = k / IT_CINCH_TICKS
+            right.pos = p0 + s * (at(-IT_CINCH, 0.0, 0.003) - p0)
+            left.pos, left.quat = left.jaw_for_needle(swage + s * (at(IT_CINCH, 0.0, 0.003) - swage), Q_TIE)
+            yield
+        yield from self.wait(IT_CINCH_HOLD)
+        if not self.events("knot", name="double throw"):
+            raise BotFailed(f"after the instrument's double throw the server read {self.knots()}")
+        self.done.append("double throw")
+        swage, _ = self.needle()
+        p0 = right.pos.copy()
+        for k in range(1, 1001):                         # eased, the jaw lets go and the driver moves clear
+            right.pos = p0 + k / 1000 * (at(-0.015, 0.0, 0.010) - p0)
+            left.pos, left.quat = left.jaw_for_needle(swage + k / 1000 * (at(0.034, 0.0, 0.017) - swage), Q_TIE)
+            yield
+        yield from self.wait(300)
+        self.let_go(right)
+        yield from self.wait(300)
+        yield from self.move_jaw(right, right.pos + at(0.0, 0.025, 0.003) - c, right.quat, 500)
+        self.done.append("driver clear")
 
     # -- the suture ----------------------------------------------------------------------------------------
     def plan(self) -> Iterator[None]:
