@@ -65,11 +65,12 @@ def pytest_collection_modifyitems(config, items) -> None:
 class Daemon:
     """`suturesim serve` in a subprocess (its own session, so the finalizer can reap every child)."""
 
-    def __init__(self, *extra: str, env: dict | None = None, preexec_fn=None):
+    def __init__(self, *extra: str, env: dict | None = None, preexec_fn=None, score: bool = False):
+        """``score``: run the live scorer (on ``self.score``); off by default, as only its own tests need it."""
         self.ports = free_ports(4)
         self.pub, self.control, self.stylus, self.score = (f"tcp://127.0.0.1:{p}" for p in self.ports)
         cmd = [sys.executable, "-m", "suturesim.server.cli", "serve", "--pub", self.pub, "--control", self.control,
-               "--stylus", self.stylus, "--score", self.score, *extra]
+               "--stylus", self.stylus, "--score", self.score if score else "off", *extra]
         env = dict(os.environ if env is None else env, PYTHONUNBUFFERED="1")
         # the recordings directory (files.recordings_dir) defaults under XDG_DATA_HOME: never the user's own
         self.data_home = tempfile.mkdtemp(prefix="suturesim-test-data-")

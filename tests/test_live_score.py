@@ -56,7 +56,7 @@ def test_serve_publishes_the_live_score_of_the_scripted_suture():
     """`serve` of the scripted simple interrupted suture: on --score, `score` messages at about 2 Hz whose
     phases grow as the suture goes (its bites at 0.96 s and 1.75 s, the thread through at 3.41 s), and a `score`
     event when the thread is pulled through."""
-    d = Daemon("--scenario", "simple-interrupted-suture")
+    d = Daemon("--scenario", "simple-interrupted-suture", score=True)
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
