@@ -219,7 +219,7 @@ def test_the_trainee_bots_suture_by_hand_scored_from_what_the_loop_published():
 
 
 @pytest.mark.long(cost=30)
-def test_an_instrument_double_throw_holds_the_wound_once_the_driver_lets_go():
+def test_an_instrument_double_throw_closes_the_wound_and_the_driver_lets_go():
     """The trainee bot (seed 0) with suture-practice's own tools, a needle driver right and forceps left: after its
     suture, the instrument tie's first throw (the needle's strand wound 2.5 times round the driver's jaw, the
     jaw taking the tail's very end and drawn back through the wraps, each end pulled to its own side): the server
