@@ -263,13 +263,7 @@ def encode_score(seq: int, t: float, body: Mapping[str, Any]) -> bytes:
     """Encode a ``score`` payload (published by the scorer process on ``endpoints.score``, not on the PUB
     socket: server/scoring.py): ``t`` is the scene time of the newest message scored; ``body`` holds the
     attempt's summary (docs/PROTOCOL.md Sec. 3.5) and must not reuse v, seq or t."""
-    clash = {"v", "seq", "t"} & set(body)
-    if clash:
-        raise ProtocolError(f"score may not use reserved keys {sorted(clash)}")
-    msg = _envelope(seq, t)
-    for k in sorted(body):
-        msg[k] = _canonical(body[k])
-    return _pack(msg)
+    return _encode_map("score", seq, t, body)
 
 
 def encode_stats(seq: int, t: float, stats: Mapping[str, Any]) -> bytes:
@@ -277,12 +271,17 @@ def encode_stats(seq: int, t: float, stats: Mapping[str, Any]) -> bytes:
 
     ``stats`` is free-form; its keys are emitted in sorted order and must not reuse v, seq or t.
     """
-    clash = set(stats).intersection(_ENVELOPE_KEYS)
+    return _encode_map("stats", seq, t, stats)
+
+
+def _encode_map(topic: str, seq: int, t: float, body: Mapping[str, Any]) -> bytes:
+    """The envelope, then ``body``'s keys in sorted order (none of them v, seq or t)."""
+    clash = set(body).intersection(_ENVELOPE_KEYS)
     if clash:
-        raise ProtocolError(f"stats may not use reserved keys {sorted(clash)}")
+        raise ProtocolError(f"{topic} may not use reserved keys {sorted(clash)}")
     msg = _envelope(seq, t)
-    for k in sorted(stats):
-        msg[k] = _canonical(stats[k])
+    for k in sorted(body):
+        msg[k] = _canonical(body[k])
     return _pack(msg)
 
 
