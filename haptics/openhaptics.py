@@ -358,7 +358,8 @@ class OpenHapticsDriver:
 
     def summary(self, devices: list | None = None) -> dict:
         """Per device: pose-to-force latency (µs: p50, p99, max, count), servo callback time (µs: p99, max),
-        HD errors seen by name, callback exceptions."""
+        ticks on which the servo's backstop acted (watchdog ramp or slew limit, see Servo.backstop_ticks), HD
+        errors seen by name, callback exceptions."""
         out = {}
         for dev in devices if devices is not None else (self.devices or getattr(self, "devices_closed", [])):
             lat = dev.servo.latencies_us()
@@ -366,6 +367,7 @@ class OpenHapticsDriver:
             cb = dev.callback_ns[:n] / 1000.0
             out[dev.spec.name] = {
                 "latency_us": _percentiles(lat), "callback_us": _percentiles(cb), "callbacks": dev.n_callbacks,
+                "backstop_ticks": dev.servo.backstop_ticks,
                 # forces by the nearest whole number of servo periods of their latency: 0, 1, ..., 9, >= 10
                 "latency_hist_periods": latency_histogram(lat),
                 "errors": {error_name(c): k for c, k in dev.errors.items()}, "exceptions": dev.exceptions,

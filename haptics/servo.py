@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .link import DeviceLink
-from .safety import FLAG_FAULT, ForceSafety, SafetyConfig
+from .safety import FLAG_FAULT, FLAG_SLEWED, FLAG_WATCHDOG, ForceSafety, SafetyConfig
 from .transform import DeviceTransform
 
 BACKSTOP_SLEW_FACTOR = 3.0
@@ -65,6 +65,10 @@ class Servo:
         self.flags = 0
         self.error_code = 0             # the last device error (e.g. an HD error code), reported to physics
         self.ticks = 0
+        # ticks, from the first force physics computed until stopping, on which the backstop sent the motors
+        # something physics did not publish: a nonzero watchdog ramp (physics late by more than watchdog_s) or
+        # a slew-limited step. A test or a log matches published forces against the device's with these aside.
+        self.backstop_ticks = 0
         # pose-to-force latency (ns): the time from a pose being published to the first servo tick commanding a
         # force computed from it
         self.latency_ns = np.zeros(LATENCY_CAPACITY, dtype=np.int64)
@@ -104,6 +108,10 @@ class Servo:
         self.transform.force_to_device(self._safe[0], self._safe[1], self._safe[2], out)
         self.flags = flags
         self.ticks += 1
+        if self._last_seq >= 0 and not self.stopping and (
+                flags & FLAG_SLEWED or (flags & FLAG_WATCHDOG and (self._safe[0] != 0.0 or self._safe[1] != 0.0
+                                                                   or self._safe[2] != 0.0))):
+            self.backstop_ticks += 1
         return flags
 
     def zero(self, out) -> None:

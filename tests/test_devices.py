@@ -161,7 +161,12 @@ def test_openhaptics_pull_taut_forces_match_clamp_and_latency(rig):
     t_first = r.msgs[0][0] * 1e9 + 5e6           # forces sent before the subscriber joined cannot match
     live = (mags > 0.0) & (t_f > t_first) & (t_f < t_stop)
     matched = np.array([tuple(v) in published for v in f[live]])
-    assert matched.mean() > 0.99, f"{(~matched).sum()} of {matched.size} device forces were never published"
+    # the rest are the servo's backstop's own (a watchdog ramp while physics was late by more than watchdog_s, or
+    # a slew-limited step), which the driver counts: on a loaded machine physics stalls, and they are many
+    stats = json.loads(r.stats.read_text())["stylus0"]
+    unmatched = int((~matched).sum())
+    assert unmatched <= 0.01 * matched.size + stats["backstop_ticks"], \
+        f"{unmatched} of {matched.size} device forces were never published ({stats['backstop_ticks']} backstop ticks)"
     pub_mags = np.array([np.linalg.norm(m["force"]) for m in r.forces()])
     assert pub_mags.max() <= CLAMP_N + 1e-12
     assert any(m["flags"] & protocol.FLAG_CLAMPED for m in r.forces())
@@ -176,7 +181,6 @@ def test_openhaptics_pull_taut_forces_match_clamp_and_latency(rig):
     # second callback after its pose, on the device's clock; 50 us over 2 ms is that jitter, not a third period.
     # (A CI run read p99 2001.4 us: a little over 1 % of forces at the second callback, which the bound at exactly
     # 2000 us failed.)
-    stats = json.loads(r.stats.read_text())["stylus0"]
     assert stats["latency_us"]["count"] > 1000 and stats["latency_us"]["p99"] <= 2050.0, stats["latency_us"]
     assert stats["errors"] == {} and stats["exceptions"] == 0
     # ... and independently from the emulator's log: the step at 6.5 s reaches the motors within 2 ms

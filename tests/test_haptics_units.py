@@ -173,6 +173,7 @@ def test_servo_passes_a_healthy_force_unchanged_into_the_device_frame(link):
         assert flags == 0                                       # the backstop stayed idle
         np.testing.assert_array_equal(out, to_device(f))        # bit for bit what physics published
         np.testing.assert_allclose(TF.matrix @ out, f, rtol=0, atol=1e-15)
+    assert servo.backstop_ticks == 0
 
 
 def test_servo_watchdog_ramps_a_stale_force_linearly_to_exactly_zero(link):
@@ -206,6 +207,8 @@ def test_servo_watchdog_ramps_a_stale_force_linearly_to_exactly_zero(link):
         else:
             assert np.linalg.norm(out) > 0.0
     assert last_fresh == 8
+    # counted: each tick of the ramp that sent the motors a nonzero force physics did not publish (9 .. 57)
+    assert servo.backstop_ticks == round(cfg.ramp_down_s * 1e3) - 1
     # fresh forces again: the output resumes (through the slew limit, from zero) and the flag clears
     now = t0 + 70 * MS
     link.write_force(0, f, 0.0, 0, 70, now)
