@@ -18,7 +18,7 @@ import zmq
 from suturesim.haptics import emulator as emu
 from suturesim.server import protocol
 from suturesim.server.recording import read_messages, read_metadata
-from conftest import Daemon, free_ports, serve_and_record, serving_daemon
+from conftest import Daemon, MachineLateness, free_ports, serve_and_record, serving_daemon
 
 CLI = [sys.executable, "-m", "suturesim.server.cli"]
 
@@ -81,12 +81,13 @@ def test_replay_publish_is_byte_exact_and_on_time(session):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     got = []
     try:
-        deadline = time.monotonic() + 60
-        while len(got) < len(recorded) and time.monotonic() < deadline:
-            if sub.poll(200):
-                topic, payload = sub.recv_multipart()
-                got.append((time.monotonic_ns(), topic.decode(), payload))
-        out, err = proc.communicate(timeout=10)
+        with MachineLateness() as machine:
+            deadline = time.monotonic() + 60
+            while len(got) < len(recorded) and time.monotonic() < deadline:
+                if sub.poll(200):
+                    topic, payload = sub.recv_multipart()
+                    got.append((time.monotonic_ns(), topic.decode(), payload))
+            out, err = proc.communicate(timeout=10)
     finally:
         sub.close()
         ctx.term()
@@ -95,8 +96,10 @@ def test_replay_publish_is_byte_exact_and_on_time(session):
     assert proc.returncode == 0, err
     assert [(t, p) for _, t, p in got] == [(t, p) for t, p, _, _ in recorded]      # every message, byte for byte
     # timing, as sent: each message against its original log time (the replayer's own account)
+    # (within 1 ms beyond what a bare wait loop got from the machine in the same window: a shared VM's stalls
+    # delay any loop by milliseconds)
     late = re.search(r"timing p50 ([0-9.]+) ms, p99 ([0-9.]+) ms, max ([0-9.]+) ms", out)
-    assert late and float(late.group(2)) <= 1.0, out
+    assert late and float(late.group(2)) <= 1.0 + machine.p99_ms, f"{out}\n{machine}"
     # and as received here, end to end: offsets from the first message, replayed against recorded (this
     # process's own scheduling stalls land in the tail, so the bound is on the median)
     dev = np.array([(g[0] - got[0][0]) - (r[2] - recorded[0][2]) for g, r in zip(got, recorded)]) / 1e6
