@@ -55,6 +55,7 @@ POINTS_PER_MM_GAP = 1.0           # and the gap left in the slit in mm
 POINTS_INSECURE_KNOT = 20.0       # a knot that is not square (a granny, a half knot, a lone throw) can slip
 POINTS_EXTRA_PUNCTURE = 5.0       # every extra hole, and every needle backed out, is a wound of its own
 POINTS_NEEDLE_DROP = 5.0          # a needle dropped outside the tissue must be found and picked up again
+POINTS_KNOT_SLIP = 20.0           # a knot that slips under the security test's pull loosens as a granny does
 # proficiency benchmarks by default: the FLS intracorporeal suturing task's (112 s, no mark missed by more than
 # 1 mm, a knot that does not slip)
 FLS_TIME_S = 112.0
@@ -101,6 +102,36 @@ class Check:
 
 
 @dataclass
+class Security:
+    """The knot security test's outcome (tools/security.py; lengths in mm, times in s from the pull's start)."""
+    tension_n: float
+    ends: tuple[int, int]            # the vertices pulled apart
+    outcome: str                     # "holds" (settled, the wound closed), "slips" (still moving at the end),
+    #                                  "opens" (the wound not closed under the load), "undone" (pulled
+    #                                  through), or "slack" (the ends' slack was never taken up)
+    slip_mm: float | None            # the ends' separation's growth over the hold
+    creep_mm: float | None           # its growth over the hold's last 2 s (a knot still moving slips)
+    taut_s: float | None             # when both ends first pulled with the tension
+    hold_s: float                    # how long the hold was measured over
+    gap_mm: float | None             # the wound's gap at the end of the hold (None: no tissue)
+    closed_under_load: bool | None   # the scene's reading of the wound at the end of the hold (None: no wound)
+    knot_before: str | None          # the knot the scene read before the pull and after it
+    knot_after: str | None
+
+    @property
+    def held(self) -> bool:
+        return self.outcome == "holds"
+
+    def line(self) -> str:
+        slip = "-" if self.slip_mm is None else (f"{self.slip_mm:.2f} mm in {self.hold_s:g} s, "
+                                                  f"{self.creep_mm:.2f} mm in its last 2 s")
+        gap = "" if self.gap_mm is None else (f", gap under the load {self.gap_mm:.2f} mm" + (
+            "" if self.closed_under_load is None else " (closed)" if self.closed_under_load else " (open)"))
+        return (f"knot security at {self.tension_n:g} N a side: {self.outcome}, slip {slip}{gap}, knot "
+                f"{self.knot_before or 'none'} -> {self.knot_after or 'none'}")
+
+
+@dataclass
 class Attempt:
     """An attempt as :class:`Scorer` read it (times in s from the start, lengths in mm unless named _m)."""
     scenario: str = ""
@@ -125,6 +156,7 @@ class Attempt:
     reopened: int = 0
     tools: list[ToolUse] = field(default_factory=list)
     needle_drops: int = 0
+    security: Security | None = None   # the knot security test, when it was run (`suturesim score --security`)
     penalties: list[Penalty] = field(default_factory=list)
     score: float = 0.0
     checks: list[Check] = field(default_factory=list)
@@ -350,11 +382,16 @@ class Scorer:
         a.knot_secure = a.knot in SECURE_KNOTS
         a.closed_at_end = self.last_gap_kind == "gap_closed"
         a.completed_s = a.phases.get("cinched")
-        a.penalties = penalties(a)
-        lost = sum(p.points for p in a.penalties)
-        a.score = 0.0 if a.completed_s is None else max(0.0, SCORE_CUTOFF - a.completed_s - lost)
-        a.checks = fls_checks(a)
-        return a
+        return rescore(a)
+
+
+def rescore(a: Attempt) -> Attempt:
+    """``a``'s penalties, score and FLS checks from its metrics (again, after the security test is added)."""
+    a.penalties = penalties(a)
+    lost = sum(p.points for p in a.penalties)
+    a.score = 0.0 if a.completed_s is None else max(0.0, SCORE_CUTOFF - a.completed_s - lost)
+    a.checks = fls_checks(a)
+    return a
 
 
 def penalties(a: Attempt) -> list[Penalty]:
@@ -375,6 +412,17 @@ def penalties(a: Attempt) -> list[Penalty]:
                            f"{a.extra_punctures} extra punctures, {a.withdrawals} withdrawals"))
     if a.needle_drops:
         out.append(Penalty("needle dropped", POINTS_NEEDLE_DROP * a.needle_drops, f"{a.needle_drops} times"))
+    sec = a.security
+    if sec is not None and a.completed_s is not None:
+        if sec.outcome == "slips":
+            out.append(Penalty("knot slipped", POINTS_KNOT_SLIP,
+                               f"still slipping at {sec.tension_n:g} N a side: {sec.creep_mm:.1f} mm in the "
+                               f"hold's last 2 s"))
+        elif sec.outcome in ("undone", "slack", "opens"):
+            # a knot that pulls through, or lets the wound open under the load, holds nothing: the task undone
+            out.append(Penalty("knot came apart", SCORE_CUTOFF,
+                               f"{'the wound opened' if sec.outcome == 'opens' else 'pulled through'} at "
+                               f"{sec.tension_n:g} N a side"))
     return out
 
 
@@ -386,5 +434,8 @@ def fls_checks(a: Attempt) -> list[Check]:
     if a.marked:            # a scene without marks has no accuracy to check
         checks.append(Check("worst mark (mm)", worst, FLS_DEVIATION_MM,
                             worst is not None and worst <= FLS_DEVIATION_MM))
-    return checks + [Check("square knot", a.knot_secure, True, a.knot_secure),
-                     Check("wound closed at the end", a.closed_at_end, True, a.closed_at_end)]
+    checks += [Check("square knot", a.knot_secure, True, a.knot_secure),
+               Check("wound closed at the end", a.closed_at_end, True, a.closed_at_end)]
+    if a.security is not None:   # the FLS: no knot slippage
+        checks.append(Check("knot holds under tension", a.security.held, True, a.security.held))
+    return checks

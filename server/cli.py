@@ -283,13 +283,19 @@ def _add_score(sub: argparse._SubParsersAction) -> None:
                    help="also write a one-page HTML report: the score and benchmarks, the phase timeline, the "
                         "force on each hand, the thread's tension and the wound's gap against time, the entry and "
                         "exit against the marks")
+    p.add_argument("--security", metavar="N", type=float, nargs="?", const=1.0, default=None,
+                   help="also run the knot security test: the recording resimulated to its end, every hand let go, "
+                        "the thread's two ends pulled away from the knot with N newtons each (default 1) and held "
+                        "5 s; a knot still slipping at the end (over 1 mm in the last 2 s) is penalised, one that "
+                        "pulls through or lets the wound open scores 0 (docs/ASSESSMENT.md Sec. 5; a recording, "
+                        "not a directory)")
     p.set_defaults(func=_cmd_score)
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
     from ..tools.score import run_score
 
-    return run_score(args.target, args.json, html=args.html, benchmarks=args.benchmarks)
+    return run_score(args.target, args.json, html=args.html, benchmarks=args.benchmarks, security=args.security)
 
 
 def _cmd_record(args: argparse.Namespace) -> int:

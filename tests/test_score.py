@@ -13,7 +13,8 @@ import pytest
 from suturesim.server import protocol
 from suturesim.server.recording import McapRecorder
 from suturesim.server.assessment import (FLS_TIME_S, POINTS_EXTRA_PUNCTURE, POINTS_INSECURE_KNOT,
-                                        POINTS_NEEDLE_DROP, SCORE_CUTOFF, Scorer)
+                                        POINTS_KNOT_SLIP, POINTS_NEEDLE_DROP, SCORE_CUTOFF, Scorer, Security,
+                                        rescore)
 from suturesim.tools.score import run_score
 
 MARKS = [{"id": "in", "pad": "left", "pos": [-0.005, 0.0, 0.0], "kind": "entry"},
@@ -160,6 +161,41 @@ def test_a_granny_second_throw_is_named_and_penalised():
     assert [p.what for p in a.penalties] == ["knot not square"]
     assert a.score == pytest.approx(SCORE_CUTOFF - 38.0 - POINTS_INSECURE_KNOT)
     assert not [c for c in a.checks if c.what == "square knot"][0].passed
+
+
+def security(outcome: str, slip_mm: float | None) -> Security:
+    return Security(tension_n=1.0, ends=(0, 80), outcome=outcome, slip_mm=slip_mm, creep_mm=0.1, taut_s=0.8,
+                    hold_s=3.0, gap_mm=0.3, closed_under_load=True, knot_before="surgeon's knot",
+                    knot_after="surgeon's knot")
+
+
+def test_the_knot_security_test_penalises_a_slip_and_zeroes_a_knot_that_pulls_through():
+    s = Stream()
+    s.suture()
+    held = s.scored()
+    held.security = security("holds", 0.2)
+    rescore(held)
+    assert held.penalties == [] and held.score == pytest.approx(SCORE_CUTOFF - 38.0)
+    assert [(c.what, c.passed) for c in held.checks][-1] == ("knot holds under tension", True) and held.passed
+    assert held.security.line() == ("knot security at 1 N a side: holds, slip 0.20 mm in 3 s, 0.10 mm in its last "
+                                    "2 s, gap under the load 0.30 mm (closed), knot surgeon's knot -> surgeon's knot")
+    slipped = s.scored()
+    slipped.security = security("slips", 4.0)
+    rescore(slipped)
+    assert [p.what for p in slipped.penalties] == ["knot slipped"]
+    assert slipped.score == pytest.approx(SCORE_CUTOFF - 38.0 - POINTS_KNOT_SLIP) and not slipped.passed
+    undone = s.scored()
+    undone.security = security("undone", None)
+    rescore(undone)
+    assert [p.what for p in undone.penalties] == ["knot came apart"] and undone.score == 0.0
+    # an attempt that never finished has no knot to test: no penalty beyond its zero
+    unfinished = Stream()
+    unfinished.run(5.0)
+    u = unfinished.scored()
+    u.security = security("undone", None)
+    assert not [p for p in rescore(u).penalties if p.what.startswith("knot")] and u.score == 0.0
+    # the JSON carries it
+    assert json.loads(json.dumps(slipped.to_json()))["security"]["slip_mm"] == 4.0
 
 
 def test_extra_holes_and_a_dropped_needle_are_counted_but_not_letting_go_at_the_end():
@@ -353,3 +389,43 @@ def test_the_scripted_suture_scores_and_a_sloppier_bite_loses_only_on_its_marks(
     lost = sum(p.offset_mm for p in sloppy.placements) - sum(p.offset_mm for p in clean.placements)
     assert sloppy.score == pytest.approx(clean.score - lost, abs=0.05)
     assert [c.what for c in sloppy.checks if not c.passed] == ["worst mark (mm)"]
+
+
+@pytest.mark.long(cost=40)
+def test_the_knot_security_test_holds_a_surgeons_knot_and_pulls_an_untied_thread_through(tmp_path):
+    """`suturesim score --security`: the scripted suture resimulated to its end, both hands let go and the
+    thread's ends pulled away from the knot with 1 N each. Its surgeon's knot reseats by a few millimetres and
+    then holds (under 1 mm in the hold's last 2 s), and keeps the wound closed under the load; the same suture
+    stopped before the first throw (the thread drawn through, no knot) leaves the wound open: nothing holds it."""
+    from suturesim.server.headless import run_scenario
+    from suturesim.solver.scenario import load_scenario
+
+    tied, untied = tmp_path / "tied.mcap", tmp_path / "untied.mcap"
+    run_scenario(load_scenario("simple-interrupted-suture"), duration=21.5, record=str(tied))
+    run_scenario(load_scenario("simple-interrupted-suture"), duration=5.0, record=str(untied))
+    out = io.StringIO()
+    assert run_score(str(tied), as_json=True, out=out, security=1.0) == 0
+    a = json.loads(out.getvalue())
+    sec = a["security"]
+    assert sec["outcome"] == "holds" and abs(sec["creep_mm"]) < 1.0 and 0.0 < sec["slip_mm"] < 10.0, sec
+    assert sec["knot_before"] == sec["knot_after"] == "surgeon's knot"
+    assert sec["closed_under_load"] and sec["gap_mm"] < 1.0      # the wound stays closed under the pull
+    assert a["passed"] and ("knot holds under tension", True) in [(c["what"], c["passed"]) for c in a["checks"]]
+    assert not [p for p in a["penalties"] if p["what"].startswith("knot")]
+    out = io.StringIO()
+    assert run_score(str(untied), as_json=True, out=out, security=1.0) == 0
+    sec = json.loads(out.getvalue())["security"]
+    assert sec["outcome"] == "opens" and sec["knot_after"] is None and sec["gap_mm"] > 2.0, sec
+
+
+@pytest.mark.long(cost=40)
+def test_the_knot_security_test_on_the_bends_keeps_the_reef_and_loses_the_thief():
+    """tools/security.py's pull on configs/scenarios/reef-knot.yaml's bends (its validation, docs/ASSESSMENT.md
+    Sec. 5): at mu = 0.6 the reef knot slips a few millimetres and stays tied; the thief knot pulls out at 0.9.
+    (Held 2 s, for the suite's time; the ladder holds 5 s.)"""
+    from suturesim.tools.security import bend_security
+
+    reef = bend_security("reef", 0.6, hold_s=2.0)
+    assert reef.outcome in ("holds", "slips") and 0.0 < reef.slip_mm < 30.0 and reef.taut_s < 2.0, reef
+    thief = bend_security("thief", 0.9, hold_s=2.0)
+    assert thief.outcome == "undone", thief

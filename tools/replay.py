@@ -153,6 +153,7 @@ class ResimReport:
     events: int = 0             # recorded events of the scene's own (_DERIVED_EVENTS) compared
     event_diff: str | None = None   # the first of them the resimulation did not make the same, or made extra
     first_seq: int = 1          # the first recorded tick (a recorder that joined late): compared from there
+    after: object = None        # what resimulate's ``after`` returned
 
     @property
     def exact(self) -> bool:
@@ -181,9 +182,13 @@ class ResimReport:
         return out
 
 
-def resimulate(path: str, assignments: list[str] | None = None, progress: bool = False) -> ResimReport:
-    """Step the recorded session again and compare (module docstring). Raises RecordingError when the file
-    cannot be resimulated (no scenario in its metadata, or it does not start at the scene's first tick)."""
+def resimulate(path: str, assignments: list[str] | None = None, progress: bool = False, watch=None,
+               after=None) -> ResimReport:
+    """Step the recorded session again and compare (module docstring). ``watch(topic, payload)`` also sees
+    every message the resimulation publishes; ``after(loop)``, if given, runs on the PhysicsLoop at the
+    recording's end (unless the comparison stopped before it), its result in the report's ``after`` (the knot
+    security test, tools/security.py). Raises RecordingError when the file cannot be resimulated (no scenario in
+    its metadata, or it does not start at the scene's first tick)."""
     from ..server.config import server_config_from_metadata
     from ..server.physics import PhysicsLoop
     from ..solver.scenario import build_scenario, set_keys
@@ -210,7 +215,13 @@ def resimulate(path: str, assignments: list[str] | None = None, progress: bool =
                   devices=tuple(replace(d, backend="replay") if d.backend not in (None, "simulated") else d
                                 for d in cfg.devices))
     out: list[tuple[bytes, bytes]] = []
-    loop = PhysicsLoop(cfg, sink=lambda topic, payload: out.append((topic, payload)))
+
+    def sink(topic: bytes, payload: bytes) -> None:
+        out.append((topic, payload))
+        if watch is not None:
+            watch(topic, payload)
+
+    loop = PhysicsLoop(cfg, sink=sink)
     loop.replay = {d: stylus.track(d) for d in live} or None
 
     report = ResimReport(first_seq=first_seq)
@@ -231,6 +242,8 @@ def resimulate(path: str, assignments: list[str] | None = None, progress: bool =
             _compare_tick(seq, out, states, forces.get(seq, {}), first_seq, made, report)
             if progress:
                 _progress(seq, last_seq, "resimulating", last)
+        if after is not None and not report.stopped:
+            report.after = after(loop)
     finally:
         loop.close()
     _compare_events([e for e in events if e["kind"] in _DERIVED_EVENTS and first_seq <= e["seq"] <= report.ticks],

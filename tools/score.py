@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..server import protocol
-from ..server.assessment import SCORE_CUTOFF, Attempt, Check, Scorer, fls_checks
+from ..server.assessment import SCORE_CUTOFF, Attempt, Check, Scorer, fls_checks, rescore
 
 
 class ScoreError(ValueError):
@@ -79,6 +79,8 @@ def table(a: Attempt) -> str:
               f"  knot {a.knot or 'none'}, throws {_f(a.throws, 'd')}, square {_f(a.knot_secure)}",
               f"  wound: gap at the end {_f(a.gap_end_mm, '.2f')} mm, closed {_f(a.closed_at_end)}, "
               f"reopened {a.reopened} times", "", "tools:"]
+    if a.security is not None:
+        lines.insert(lines.index("tools:") - 1, f"  {a.security.line()}")
     lines += [f"  {u.device:<10} path {u.path_m:6.3f} m, idle {u.idle_s:6.1f} s, {u.grasps} grasps "
               f"({u.missed_grasps} missed), {u.clutches} clutches, peak force {u.peak_force_n:.2f} N"
               for u in a.tools] or ["  none"]
@@ -109,11 +111,13 @@ class Benchmarks:
     limits: tuple[tuple[str, float], ...]
 
     def checks(self, a: Attempt) -> list[Check]:
-        """``a`` against these benchmarks, and a square knot and a closed wound as the FLS's own checks ask."""
+        """``a`` against these benchmarks, and a square knot, a closed wound and (when it ran) the knot holding
+        under the security test, as the FLS's own checks ask."""
         values = dict((name, value(a)) for name, value in EXPERT_METRICS)
         out = [Check(name, values[name], limit, values[name] is not None and values[name] <= limit)
                for name, limit in self.limits]
-        return out + [c for c in fls_checks(a) if c.what in ("square knot", "wound closed at the end")]
+        return out + [c for c in fls_checks(a)
+                      if c.what in ("square knot", "wound closed at the end", "knot holds under tension")]
 
 
 def expert_benchmarks(directory: str | os.PathLike) -> Benchmarks:
@@ -170,19 +174,40 @@ def course(directory: Path, out, benchmarks: Benchmarks | None = None) -> int:
     return done
 
 
+def with_security(path: str | os.PathLike, a: Attempt, tension: float) -> Attempt:
+    """``a`` with the knot security test run on the end of its recording ``path`` (tools/security.py), its
+    penalties, score and checks again."""
+    from ..server.recording import RecordingError
+    from .security import security_of_recording
+
+    if not 0.0 < tension <= 3.0:
+        raise ScoreError(f"--security {tension:g}: the pull must be in (0, 3] N a side")
+    try:
+        a.security = security_of_recording(os.fspath(path), tension)
+    except (RecordingError, ValueError) as exc:
+        raise ScoreError(f"the knot security test cannot run: {exc}") from exc
+    return rescore(a)
+
+
 def run_score(target: str, as_json: bool = False, out=None, html: str | None = None,
-              benchmarks: str | None = None) -> int:
+              benchmarks: str | None = None, security: float | None = None) -> int:
     """`suturesim score`: a recording's report (or JSON; ``html``: also the HTML page, written there), or a
     directory's CSV, judged against the FLS's benchmarks or those of the expert recordings in ``benchmarks``;
-    exit code 2 for what cannot be scored or written."""
+    ``security``: also the knot security test, each end pulled with that many N. Exit code 2 for what cannot be
+    scored or written."""
     out = out or sys.stdout
     path = Path(target)
     try:
         bm = None if benchmarks is None else expert_benchmarks(benchmarks)
         if path.is_dir():
+            if security is not None:
+                raise ScoreError("--security runs on one recording, not on a directory")
             course(path, out, bm)
             return 0
-        a = _judge(score_recording(path), bm)
+        a = score_recording(path)
+        if security is not None:
+            a = with_security(path, a, security)
+        a = _judge(a, bm)
         if html is not None:
             from .score_report import write_report
 
@@ -203,8 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--html", metavar="OUT.html")
     p.add_argument("--benchmarks", metavar="DIR")
+    p.add_argument("--security", metavar="N", type=float, nargs="?", const=1.0, default=None)
     args = p.parse_args(argv)
-    return run_score(args.target, args.json, html=args.html, benchmarks=args.benchmarks)
+    return run_score(args.target, args.json, html=args.html, benchmarks=args.benchmarks, security=args.security)
 
 
 if __name__ == "__main__":
