@@ -309,10 +309,8 @@ class Trainee:
     def bite_frame(self) -> tuple[np.ndarray, np.ndarray]:
         """The circle's centre and the needle's orientation for the bite, from the marks as read: the circle
         upright in the vertical plane through both marks, meeting the face at them."""
-        entry, exit_ = self.marks()
-        d = exit_ - entry
-        yaw = math.atan2(d[1], d[0])
-        return 0.5 * (entry + exit_) + [0.0, 0.0, BITE_DEPTH], qmul(about_z(yaw), Q_BITE)
+        centre, _, _, yaw = self.wound_frame()
+        return centre + [0.0, 0.0, BITE_DEPTH], qmul(about_z(yaw), Q_BITE)
 
     def knots(self) -> list[str]:
         return [e["name"] for e in self.eyes.events if e["kind"] == "knot"]
@@ -388,12 +386,12 @@ class Trainee:
     # -- the instrument tie ---------------------------------------------------------------------------------
     def wound_frame(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
         """The wound's centre (the marks' midpoint), u (toward the exit mark, horizontal), v = z x u, and u's
-        yaw (rad)."""
+        yaw (rad), from the marks as read."""
         entry, exit_ = self.marks()
-        u = exit_ - entry
-        u[2] = 0.0
+        d = exit_ - entry
+        u = np.array([d[0], d[1], 0.0])
         u /= np.linalg.norm(u)
-        return 0.5 * (entry + exit_), u, np.cross([0.0, 0.0, 1.0], u), math.atan2(u[1], u[0])
+        return 0.5 * (entry + exit_), u, np.cross([0.0, 0.0, 1.0], u), math.atan2(d[1], d[0])
 
     def tail_length(self) -> float:
         """The thread's length (m) from the vertex nearest the entry mark to the tail's end."""
