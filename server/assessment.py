@@ -56,6 +56,7 @@ POINTS_INSECURE_KNOT = 20.0       # a knot that is not square (a granny, a half 
 POINTS_EXTRA_PUNCTURE = 5.0       # every extra hole, and every needle backed out, is a wound of its own
 POINTS_NEEDLE_DROP = 5.0          # a needle dropped outside the tissue must be found and picked up again
 POINTS_KNOT_SLIP = 20.0           # a knot that slips under the security test's pull loosens as a granny does
+SECURITY_CREEP_S = 2.0            # s: the security test's last stretch, over which a knot still moving slips
 # proficiency benchmarks by default: the FLS intracorporeal suturing task's (112 s, no mark missed by more than
 # 1 mm, a knot that does not slip)
 FLS_TIME_S = 112.0
@@ -110,7 +111,7 @@ class Security:
     #                                  "opens" (the wound not closed under the load), "undone" (pulled
     #                                  through), or "slack" (the ends' slack was never taken up)
     slip_mm: float | None            # the ends' separation's growth over the hold
-    creep_mm: float | None           # its growth over the hold's last 2 s (a knot still moving slips)
+    creep_mm: float | None           # its growth over the hold's last SECURITY_CREEP_S (still moving: slips)
     taut_s: float | None             # when both ends first pulled with the tension
     hold_s: float                    # how long the hold was measured over
     gap_mm: float | None             # the wound's gap at the end of the hold (None: no tissue)
@@ -124,7 +125,7 @@ class Security:
 
     def line(self) -> str:
         slip = "-" if self.slip_mm is None else (f"{self.slip_mm:.2f} mm in {self.hold_s:g} s, "
-                                                  f"{self.creep_mm:.2f} mm in its last 2 s")
+                                                  f"{self.creep_mm:.2f} mm in its last {SECURITY_CREEP_S:g} s")
         gap = "" if self.gap_mm is None else (f", gap under the load {self.gap_mm:.2f} mm" + (
             "" if self.closed_under_load is None else " (closed)" if self.closed_under_load else " (open)"))
         return (f"knot security at {self.tension_n:g} N a side: {self.outcome}, slip {slip}{gap}, knot "
@@ -417,7 +418,7 @@ def penalties(a: Attempt) -> list[Penalty]:
         if sec.outcome == "slips":
             out.append(Penalty("knot slipped", POINTS_KNOT_SLIP,
                                f"still slipping at {sec.tension_n:g} N a side: {sec.creep_mm:.1f} mm in the "
-                               f"hold's last 2 s"))
+                               f"hold's last {SECURITY_CREEP_S:g} s"))
         elif sec.outcome in ("undone", "slack", "opens"):
             # a knot that pulls through, or lets the wound open under the load, holds nothing: the task undone
             out.append(Penalty("knot came apart", SCORE_CUTOFF,

@@ -180,8 +180,6 @@ def with_security(path: str | os.PathLike, a: Attempt, tension: float) -> Attemp
     from ..server.recording import RecordingError
     from .security import security_of_recording
 
-    if not 0.0 < tension <= 3.0:
-        raise ScoreError(f"--security {tension:g}: the pull must be in (0, 3] N a side")
     try:
         a.security = security_of_recording(os.fspath(path), tension)
     except (RecordingError, ValueError) as exc:

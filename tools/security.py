@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 
 from ..server import protocol
-from ..server.assessment import Security
+from ..server.assessment import SECURITY_CREEP_S as CREEP_S, Security
 from ..solver.instruments import TC_TOUCH
 
 PULL_SPEED = 0.05         # m/s: the targets' run-away speed, far above any slip: the couplings stay saturated
@@ -36,7 +36,6 @@ DAMPING = 0.5             # N s/m
 SETTLE_S = 0.5            # s after both ends first reach the tension, from which the slip is counted
 HOLD_S = 5.0              # s of the hold: a knot reseats under a new load for a few seconds (the scripted
                           # suture's surgeon's knot: 2-3 mm over 3 s at 1 N, then under 0.2 mm a second)
-CREEP_S = 2.0             # s: the hold's last stretch, over which a knot still moving is slipping
 TAUT_WITHIN_S = 4.0       # s: the ends' slack must be taken up by then (40 cm in all at PULL_SPEED)
 TAUT_FRACTION = 0.95      # a coupling at 95 % of its limit has reached the tension
 HOLDS_MM = 1.0            # mm over the last CREEP_S: more and the knot is slipping (docs/PHYSICS.md's bend test)
@@ -73,8 +72,7 @@ def pull_apart(loop, a: int, b: int, tension: float = SECURITY_TENSION_N, hold_s
     ``undone_mm``: how far the ends may run apart before a tail has pulled out (its length); ``directions``: the
     unit vectors to pull ``a`` and ``b`` along, if not away from the knot. Returns the outcome (module
     docstring)."""
-    if not 0.0 < tension <= 3.0:
-        raise ValueError(f"tension must be in (0, 3] N (a stylus's coupling), got {tension:g}")
+    check_tension(tension)
     st = loop.state
     n = st.x.shape[0] - 1
     if not (0 <= a <= n and 0 <= b <= n and a != b):
@@ -147,6 +145,12 @@ def pull_apart(loop, a: int, b: int, tension: float = SECURITY_TENSION_N, hold_s
         loop.sink = sink
 
 
+def check_tension(tension: float) -> None:
+    """Raise ValueError unless ``tension`` (N) is one a stylus's coupling can pull with: in (0, 3]."""
+    if not 0.0 < tension <= 3.0:
+        raise ValueError(f"the pull must be in (0, 3] N a side (a stylus's coupling), got {tension:g}")
+
+
 def knot_centre(x: np.ndarray, distance: float, exclude: int) -> np.ndarray:
     """Where the knot is (m): the mean of the vertices of ``x`` (n+1, 3) within two contact ``distance`` of a
     vertex more than ``exclude`` + 2 along the thread from them (strands pressed together), or of every
@@ -190,6 +194,7 @@ def security_of_recording(path: str, tension: float = SECURITY_TENSION_N, hold_s
     from ..server.recording import RecordingError
     from .replay import resimulate
 
+    check_tension(tension)          # before the resimulation, which may be long
     seen = _Watch(None, None)
     report = resimulate(path, progress=progress, watch=seen,
                         after=lambda loop: pull_apart(loop, 0, loop.state.x.shape[0] - 1, tension, hold_s,
@@ -210,17 +215,17 @@ def bend_loop(kind: str, mu: float, scene: str = "reef-knot"):
     them along (the line the standing parts leave the knot on, as the thesis's test pulls them)."""
     from ..server.config import ServerConfig
     from ..server.physics import PhysicsLoop
+    from ..solver.scenario import build_scenario
     from .validate_contact import bend_scenario
 
     sc, corners = bend_scenario(kind, mu, scene=scene)
     pulls = {e["grasp"]: e["velocity"] for e in sc.source["timeline"] if "velocity" in e}
-    ids = [g.id for g in sc.grasps]
-    dirs = tuple(_unit(np.asarray(pulls[ids[[g.vertex for g in sc.grasps].index(v)]], float)) for v in corners)
+    held_by = {g.vertex: g.id for g in sc.grasps}
+    dirs = tuple(_unit(np.asarray(pulls[held_by[v]], float)) for v in corners)
     src = dict(sc.source)
     src["timeline"] = []
     src["boundary"] = {**(src.get("boundary") or {}), "grasps": []}
     src.pop("devices", None)
-    from ..solver.scenario import build_scenario
     scenario = build_scenario(src, f"{scene}.yaml ({kind}, mu {mu:g})")
     cfg = replace(ServerConfig(file="<security>"), scenario=scenario, device="simulated")
     return PhysicsLoop(cfg, sink=lambda topic, payload: None), corners, dirs
