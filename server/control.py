@@ -25,6 +25,7 @@ import msgpack
 import numpy as np
 import zmq
 
+from ..solver.breakage import rating
 from ..solver.config import MAX_NAME_CHARS, ConfigError, is_name
 from ..solver.scenario import build_scenario, load_scenario_request
 from ..solver.sources import FilePolicy
@@ -299,7 +300,7 @@ class ControlHandler:
         def apply(scenario) -> dict:
             check_scene_fits_loop(scenario, lp.cfg)
             lp.install(scenario)
-            lp.event("load", scenario=scenario.name)
+            lp.event("load", scenario=scenario.name, strength=rating(scenario.model))
             return {"scenario": scenario.name}
 
         # confined (solver/sources.py): a shipped name, a file name under files.scenarios_dir, or an inline map whose

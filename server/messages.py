@@ -8,6 +8,7 @@ import numpy as np
 
 from ..haptics.safety import SafetyConfig
 from ..solver import diagnostics
+from ..solver.breakage import whole
 from ..solver.forces import constraint_force_at
 from ..solver.contact_response import CS_CONTACTS, CS_COUNT, CS_OVERFLOW, CS_PENETRATION, CS_PROJECTIONS
 from ..solver.instruments import CAPSULES_PER_TOOL, TC_IMPULSE
@@ -126,7 +127,8 @@ class MessageBuilder:
         needle = self._needle(state) if m.needle_on else None
         return protocol.encode_state(seq, float(state.time[0]), state.x, state.tension, float(state.twist[0]),
                                      grasps, int(cs[CS_CONTACTS]), diagnostics.energies(self.scenario.model, state),
-                                     solver, tissue=tissue, needle=needle, tools=self._tools())
+                                     solver, tissue=tissue, needle=needle, tools=self._tools(),
+                                     parted=None if whole(state) else np.flatnonzero(state.parted).tolist())
 
     def _tools(self) -> list[protocol.SortedMap] | None:
         """The `state` topic's `tools` (docs/PROTOCOL.md Sec. 3.1): each device with a stylus, its tool's tip

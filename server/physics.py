@@ -20,6 +20,7 @@ import numpy as np
 import zmq
 
 from ..haptics.link import DeviceLink
+from ..solver.breakage import rating
 from ..solver.integrator import SolverDivergence, Stepper, warm_up
 from ..solver.instruments import CAPSULES_PER_TOOL, MAX_TOOLS, place_capsules
 from ..solver.motion import MOTION_GRASP, MOTION_SPIN
@@ -907,7 +908,8 @@ class PhysicsLoop:
         heartbeat = self.heartbeat
         if heartbeat is not None:
             heartbeat[1] = 1   # armed: from here on a tick is due every tick_s
-        self.event("start", scenario=self.scenario.name, realtime=self.realtime, cpu=self.cpu)
+        self.event("start", scenario=self.scenario.name, realtime=self.realtime, cpu=self.cpu,
+                   strength=rating(self.scenario.model))
         if self.resumed_at is not None:
             self.event("resume", reason="restarted after a fault", scene_t=self.resumed_at)
         elif self.resume_error is not None:

@@ -144,7 +144,8 @@ def _maps(m: dict, key: str, where: str):
 def encode_state(seq: int, t: float, x: np.ndarray, tension: np.ndarray, twist: float,
                  grasps: Sequence[Mapping[str, Any]], contacts: int, energy: Mapping[str, float],
                  solver: Mapping[str, Any], tissue: Mapping[str, Any] | None = None,
-                 needle: Mapping[str, Any] | None = None, tools: Sequence[Mapping[str, Any]] | None = None) -> bytes:
+                 needle: Mapping[str, Any] | None = None, tools: Sequence[Mapping[str, Any]] | None = None,
+                 parted: Sequence[int] | None = None) -> bytes:
     """Encode a ``state`` payload.
 
     :param seq: tick number.
@@ -166,6 +167,7 @@ def encode_state(seq: int, t: float, x: np.ndarray, tension: np.ndarray, twist: 
     :param tools: each stylus's tool: ``{"device", "pos"[3] (m, the jaw), "quat"[4] (w, x, y, z), "clutched",
         "holds" ("needle"|"thread"|None), "grasp" (id or None), "frame"[4] (the device's axes), "centre"[3] (m,
         its workspace's centre), "scale"}``; omitted when no device has a stylus.
+    :param parted: the segments where the thread broke (ascending); omitted while it is whole.
     """
     x = np.asarray(x)
     if x.ndim != 2 or x.shape[1] != 3 or x.shape[0] < 1:
@@ -202,6 +204,8 @@ def encode_state(seq: int, t: float, x: np.ndarray, tension: np.ndarray, twist: 
         msg["needle"] = _canonical(needle)
     if tools is not None:
         msg["tools"] = _canonical(tools)
+    if parted:
+        msg["parted"] = [int(j) for j in parted]
     return _pack(msg)
 
 
@@ -393,6 +397,10 @@ def _check_state(m: dict) -> dict:
         quat = _get(needle, "quat", list, "state.needle")
         if len(quat) != 4 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in quat):
             raise _fail("state.needle", "quat must be 4 numbers (w, x, y, z)")
+    if "parted" in m:
+        parted = _get(m, "parted", list, topic)
+        if not all(isinstance(j, int) and not isinstance(j, bool) and 0 <= j < n - 1 for j in parted):
+            raise _fail("state.parted", f"must be segment indices in [0, {n - 1}), got {parted!r}")
     return m
 
 

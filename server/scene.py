@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from ..solver.breakage import rating
 from ..solver.integrator import SolverDivergence, Stepper
 from . import protocol
 from .messages import MessageBuilder
@@ -59,6 +60,15 @@ class SceneRunner:
         self.publish(protocol.TOPIC_EVENT, protocol.encode_event(self.seq, float(self.stepper.state.time[0]), kind,
                                                                  **details))
 
+    def _broke(self, state) -> None:
+        """The `break` event of the segment the tick parted (docs/PROTOCOL.md Sec. 3.4)."""
+        stepper = self.stepper
+        j = stepper.broke
+        rest = stepper.model.rest_length
+        self.event("break", segment=j, arc=float(rest[:j].sum() + 0.5 * rest[j]),
+                   pos=[float(v) for v in 0.5 * (state.x[j] + state.x[j + 1])], tension=stepper.broke_tension,
+                   strength=rating(stepper.model))
+
     def tick(self, seq: int, paused: bool = False) -> tuple[int, int]:
         """Tick ``seq``: the solver step (none while ``paused``), the grasps' motion for the tick cleared, the
         watch's events, and unless ``publish`` is None each device's `force` (its flags OR its driver's) and,
@@ -79,6 +89,8 @@ class SceneRunner:
         builder = self.builder
         if self.watching:
             t_watch = time.monotonic_ns()
+            if self.stepper.broke >= 0:
+                self._broke(state)
             builder.watch.check(state, self.event)   # punctures, the wound's gap, throws
             self.watch_ns = time.monotonic_ns() - t_watch
         publish = self.publish

@@ -57,20 +57,21 @@ def _matrix_row(j: int, m: int, px: float, py: float, pz: float, e: np.ndarray, 
 def inertial_tension(x: np.ndarray, x_prev: np.ndarray, inv_mass: np.ndarray, w: np.ndarray, e: np.ndarray,
                      elen: np.ndarray, E: np.ndarray, rest: np.ndarray, compliance: np.ndarray, alpha: np.ndarray,
                      h: float, lo: np.ndarray, di: np.ndarray, up: np.ndarray, rhs: np.ndarray, cp: np.ndarray,
-                     out: np.ndarray) -> None:
+                     out: np.ndarray, parted: np.ndarray) -> None:
     """The part of the solved tensions (N) that the vertices' velocities make, into ``out``: the change of the
     multipliers if the prediction's inertial term, (x - x_prev) as the couplings left it (w / inv_mass of it),
     were taken out. At a solution (E the new edges of ``alpha``) G_j = |E_j|^2 - s_j^2 = 0; moving the predicted
     edges by delta_j changes alpha by d with J d = -2 E_j . delta_j, J the Newton matrix of solve_multipliers
     (linear in delta: exact for small velocities, a first-order split otherwise). Under mass scaling this part
     grows with the added mass and the rest (loads, couplings, contact) does not (stability.scale_masses).
-    Kinematic vertices (w = 0) count as driven, not inertial."""
+    Kinematic vertices (w = 0) count as driven, not inertial; a parted segment (``parted``, solver/breakage.py)
+    carries nothing."""
     m = e.shape[0]
     inv_h2 = 1.0 / (h * h)
     for j in range(m):
         wl = w[j]
         wr = w[j + 1]
-        if wl + wr == 0.0:
+        if wl + wr == 0.0 or parted[j] != 0:
             lo[j] = 0.0
             di[j] = 1.0
             up[j] = 0.0
@@ -113,14 +114,16 @@ def _new_edges(xbar: np.ndarray, e: np.ndarray, w: np.ndarray, alpha: np.ndarray
 @njit(cache=True, error_model="numpy")
 def solve_multipliers(xbar: np.ndarray, e: np.ndarray, elen: np.ndarray, w: np.ndarray, rest: np.ndarray,
                       compliance: np.ndarray, h: float, method: int, tol: float, max_iters: int,
-                      alpha: np.ndarray, E: np.ndarray, di: np.ndarray, rhs: np.ndarray, cp: np.ndarray) -> tuple:
+                      alpha: np.ndarray, E: np.ndarray, di: np.ndarray, rhs: np.ndarray, cp: np.ndarray,
+                      parted: np.ndarray) -> tuple:
     """Solve for ``alpha`` (warm start: its value on entry) so that the new edges E have their rest lengths.
 
     xbar (n,3) predicted positions (m); e (n-1,3) edges at x^k (m), elen their lengths (m); w (n,) effective
     inverse masses (1/kg, 0 = kinematic); rest (n-1,) rest lengths (m); compliance (n-1,) 1/EA (1/N, 0 =
     inextensible); h the step (s). On return ``E`` holds the new edges for the returned alpha.
     Returns (iterations, residual): each iteration is one tridiagonal solve, residual = max_j |G_j| / l_j^2.
-    Segments whose both vertices are kinematic carry no constraint: the caller sets their alpha to 0.
+    Segments whose both vertices are kinematic carry no constraint, nor does a parted one (``parted`` (n-1,)
+    int8, solver/breakage.py): the caller sets their alpha to 0.
 
     Each iteration is two sweeps: the first computes E_j, G_j and row j of the matrix and eliminates forward
     (Thomas), the second substitutes back and updates alpha. ``di``, ``rhs`` and ``cp`` (n-1,) are scratch: the
@@ -157,7 +160,7 @@ def solve_multipliers(xbar: np.ndarray, e: np.ndarray, elen: np.ndarray, w: np.n
             E[j, 0] = Ex
             E[j, 1] = Ey
             E[j, 2] = Ez
-            if wl + wr == 0.0:
+            if wl + wr == 0.0 or parted[j] != 0:
                 l_j = 0.0
                 d_j = 1.0
                 u_j = 0.0

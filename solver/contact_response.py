@@ -157,10 +157,11 @@ def _move_pair(x: np.ndarray, a: int, b: int, s: float, t: float, w: np.ndarray,
 @njit(cache=True, error_model="numpy")
 def rebuild_neighbours(x: np.ndarray, cpar: np.ndarray, skin: float, exclude: int, head, nxt, cells, scratch,
                        cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_fp, old_j, old_n, old_fp, old_next,
-                       seg_head, x_ref, cstats) -> None:
+                       seg_head, x_ref, cstats, parted) -> None:
     """Rebuild the neighbour list: every pair closer than Delta d + ``skin`` (m), and remember the positions it
     was built at (``x_ref``). A pair that was in the old list keeps its normal (the side each strand is on) and
-    its floor force; old_* (P) and seg_head (segments) are scratch for carrying them over."""
+    its floor force; old_* (P) and seg_head (segments) are scratch for carrying them over. A parted segment
+    (``parted``, solver/breakage.py) is no material and pairs with nothing."""
     m = seg_head.shape[0]
     n_old = int(cstats[CS_COUNT])
     for k in range(m):
@@ -176,6 +177,16 @@ def rebuild_neighbours(x: np.ndarray, cpar: np.ndarray, skin: float, exclude: in
                           cand_i, cand_j, cand_s, cand_t, cand_d)
     cap = cand_i.shape[0]
     n_new = min(count, cap)
+    kept = 0
+    for c in range(n_new):
+        if parted[cand_i[c]] == 0 and parted[cand_j[c]] == 0:
+            cand_i[kept] = cand_i[c]
+            cand_j[kept] = cand_j[c]
+            cand_s[kept] = cand_s[c]
+            cand_t[kept] = cand_t[c]
+            cand_d[kept] = cand_d[c]
+            kept += 1
+    n_new = kept
     for c in range(n_new):
         k = seg_head[cand_i[c]]
         while k >= 0 and old_j[k] != cand_j[c]:

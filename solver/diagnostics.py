@@ -21,11 +21,11 @@ from .model import ThreadModel, ThreadState
 @njit(cache=True, error_model="numpy")
 def energy_terms(x: np.ndarray, x_prev: np.ndarray, h: float, mass: np.ndarray, hinge_k: np.ndarray,
                  gravity: np.ndarray, twist_energy: float, extensible: bool, rest: np.ndarray,
-                 compliance: np.ndarray) -> tuple:
+                 compliance: np.ndarray, parted: np.ndarray) -> tuple:
     """(kinetic, elastic, gravity) in J at positions x (m), the kinetic from the half-step velocities
     (x - x_prev) / h: in one pass and with no array made, since the `state` topic sends them at 100 Hz from the
     loop's process. Elastic: bending + uniform twist (``twist_energy``, J) + stretch for an extensible thread;
-    gravity: -sum m g.x (zero at the origin)."""
+    gravity: -sum m g.x (zero at the origin). A parted segment (``parted``, solver/breakage.py) stores nothing."""
     kin = 0.0
     grav = 0.0
     for i in range(x.shape[0]):
@@ -35,9 +35,11 @@ def energy_terms(x: np.ndarray, x_prev: np.ndarray, h: float, mass: np.ndarray, 
             v2 += v * v
             grav -= mass[i] * x[i, d] * gravity[d]
         kin += mass[i] * v2
-    elastic = bending_energy(x, hinge_k) + twist_energy
+    elastic = bending_energy(x, hinge_k, parted) + twist_energy
     if extensible:
         for j in range(x.shape[0] - 1):
+            if parted[j] != 0:
+                continue
             ex = x[j + 1, 0] - x[j, 0]
             ey = x[j + 1, 1] - x[j, 1]
             ez = x[j + 1, 2] - x[j, 2]
@@ -50,7 +52,7 @@ def _terms(model: ThreadModel, state: ThreadState, at_prev: bool = False) -> tup
     x = state.x_prev if at_prev else state.x
     return energy_terms(x, state.x_prev, float(state.h[0]), model.mass, model.hinge_k, model.gravity,
                         0.5 * model.twist_k * float(state.twist[0]) ** 2, bool(model.params.extensible),
-                        model.rest_length, model.compliance)
+                        model.rest_length, model.compliance, state.parted)
 
 
 def kinetic_energy(model: ThreadModel, state: ThreadState) -> float:
@@ -87,6 +89,8 @@ def angular_momentum(model: ThreadModel, state: ThreadState) -> np.ndarray:
 
 
 def max_strain(model: ThreadModel, state: ThreadState) -> float:
-    """max_j |psi_j| / l_j^2 with psi_j = |x_{j+1} - x_j|^2 - l_j^2 (Wang 2017 Eq. 2)."""
+    """max_j |psi_j| / l_j^2 with psi_j = |x_{j+1} - x_j|^2 - l_j^2 (Wang 2017 Eq. 2), over the segments that hold
+    (a parted one, solver/breakage.py, has no constraint)."""
     sq = np.sum(np.diff(state.x, axis=0) ** 2, axis=1)
-    return float(np.max(np.abs(sq - model.rest_length ** 2) / model.rest_length ** 2))
+    psi = np.abs(sq - model.rest_length ** 2) / model.rest_length ** 2
+    return float(np.max(psi, where=state.parted == 0, initial=0.0))

@@ -41,7 +41,7 @@ def edge_vectors(x: np.ndarray, edges: np.ndarray, elen: np.ndarray) -> None:
 def accumulate_forces(x: np.ndarray, x_prev: np.ndarray, edges: np.ndarray, elen: np.ndarray, h: float,
                       mass: np.ndarray, inv_mass: np.ndarray, hinge_k: np.ndarray, k_d: float,
                       drag_quad: np.ndarray, drag_lin: np.ndarray, gravity: np.ndarray, ext_force: np.ndarray,
-                      twist_k: float, force: np.ndarray, twist_grad: np.ndarray) -> None:
+                      twist_k: float, force: np.ndarray, twist_grad: np.ndarray, parted: np.ndarray) -> None:
     """Write the non-constraint force (N) on every vertex into ``force`` and dTheta/dx (rad/m), the gradient of
     the end-to-end twist angle, into ``twist_grad`` (left at zero when twist_k is 0). The twist force itself,
     -twist_k theta dTheta/dx, is added by the integrator once theta is known (integrator.add_forces).
@@ -54,6 +54,7 @@ def accumulate_forces(x: np.ndarray, x_prev: np.ndarray, edges: np.ndarray, elen
     mass: the vertices' own masses (kg), which gravity weighs; inv_mass: the inverse masses the substep integrates
     with (1/kg), larger masses where selective mass scaling made a vertex heavier: its drag grows with it.
     twist_k: GJ / L_bar (N*m); only whether it is 0 matters here.
+    parted: (n-1,) int8, 1 where the thread broke (solver/breakage.py): the two hinges either side bend nothing.
     """
     n = x.shape[0]
     inv_h = 1.0 / h
@@ -78,6 +79,8 @@ def accumulate_forces(x: np.ndarray, x_prev: np.ndarray, edges: np.ndarray, elen
 
     with_twist = twist_k != 0.0
     for i in range(1, n - 1):
+        if parted[i - 1] != 0 or parted[i] != 0:
+            continue
         ax = edges[i - 1, 0]
         ay = edges[i - 1, 1]
         az = edges[i - 1, 2]
@@ -154,10 +157,13 @@ def accumulate_forces(x: np.ndarray, x_prev: np.ndarray, edges: np.ndarray, elen
 
 
 @njit(cache=True, error_model="numpy")
-def bending_energy(x: np.ndarray, hinge_k: np.ndarray) -> float:
-    """Discrete bending energy (J): sum over hinges of K_i * tan^2(phi_i / 2)."""
+def bending_energy(x: np.ndarray, hinge_k: np.ndarray, parted: np.ndarray) -> float:
+    """Discrete bending energy (J): sum over hinges of K_i * tan^2(phi_i / 2), but the hinges either side of a
+    parted segment (``parted`` (n-1,) int8, solver/breakage.py)."""
     e = 0.0
     for i in range(1, x.shape[0] - 1):
+        if parted[i - 1] != 0 or parted[i] != 0:
+            continue
         e += hinge_k[i] * (2.0 / (1.0 + hinge_cos(x, i)) - 1.0)
     return e
 

@@ -153,10 +153,11 @@ def move_tools(h: float, caps: np.ndarray) -> int:
 
 @njit(cache=True, error_model="numpy")
 def tool_contact(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, caps: np.ndarray,
-                 scratch: np.ndarray) -> int:
+                 scratch: np.ndarray, parted: np.ndarray) -> int:
     """One round of the thread against every capsule (after a solve, on ``xbar``): no passing through, then
     Coulomb friction, as the module's docstring says. ``h``: the substep (s); ``x``: the positions at the
-    substep's start (m); ``scratch`` (>= 3). Returns how many segment-capsule contacts were pushed."""
+    substep's start (m); ``scratch`` (>= 3); ``parted`` (m,) the segments that broke (solver/breakage.py),
+    which touch nothing. Returns how many segment-capsule contacts were pushed."""
     m = x.shape[0] - 1
     pushed = 0
     for c in range(caps.shape[0]):
@@ -176,7 +177,7 @@ def tool_contact(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, c
         mu_s = caps[c, TC_MU_S]
         mu_k = caps[c, TC_MU_K]
         for j in range(m):
-            if skip0 <= j <= skip1:
+            if skip0 <= j <= skip1 or parted[j] != 0:
                 continue
             wj = w_eff[j]
             wk = w_eff[j + 1]

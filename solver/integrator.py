@@ -26,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from .breakage import BK_PARTED, find_break, part
 from .constraints import inertial_tension, solve_multipliers
 from .contact_response import (CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS, CS_REBUILDS,
                                CS_REVERTED, CS_SKIN, CS_STICKING, CP_MIN_GAP, CP_ROUNDS, CP_SETTLE, CP_SKIN,
@@ -98,11 +99,11 @@ def constraint_displace(xbar: np.ndarray, w_eff: np.ndarray, alpha: np.ndarray, 
 
 @njit(cache=True, error_model="numpy")
 def solve_again(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_iters, alpha, alpha_extra,
-                new_edges, again_len, again_compliance, di, rhs, cp):
+                new_edges, again_len, again_compliance, di, rhs, cp, parted):
     """Solve the constraints again after xbar was moved (a floor, a pad), add the displacement to xbar and
     the extra multipliers to alpha. Returns (iterations, residual). ``again_len`` and ``again_compliance``
     (m,) receive the extra solve's target lengths (m) and compliances (1/N); ``di``, ``rhs`` and ``cp`` (m,)
-    are the tridiagonal solve's scratch."""
+    are the tridiagonal solve's scratch; ``parted`` (m,) the segments that broke (solver/breakage.py)."""
     # An extensible segment's target length follows its whole tension, alpha + alpha_extra, but
     # solve_multipliers reads only the multiplier it solves for: solved from zero, the extra solve pulled each
     # stretched segment back to its rest length and doubled its tension (the Choi rod's end force read twice
@@ -117,7 +118,7 @@ def solve_again(xbar, edges, elen, w_eff, rest, compliance, h, method, tol, max_
         again_len[j] = l_a
         again_compliance[j] = compliance[j] * rest[j] / l_a if l_a > 0.0 else compliance[j]
     it, residual = solve_multipliers(xbar, edges, elen, w_eff, again_len, again_compliance, h, method, tol,
-                                     max_iters, alpha_extra, new_edges, di, rhs, cp)
+                                     max_iters, alpha_extra, new_edges, di, rhs, cp, parted)
     constraint_displace(xbar, w_eff, alpha_extra, edges)
     for j in range(alpha.shape[0]):
         alpha[j] += alpha_extra[j]
@@ -176,6 +177,8 @@ class Body(NamedTuple):
     kin_target: np.ndarray      # (n,3) m
     ext_force: np.ndarray       # (n,3) N
     stats: np.ndarray           # (10,) STAT_*
+    parted: np.ndarray          # (m,) int8, 1 = the segment broke (solver/breakage.py)
+    breakage: np.ndarray        # (breakage.BK_COUNT,) int64
 
 
 class Grasps(NamedTuple):
@@ -311,16 +314,19 @@ def add_forces(h: float, n_cand: int, rod: Rod, body: Body, wk: Work, ct: Contac
     twist_grad = wk.twist_grad
     force = wk.force
     n = x.shape[0]
+    # a thread in pieces has free ends at its breaks: no end-to-end twist (solver/breakage.py)
+    twist_k = rod.twist_k if body.breakage[BK_PARTED] == 0 else 0.0
     # the twist gradient of the previous substep, along the displacement it was applied to
     g_prev = 0.0
-    if rod.twist_k != 0.0:
+    if twist_k != 0.0:
         for i in range(n):
             for d in range(3):
                 g_prev += twist_grad[i, d] * (x[i, d] - x_prev[i, d])
     edge_vectors(x, wk.edges, wk.elen)
     accumulate_forces(x, x_prev, wk.edges, wk.elen, h, rod.mass, body.inv_mass, rod.hinge_k, rod.k_d,
-                      rod.drag_quad, rod.drag_lin, rod.gravity, body.ext_force, rod.twist_k, force, twist_grad)
-    if rod.twist_k != 0.0:
+                      rod.drag_quad, rod.drag_lin, rod.gravity, body.ext_force, twist_k, force, twist_grad,
+                      body.parted)
+    if twist_k != 0.0:
         # Theta advanced over the last substep with the gradient at its start; now that the gradient at its end
         # is known, complete the trapezoidal rule 1/2 (g^k + g^{k+1}) . (x^{k+1} - x^k): the twist energy then
         # stays bounded instead of drifting at first order in h (docs/PHYSICS.md Sec. 2)
@@ -330,7 +336,7 @@ def add_forces(h: float, n_cand: int, rod: Rod, body: Body, wk: Work, ct: Contac
                 g_new += twist_grad[i, d] * (x[i, d] - x_prev[i, d])
         body.twist[0] += 0.5 * (g_new - g_prev)
         # uniform twist (Wang 2017 Eq. 3, App. C): E_t = twist_k theta^2 / 2, F = -twist_k theta dTheta/dx
-        ft = -rod.twist_k * body.twist[0]
+        ft = -twist_k * body.twist[0]
         for i in range(n):
             for d in range(3):
                 force[i, d] += ft * twist_grad[i, d]
@@ -522,19 +528,20 @@ def solve(h: float, split: bool, n_cand: int, rod: Rod, sv: Settings, body: Body
     h2 = h * h
     # warm start from the previous tensions (alpha = h^2 T / |e|)
     for j in range(alpha.shape[0]):
-        alpha[j] = h2 * tension[j] / elen[j] if w_eff[j] + w_eff[j + 1] > 0.0 else 0.0
+        alpha[j] = h2 * tension[j] / elen[j] if w_eff[j] + w_eff[j + 1] > 0.0 and body.parted[j] == 0 else 0.0
     if ct.on:
         stick, _ = apply_friction(x, xbar, w_eff, h, ct.par, n_cand, ct.cand_i, ct.cand_j, ct.cand_s, ct.cand_t,
                                   ct.cand_n, ct.cand_f, ct.cand_fa)
         ct.stats[CS_STICKING] = stick
     iters, residual = solve_multipliers(xbar, wk.edges, elen, w_eff, rod.rest, rod.compliance, h, sv.method,
-                                        sv.tol, sv.max_iters, alpha, wk.new_edges, wk.tri_di, wk.tri_rhs, wk.tri_cp)
+                                        sv.tol, sv.max_iters, alpha, wk.new_edges, wk.tri_di, wk.tri_rhs, wk.tri_cp,
+                                        body.parted)
     # which part of the tensions the velocities make, for the next substep's (local) mass scaling; without
     # it, none: all counts as static, which never makes a vertex too light
     if split:
         inertial_tension(x, body.x_prev, body.inv_mass, w_eff, wk.edges, elen, wk.new_edges, rod.rest,
                          rod.compliance, alpha, h, wk.tri_lo, wk.tri_di, wk.tri_up, wk.tri_rhs, wk.tri_cp,
-                         body.tension_in)
+                         body.tension_in, body.parted)
     else:
         body.tension_in[:] = 0.0
     constraint_displace(xbar, w_eff, alpha, wk.edges)
@@ -542,10 +549,10 @@ def solve(h: float, split: bool, n_cand: int, rod: Rod, sv: Settings, body: Body
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _solve_again(h: float, rod: Rod, sv: Settings, wk: Work) -> tuple:
+def _solve_again(h: float, rod: Rod, sv: Settings, body: Body, wk: Work) -> tuple:
     return solve_again(wk.xbar, wk.edges, wk.elen, wk.w_eff, rod.rest, rod.compliance, h, sv.method, sv.tol,
                        sv.max_iters, wk.alpha, wk.alpha_extra, wk.new_edges, wk.again_len, wk.again_compliance,
-                       wk.tri_di, wk.tri_rhs, wk.tri_cp)
+                       wk.tri_di, wk.tri_rhs, wk.tri_cp, body.parted)
 
 
 @njit(cache=True, error_model="numpy", _nrt=False)
@@ -582,7 +589,7 @@ def contact_rounds(h: float, n_cand: int, rod: Rod, sv: Settings, body: Body, wk
         if raised == 0 and slid <= settled:
             break
         ct.stats[CS_PROJECTIONS] += raised
-        it2, residual = _solve_again(h, rod, sv, wk)
+        it2, residual = _solve_again(h, rod, sv, body, wk)
         iters += it2
     reverted = 0
     if raised > 0:
@@ -620,7 +627,7 @@ def tissue_rounds(h: float, held: bool, rod: Rod, sv: Settings, body: Body, wk: 
             moved += needle_thread(h, x, xbar, w_eff, nd.par, nd.nst, ts.par, ts.pst, wk.closest)
         if moved == 0:
             break
-        it2, residual = _solve_again(h, rod, sv, wk)
+        it2, residual = _solve_again(h, rod, sv, body, wk)
         iters += it2
     if nd.on:
         needle_pierce(xbar, nd.par, nd.nst, ts.pads, ts.pst, ts.pun_i, ts.pun_f, held)  # where the pushes took the tip
@@ -629,7 +636,7 @@ def tissue_rounds(h: float, held: bool, rod: Rod, sv: Settings, body: Body, wk: 
 
 
 @njit(cache=True, error_model="numpy", _nrt=False)
-def tool_rounds(h: float, rod: Rod, sv: Settings, wk: Work, tools: Tools, x: np.ndarray, iters: int,
+def tool_rounds(h: float, rod: Rod, sv: Settings, body: Body, wk: Work, tools: Tools, iters: int,
                 residual: float) -> tuple:
     """Stage 6b: the thread kept out of the tools' jaws and shafts, with their friction
     (instruments.tool_contact), and the constraints solved again, for up to ``tools.rounds`` rounds; the last
@@ -638,9 +645,10 @@ def tool_rounds(h: float, rod: Rod, sv: Settings, wk: Work, tools: Tools, x: np.
     leaves the segments' lengths off by what the next substep's solve takes back. Returns (iterations,
     residual) with the rounds' added."""
     for r in range(tools.rounds):
-        if tool_contact(h, x, wk.xbar, wk.w_eff, tools.caps, wk.closest) == 0 or r == tools.rounds - 1:
+        if tool_contact(h, body.x, wk.xbar, wk.w_eff, tools.caps, wk.closest, body.parted) == 0 \
+                or r == tools.rounds - 1:
             break
-        it2, residual = _solve_again(h, rod, sv, wk)
+        it2, residual = _solve_again(h, rod, sv, body, wk)
         iters += it2
     return iters, residual
 
@@ -718,7 +726,7 @@ def substep(h: float, t: float, split: bool, n_cand: int, rod: Rod, tl: Timeline
     if ct.on:
         reverted, iters, residual = contact_rounds(h, n_cand, rod, sv, body, wk, ct, iters, residual)
     if n_tools > 0:
-        iters, residual = tool_rounds(h, rod, sv, wk, tools, body.x, iters, residual)
+        iters, residual = tool_rounds(h, rod, sv, body, wk, tools, iters, residual)
     if ts.on:
         iters, residual = tissue_rounds(h, held, rod, sv, body, wk, ts, nd, iters, residual)
     commit(h, reverted, rod, body, gr, wk, ts, nd)
@@ -738,7 +746,7 @@ def refresh_neighbours(n_cand: int, body: Body, ct: Contact) -> int:
     if skin > ct.stats[CS_SKIN] or neighbours_stale(x, ct.x_ref, ct.stats[CS_SKIN], step_max):
         rebuild_neighbours(x, ct.par, skin, ct.exclude, ct.grid_head, ct.grid_next, ct.grid_cells, ct.grid_scratch,
                            ct.cand_i, ct.cand_j, ct.cand_s, ct.cand_t, ct.cand_d, ct.cand_n, ct.cand_fp, ct.old_j,
-                           ct.old_n, ct.old_fp, ct.old_next, ct.seg_head, ct.x_ref, ct.stats)
+                           ct.old_n, ct.old_fp, ct.old_next, ct.seg_head, ct.x_ref, ct.stats, body.parted)
         return int(ct.stats[CS_COUNT])
     return n_cand
 
@@ -788,7 +796,7 @@ def advance(n_sub: int, h: float, t: float, scale: bool, tension_margin: float, 
             # the hinges' fold is read every substep: they can fold within a tick (a whip), and stiffen fast
             ns, f = scale_masses(rod.mass, rod.base_inv_mass, rod.bend_gersh, rod.rest, body.tension,
                                  body.tension_in, body.tension_floor, tension_margin, h, sv.target, ct.k,
-                                 body.inv_mass, x, body.x_prev, sv.keep_energy, sv.local, wk.fold)
+                                 body.inv_mass, x, body.x_prev, sv.keep_energy, sv.local, wk.fold, body.parted)
             if ns > n_scaled:
                 n_scaled = ns
             if f > worst:
@@ -814,7 +822,7 @@ def advance(n_sub: int, h: float, t: float, scale: bool, tension_margin: float, 
     stats[STAT_MASS_FACTOR] = worst
     # the springs that acted, not those that may act next tick (ct.k), which set the next tick's substeps
     stats[STAT_OMEGA_END] = omega_bound(x, body.inv_mass, rod.bend_gersh, rod.rest, body.tension, 1.0, ct.k_act,
-                                        wk.fold, sv.local)
+                                        wk.fold, body.parted, sv.local)
 
 
 @njit(cache=True, error_model="numpy")
@@ -834,7 +842,7 @@ _NO_TRACE = np.zeros((0, 0, 3))
  _FP_KEPT, _X_REF, _CONTACT_K, _CONTACT_K_ACT, _TURN, _FOLD, _CONTACT_STATS, _GRID_HEAD, _GRID_NEXT, _GRID_CELLS,
  _GRID_SCRATCH, _ALPHA_EXTRA, _OLD_J, _OLD_N, _OLD_FP, _OLD_NEXT, _SEG_HEAD, _PST, _PUN_I, _PUN_F, _NST, _FORCE,
  _TWIST_GRAD, _XBAR, _W_EFF, _EDGES, _ELEN, _NEW_EDGES, _ALPHA, _TRI_LO, _TRI_DI, _TRI_UP, _TRI_RHS, _TRI_CP,
- _AGAIN_LEN, _AGAIN_COMPLIANCE, _CLOSEST, _TOOL_CAP) = (
+ _AGAIN_LEN, _AGAIN_COMPLIANCE, _CLOSEST, _TOOL_CAP, _PARTED, _BREAKAGE) = (
     STATE_FIELDS.index(name) for name in (
         "x", "x_prev", "tension", "tension_in", "tension_floor", "twist", "kin_target", "ext_force", "grasp_vertex",
         "grasp_frac", "grasp_pad", "grasp_k", "grasp_c", "grasp_fmax", "grasp_target", "grasp_target_prev", "grasp_vel",
@@ -843,7 +851,7 @@ _NO_TRACE = np.zeros((0, 0, 3))
         "fold", "contact_stats", "grid_head", "grid_next", "grid_cells", "grid_scratch", "alpha_extra", "old_j",
         "old_n", "old_fp", "old_next", "seg_head", "pst", "pun_i", "pun_f", "nst", "force", "twist_grad", "xbar",
         "w_eff", "edges", "elen", "new_edges", "alpha", "tri_lo", "tri_di", "tri_up", "tri_rhs", "tri_cp", "again_len",
-        "again_compliance", "closest", "tool_cap"))
+        "again_compliance", "closest", "tool_cap", "parted", "breakage"))
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -885,7 +893,8 @@ def advance_state(n_sub: int, h: float, t: float, scale: bool, tension_margin: f
     body = Body(_matrix(cf, sf, lay, _X), _matrix(cf, sf, lay, _X_PREV), _vector(cf, sf, lay, _INV_MASS_TICK),
                 _vector(cf, sf, lay, _TENSION), _vector(cf, sf, lay, _TENSION_IN),
                 _vector(cf, sf, lay, _TENSION_FLOOR), _vector(cf, sf, lay, _TWIST), _matrix(cf, sf, lay, _KIN_TARGET),
-                _matrix(cf, sf, lay, _EXT_FORCE), _vector(cf, sf, lay, _STATS))
+                _matrix(cf, sf, lay, _EXT_FORCE), _vector(cf, sf, lay, _STATS), _vector(cb, cb, lay, _PARTED),
+                _vector(ci, si, lay, _BREAKAGE))
     gr = Grasps(_vector(ci, si, lay, _GRASP_VERTEX), _vector(cf, sf, lay, _GRASP_FRAC),
                 _vector(ci, si, lay, _GRASP_PAD), _vector(cf, sf, lay, _GRASP_K),
                 _vector(cf, sf, lay, _GRASP_C),
@@ -1030,7 +1039,7 @@ def _tension_floors(x, grasp_vertex, grasp_frac, grasp_target, grasp_k, grasp_fm
 
 @njit(cache=True, error_model="numpy")
 def plan_tick(x, tension, grasp_vertex, grasp_frac, grasp_target, grasp_k, grasp_fmax, wide, tissue_on, tpar, pun_i,
-              pun_f, inv_mass, bend_gersh, rest, contact_k, est, floors, fold, local) -> tuple:
+              pun_f, inv_mass, bend_gersh, rest, contact_k, est, floors, fold, parted, local) -> tuple:
     """The static floors of the coming tick into ``floors`` (N per segment, _tension_floors) and the tension
     estimate into ``est`` (N): each segment's |tension|, but at least its floor. Returns (the largest floor in
     N, the stability bound in rad/s at the estimate x1.5). One kernel call: the parts called one by one from
@@ -1039,7 +1048,7 @@ def plan_tick(x, tension, grasp_vertex, grasp_frac, grasp_target, grasp_k, grasp
                             pun_i, pun_f, floors, local)
     for j in range(tension.shape[0]):
         est[j] = max(abs(tension[j]), floors[j])
-    return floor, omega_bound(x, inv_mass, bend_gersh, rest, est, 1.5, contact_k, fold, local)
+    return floor, omega_bound(x, inv_mass, bend_gersh, rest, est, 1.5, contact_k, fold, parted, local)
 
 
 def choose_substeps(model: ThreadModel, state: ThreadState, tension: np.ndarray | None = None,
@@ -1053,7 +1062,7 @@ def choose_substeps(model: ThreadModel, state: ThreadState, tension: np.ndarray 
     if omega is None:
         t_est = state.tension if tension is None else tension
         omega = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length, t_est, 1.5,
-                            state.contact_k, state.fold, s.mass_scaling == "local")
+                            state.contact_k, state.fold, state.parted, s.mass_scaling == "local")
     state.stats[STAT_OMEGA] = omega
     needed = substeps_for(omega, s.tick, s.stability_target, 1 << 30)
     n = min(needed, s.max_substeps)
@@ -1101,6 +1110,8 @@ class Stepper:
         self.retries = 0          # ticks run again since this stepper was made or reset
         self.past_budget = 0      # of those, ticks kept with more substeps than solver.max_substeps (overruns)
         self.trace: np.ndarray | None = None   # (k, n, 3): if set, each tick writes its substeps' positions
+        self.broke = -1           # the segment the last tick parted (solver/breakage.py), or -1
+        self.broke_tension = 0.0  # N, the tension it broke at
         self.use_model(model)
 
     def use_model(self, model: ThreadModel) -> None:
@@ -1111,12 +1122,13 @@ class Stepper:
         # the kernels' arguments, taken once: a model's arrays and settings do not change during a run, and a
         # state's arrays are never replaced, only written
         self._margs = model_args(model)
+        self._strength = float(model.params.knot_pull_strength)
         s = model.solver
         self._plan_args = (state.x, state.tension, state.grasp_vertex, state.grasp_frac, state.grasp_target,
                            state.grasp_k, state.grasp_fmax, s.scaled_mass_keeps == "energy", model.tissue_on,
                            model.tissue_par, state.pun_i, state.pun_f, model.inv_mass, model.bend_gersh,
                            model.rest_length, state.contact_k, self._tension, state.tension_floor, state.fold,
-                           s.mass_scaling == "local")
+                           state.parted, s.mass_scaling == "local")
 
     def reset(self) -> None:
         """As a new Stepper of the same model and state starts (after the state was reset in place): the tension
@@ -1128,7 +1140,21 @@ class Stepper:
 
     def tick(self) -> int:
         """Advance one tick; returns the substeps of the run that was kept. Raises SolverDivergence if the
-        state went non-finite (then it must not be used: reset it)."""
+        state went non-finite (then it must not be used: reset it). A thread pulled past its rated strength
+        parts after the tick (solver/breakage.py): ``broke`` says where."""
+        n = self._advance()
+        self.broke = -1
+        if self._strength < math.inf:
+            state = self.state
+            j = find_break(state.tension, state.parted, self._strength, state.breakage)
+            if j >= 0:
+                self.broke = j
+                self.broke_tension = float(state.tension[j])
+                part(self.model, state, j)
+                self._tension[j] = 0.0
+        return n
+
+    def _advance(self) -> int:
         model, state, s = self.model, self.state, self.model.solver
         if s.substeps > 0:
             n = s.substeps
@@ -1165,7 +1191,7 @@ class Stepper:
             np.maximum(state.tension_floor, floor, out=state.tension_floor)   # after the restore, which copies it
             self.retries += 1
             omega_new = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length, est, 1.5,
-                                    state.contact_k, state.fold, s.mass_scaling == "local")
+                                    state.contact_k, state.fold, state.parted, s.mass_scaling == "local")
             needed = max(substeps_for(omega_new, s.tick, s.stability_target, 1 << 30), 2 * n)
             if attempt == 0:
                 # first within the real-time budget, the masses scaled for all the tension the tick reached,
@@ -1208,8 +1234,9 @@ def warm_up(model: ThreadModel, state: ThreadState) -> None:
     step(model, s, 1, h)
     step(model, s, 2, h / 2, scale=True)
     omega_bound(s.x, model.inv_mass, model.bend_gersh, model.rest_length, s.tension, 1.0, s.contact_k, s.fold,
-                model.solver.mass_scaling == "local")
+                s.parted, model.solver.mass_scaling == "local")
     energies(model, s)
+    find_break(s.tension, s.parted, math.inf, s.breakage)
     place_capsules(s.tool_cap, 0, s.x[0].copy(), np.array([1.0, 0.0, 0.0, 0.0]), np.zeros(SH_COUNT), 0.0, -1, -1,
                    h, 0.0, True)   # a tool's placement (the physics loop's, each tick a stylus drives one)
     Stepper(model, state.copy()).tick()

@@ -41,6 +41,8 @@ class ThreadParams:
     friction_static: float = 0.0  # Coulomb coefficient of the thread on itself, sticking
     friction_kinetic: float = 0.0  # and sliding (<= static)
     contact_stiffness: float = 0.0  # N/m, the self-contact penalty k_s a scenario uses by default (0: none given)
+    knot_pull_strength: float = math.inf  # N, the rated knot-pull strength: a segment pulled harder parts
+                                          # (solver/breakage.py); inf: the thread never breaks
 
     @property
     def mass(self) -> float:
@@ -224,6 +226,9 @@ class ThreadState:
     pun_f: np.ndarray             # (MAX_PUNCTURES, tissue.PF_COUNT): where it is, on the pad and on the thread
     nst: np.ndarray               # (needle.NS_COUNT,) the needle's orientation, its stylus's, the torque
     tool_cap: np.ndarray          # (instruments.MAX_CAPSULES, instruments.TC_COUNT) the tools' jaws and shafts
+    # the thread's breaks (solver/breakage.py)
+    parted: np.ndarray            # (n-1,) int8, 1 = the segment broke: no constraint, bending or contact across it
+    breakage: np.ndarray          # (breakage.BK_COUNT,) int64: segments parted, ticks running over the strength
     # scratch
     force: np.ndarray
     twist_grad: np.ndarray
@@ -462,7 +467,7 @@ def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
         alpha_extra=z(ns), old_j=np.zeros(cap, np.int64), old_n=z(cap, 3), old_fp=z(cap),
         old_next=np.zeros(cap, np.int64), seg_head=np.zeros(ns, np.int64),
         pst=_pad_state(model.pads), pun_i=_no_punctures(), pun_f=z(MAX_PUNCTURES, PF_COUNT), nst=_needle_state(),
-        tool_cap=tool_capsules(),
+        tool_cap=tool_capsules(), parted=np.zeros(ns, np.int8), breakage=np.zeros(2, np.int64),
     )
 
 

@@ -8,6 +8,8 @@ precedence rule); a scenario's `thread:` overrides replace the preset's way of g
 - twisting GJ: `twisting_stiffness` (N*m^2) | `shear_modulus` (Pa, GJ = G pi d^4 / 32) |
   `poisson_ratio` (G = E / (2 (1 + nu)), with youngs_modulus) | `paper_kt` (Wang 2017 k_t = GJ, N*m^2)
 - stretch EA (only with `extensible: true`): `stretch_stiffness` (N) | youngs_modulus * pi d^2 / 4
+- rated strength: `knot_pull_strength` (N, the USP knot-pull minimum for the size); a segment pulled past it
+  parts (solver/breakage.py). Omitted: the thread never breaks.
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ GROUPS = {
 KEYS = ("name", "description", "length", "segments", "diameter", "linear_density", "mass", "density",
         "bending_stiffness", "youngs_modulus", "paper_kb", "twisting_stiffness", "shear_modulus",
         "poisson_ratio", "paper_kt", "air_drag", "air_drag_linear", "bending_dissipation", "contact_radius",
-        "extensible", "stretch_stiffness", "friction_static", "friction_kinetic", "contact_stiffness")
+        "extensible", "stretch_stiffness", "friction_static", "friction_kinetic", "contact_stiffness",
+        "knot_pull_strength")
 
 
 def preset_names() -> list[str]:
@@ -176,7 +179,8 @@ def resolve_thread(sec: Section) -> ThreadParams:
         contact_radius=sec.get("contact_radius", float, diameter / 2.0, minval=0.0),
         diameter=diameter, extensible=extensible, stretch_stiffness=ea,
         friction_static=mu_s, friction_kinetic=mu_k,
-        contact_stiffness=sec.get("contact_stiffness", float, 0.0, minval=0.0))
+        contact_stiffness=sec.get("contact_stiffness", float, 0.0, minval=0.0),
+        knot_pull_strength=sec.get("knot_pull_strength", float, math.inf, above=0.0))
     sec.finish()
     return params
 

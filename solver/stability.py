@@ -43,13 +43,19 @@ def hinge_factor(x: np.ndarray, i: int) -> float:
 
 
 @njit(cache=True, error_model="numpy")
-def hinge_factors(x: np.ndarray, fold: np.ndarray) -> float:
-    """Every hinge's factor (hinge_factor) into ``fold`` (n,), 1 at the two ends; returns the largest (the
-    whole-thread scaling's fold). Each hinge once: a vertex's fold reads three hinges (local_fold). Read from x
+def hinge_factors(x: np.ndarray, fold: np.ndarray, parted: np.ndarray) -> float:
+    """Every hinge's factor (hinge_factor) into ``fold`` (n,), 1 at the two ends and either side of a parted
+    segment (``parted`` (n-1,) int8, solver/breakage.py: those hinges bend nothing, however the pieces lie);
+    returns the largest (the whole-thread scaling's fold). Each hinge once: a vertex's fold reads three hinges
+    (local_fold). Read from x
     each time, they cost the mass scaling 12.4 us and the bound 10.2 us on a 200-segment thread (6.2 and 6.2 us
     now, kernels alone), and a tick of the default scene 58.4 us (54.2 now; 2026-11-28)."""
     f = 1.0
+    m = parted.shape[0]
     for i in range(x.shape[0]):
+        if (i >= 1 and parted[i - 1] != 0) or (i < m and parted[i] != 0):
+            fold[i] = 1.0
+            continue
         v = hinge_factor(x, i)
         fold[i] = v
         f = max(f, v)
@@ -91,14 +97,14 @@ def geometric_stiffness(t: float, length: float, tension_margin: float) -> float
 @njit(cache=True, error_model="numpy")
 def omega_bound(x: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray, rest: np.ndarray,
                 tension: np.ndarray, tension_margin: float, contact_k: np.ndarray, fold: np.ndarray,
-                local: bool = True) -> float:
+                parted: np.ndarray, local: bool = True) -> float:
     """Upper bound (rad/s) of the highest natural frequency at configuration x (m) with tensions (N)
     multiplied by ``tension_margin`` (tension can grow within a tick) and the contact springs ``contact_k``
     (N/m per vertex). Bending is stiffened by vertex_fold (``local``) or by the thread's most folded hinge (the
-    whole-thread scaling). ``fold`` (n,) is scratch (hinge_factors)."""
+    whole-thread scaling). ``fold`` (n,) is scratch (hinge_factors); ``parted`` the segments that broke."""
     n = x.shape[0]
     worst = 0.0
-    whole = hinge_factors(x, fold)
+    whole = hinge_factors(x, fold, parted)
     for i in range(n):
         # Gershgorin row sum (N/m): bending scaled by the fold factor, the tensions, the contact springs
         k = bend_gersh[i] * vertex_fold(fold, i, contact_k, local, whole) + contact_k[i]
@@ -136,7 +142,7 @@ def scale_masses(mass: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray,
                  tension: np.ndarray, tension_in: np.ndarray, tension_floor: np.ndarray, tension_margin: float,
                  h: float, target: float,
                  contact_k: np.ndarray, out: np.ndarray, x: np.ndarray, x_prev: np.ndarray,
-                 keep_energy: bool, local: bool, fold: np.ndarray) -> tuple:
+                 keep_energy: bool, local: bool, fold: np.ndarray, parted: np.ndarray) -> tuple:
     """Selective mass scaling: the inverse masses (1/kg) for a substep h (s) such that every vertex's Gershgorin
     bound meets h * omega_i <= target. A vertex that already does keeps its mass; a stiffer one (a taut or
     sharply bent stretch of a light suture) gets just enough extra inertia, m_i' = h^2 K_i / target^2, with K_i
@@ -153,12 +159,13 @@ def scale_masses(mass: np.ndarray, inv_mass: np.ndarray, bend_gersh: np.ndarray,
     whole-thread scaling, as before 2026-11-27): every hinge is stiffened by the thread's most folded one and
     every tension is divided, inertial or not. With ``keep_energy``, a vertex made
     heavier has its history ``x_prev`` (m; positions ``x``) shortened so that its kinetic energy stays, not its
-    velocity. ``fold`` (n,) is scratch (hinge_factors). Returns (vertices scaled, largest factor)."""
+    velocity. ``fold`` (n,) is scratch (hinge_factors); ``parted`` the segments that broke. Returns (vertices
+    scaled, largest factor)."""
     n = mass.shape[0]
     scaled = 0
     worst = 1.0
     lim = target * target / (h * h)
-    whole = hinge_factors(x, fold)
+    whole = hinge_factors(x, fold, parted)
     f_left = 1.0                       # the old factor of vertex i-1 (out[i-1] is already overwritten)
     f_here = inv_mass[0] / out[0] if out[0] > 0.0 else 1.0
     for i in range(n):

@@ -66,7 +66,7 @@ def _solve(xbar, x, w, rest, compliance, h, method, alpha0=None, tol=1e-12, max_
     E = np.zeros((m, 3))
     scratch = [np.zeros(m) for _ in range(3)]     # di, rhs, cp
     iters, residual = solve_multipliers(xbar, e, elen, w, rest, compliance, h, method, tol, max_iters, alpha, E,
-                                        *scratch)
+                                        *scratch, np.zeros(m, np.int8))
     # Eq. D.3, rebuilt here: x_i^{k+1} = xbar_i + w_i (alpha_i e_i - alpha_{i-1} e_{i-1})
     xn = xbar.copy()
     xn[:-1] += (w[:-1] * alpha)[:, None] * e
@@ -189,10 +189,12 @@ def test_solving_a_stretched_extensible_thread_again_keeps_its_tension(method):
     scratch = [np.zeros(n - 1) for _ in range(5)]   # again_len, again_compliance, di, rhs, cp
     extra, new_edges = np.zeros(n - 1), np.zeros((n - 1, 3))
     a2 = alpha.copy()
-    solve_again(xn, e, elen, w, rest, comp, h, method, 1e-12, 500, a2, extra, new_edges, *scratch)
+    solve_again(xn, e, elen, w, rest, comp, h, method, 1e-12, 500, a2, extra, new_edges, *scratch,
+                np.zeros(n - 1, np.int8))
     np.testing.assert_allclose(a2 * elen / h ** 2, tension, rtol=1e-6)
     xn[5] += 1e-6 * rng.normal(size=3)    # a micrometre's push on one vertex
-    solve_again(xn, e, elen, w, rest, comp, h, method, 1e-12, 500, a2, extra, new_edges, *scratch)
+    solve_again(xn, e, elen, w, rest, comp, h, method, 1e-12, 500, a2, extra, new_edges, *scratch,
+                np.zeros(n - 1, np.int8))
     np.testing.assert_allclose(a2 * elen / h ** 2, tension, rtol=0.05)
     length = np.linalg.norm(np.diff(xn, axis=0), axis=1)
     np.testing.assert_allclose(length, rest * (1.0 + a2 * elen / h ** 2 / ea), rtol=1e-9)
@@ -219,7 +221,7 @@ def _free_thread(twist_k_gj: float, twist0: float, spin: float = 20.0):
           + np.cross(spin * np.array([0.3, 0.5, 1.0]), x0))
     state = make_state(model, x0, v0, twist0)
     omega = omega_bound(state.x, model.inv_mass, model.bend_gersh, model.rest_length, state.tension, 1.0,
-                        state.contact_k, state.fold)
+                        state.contact_k, state.fold, state.parted)
     return model, state, omega
 
 
@@ -236,7 +238,7 @@ def _twist_torque(model, state):
     accumulate_forces(state.x, state.x_prev, edges, elen, state.h[0], model.mass, model.inv_mass,
                       model.hinge_k, 0.0,
                       np.zeros(n), np.zeros(n), np.zeros(3), np.zeros((n, 3)), model.twist_k, np.zeros((n, 3)),
-                      g_new)
+                      g_new, state.parted)
     dx = state.x - state.x_prev
     theta = state.twist[0] + 0.5 * float(np.sum((g_new - state.twist_grad) * dx))
     t = edges / elen[:, None]
@@ -266,10 +268,10 @@ def test_free_bent_thread_conserves_angular_momentum():
     h = 0.5 / omega
     step(model, state, 1, h)
     l0 = diagnostics.angular_momentum(model, state)
-    e0 = bending_energy(state.x, model.hinge_k)
+    e0 = bending_energy(state.x, model.hinge_k, state.parted)
     step(model, state, 1000, h)
     l1 = diagnostics.angular_momentum(model, state)
-    assert abs(bending_energy(state.x, model.hinge_k) - e0) > 1e-3 * e0  # the thread really deformed
+    assert abs(bending_energy(state.x, model.hinge_k, state.parted) - e0) > 1e-3 * e0  # the thread really deformed
     assert np.linalg.norm(l1 - l0) <= 1e-12 * np.linalg.norm(l0)
 
 
@@ -293,7 +295,7 @@ def _energy_series(model, state, h, steps, every):
     """Total energy kinetic + (V(x^k) + V(x^{k+1}))/2 every ``every`` steps: the half-step kinetic energy
     pairs with the mean potential of the two ends of the step (error O((h omega)^2), not O(h omega))."""
     def potential(x, theta):
-        return bending_energy(x, model.hinge_k) + 0.5 * model.twist_k * theta ** 2
+        return bending_energy(x, model.hinge_k, np.zeros(x.shape[0] - 1, np.int8)) + 0.5 * model.twist_k * theta ** 2
 
     out = []
     for _ in range(steps // every):

@@ -52,7 +52,7 @@ def compute(x, hinge_k, *, x_prev=None, h=1e-4, mass=None, k_d=0.0, drag_quad=No
                       np.ones(n) if mass is None else 1.0 / mass, hinge_k, k_d,
                       z if drag_quad is None else drag_quad, z if drag_lin is None else drag_lin,
                       np.asarray(gravity, dtype=np.float64), np.zeros((n, 3)) if ext is None else ext,
-                      twist_k, force, tg)
+                      twist_k, force, tg, np.zeros(n - 1, np.int8))
     if twist_k != 0.0:
         force -= twist_k * theta * tg
     return force, tg
@@ -79,7 +79,7 @@ def test_bending_force_is_minus_gradient_of_bending_energy(seed):
     x = random_thread(rng, n)
     hk = random_hinge_k(rng, n)
     f, _ = compute(x, hk)
-    g = numeric_gradient(lambda y: bending_energy(y, hk), x, 1e-8)
+    g = numeric_gradient(lambda y: bending_energy(y, hk, np.zeros(y.shape[0] - 1, np.int8)), x, 1e-8)
     assert np.abs(g).max() > 1e-3  # the configuration is really bent
     err = np.linalg.norm(f + g) / np.linalg.norm(g)
     assert err < 1e-6, err
@@ -108,7 +108,7 @@ def test_straight_thread_with_unequal_edges_has_no_bending_force_or_energy():
     x = np.array([0.1, 0.2, -0.3]) + s[:, None] * t
     hk = random_hinge_k(rng, n)
     f, _ = compute(x, hk)
-    assert bending_energy(x, hk) == pytest.approx(0.0, abs=1e-15 * hk.sum())
+    assert bending_energy(x, hk, np.zeros(x.shape[0] - 1, np.int8)) == pytest.approx(0.0, abs=1e-15 * hk.sum())
     assert np.abs(f).max() <= 1e-12 * hk.max() / 0.01
 
 
@@ -122,9 +122,9 @@ def test_bending_energy_and_force_ignore_edge_lengths(seed):
     hk = random_hinge_k(rng, n)
     e = np.diff(x, axis=0)
     stretched = np.vstack([x[:1], x[0] + np.cumsum(e * rng.uniform(0.5, 2.0, (n - 1, 1)), axis=0)])
-    e0 = bending_energy(x, hk)
+    e0 = bending_energy(x, hk, np.zeros(x.shape[0] - 1, np.int8))
     assert e0 > 0.0
-    assert bending_energy(stretched, hk) == pytest.approx(e0, rel=1e-12)
+    assert bending_energy(stretched, hk, np.zeros(stretched.shape[0] - 1, np.int8)) == pytest.approx(e0, rel=1e-12)
 
     f, _ = compute(x, hk)
     t = e / np.linalg.norm(e, axis=1)[:, None]

@@ -236,7 +236,7 @@ def response_cost(sc: Scenario, st) -> tuple[int, float, float]:
         rebuild_neighbours(st.x, par, m.contact.skin, m.contact.exclude, st.grid_head, st.grid_next, st.grid_cells,
                            st.grid_scratch, st.cand_i, st.cand_j, st.cand_s, st.cand_t, st.cand_d, st.cand_n,
                            st.cand_fp, st.old_j, st.old_n, st.old_fp, st.old_next, st.seg_head, st.x_ref,
-                           st.contact_stats)
+                           st.contact_stats, st.parted)
 
     rebuild()
     n = int(st.contact_stats[CS_COUNT])

@@ -286,8 +286,11 @@ export class Scene {
       segs.push({ s, color, width, depth: (s[0][2] + s[1][2]) / 2,
         behind: boxes.some(box => hidden(cam.eye, mid, box)) });
     };
+    const parted = new Set(this.state.parted || []);   // where the thread broke: nothing joins the pieces
     for (let i = 0; i + 1 < pts.length; i++) {
-      if (pts[i] && pts[i + 1]) add(pts[i], pts[i + 1], tensionColor(tension[i], this.range.value), 3.5);
+      if (pts[i] && pts[i + 1] && !parted.has(i)) {
+        add(pts[i], pts[i + 1], tensionColor(tension[i], this.range.value), 3.5);
+      }
     }
     const needle = needlePoints(this.state.needle);
     if (needle) for (let k = 0; k + 1 < needle.length; k++) add(needle[k], needle[k + 1], STEEL, 4.5);
