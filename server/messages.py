@@ -15,8 +15,8 @@ from ..solver.instruments import CAPSULES_PER_TOOL, TC_IMPULSE
 from ..solver.integrator import STAT_MAX_ITERS, STAT_MAX_RESIDUAL, STAT_SUBSTEPS
 from ..solver.needle import NP_ARC, NP_RADIUS, NS_Q, NS_TORQUE, arc_point
 from ..solver.scenario import Scenario
-from ..solver.suture import STATE_NAMES, SutureWatch, pad_gap
-from ..solver.tissue import PD_HALF, PF_DRAG, PF_LOCAL, PI_PAD, PI_STATE, PS_X, PUN_FREE
+from ..solver.suture import STATE_NAMES, SutureWatch, lateral_force, pad_gap
+from ..solver.tissue import PD_HALF, PF_DRAG, PF_LOCAL, PI_PAD, PI_STATE, PS_X, PUN_FREE, PUN_NEEDLE
 from ..solver.model import ThreadState
 from . import protocol
 from .device import Device, DeviceTable
@@ -161,7 +161,9 @@ class MessageBuilder:
                 continue
             p = int(pun_i[q, PI_PAD])
             punctures.append(protocol.SortedMap(
-                drag=float(pun_f[q, PF_DRAG]), on=STATE_NAMES[st], pad=m.pad_ids[p],
+                drag=float(pun_f[q, PF_DRAG]),
+                **({"lateral": float(lateral_force(pun_f, q))} if st == PUN_NEEDLE else {}),
+                on=STATE_NAMES[st], pad=m.pad_ids[p],
                 pos=(state.pst[p, PS_X:PS_X + 3] + pun_f[q, PF_LOCAL:PF_LOCAL + 3]).tolist()))
         g = float(pad_gap(m.pads, state.pst))
         w = self.watch

@@ -37,8 +37,8 @@ from .model import BUF_CARRIED_B, BUF_CARRIED_F, BUF_CARRIED_I, STATE_FIELDS, Th
 from .motion import apply_motions
 from .stability import omega_bound, scale_masses, substeps_for
 from .instruments import SH_COUNT, TC_IMPULSE, TC_PUSHES, move_tools, place_capsules, tool_contact
-from .needle import (NP_WIRE, needle_constraints, needle_finish, needle_held, needle_pierce, needle_thread,
-                     needle_turn)
+from .needle import (NP_WIRE, needle_constraints, needle_finish, needle_forces_clear, needle_held, needle_pierce,
+                     needle_thread, needle_turn)
 from .tissue import (PF_SIGMA, PI_STATE, PUN_ACTIVE, TP_EDGE_MU, TP_RADIUS, TP_ROUNDS, collide_pads, locate_punctures,
                      puncture_forces, puncture_load, puncture_predict, step_pads)
 
@@ -618,6 +618,7 @@ def tissue_rounds(h: float, held: bool, rod: Rod, sv: Settings, body: Body, wk: 
     with_needle = 1 if nd.on else 0
     if nd.on:
         needle_pierce(xbar, nd.par, nd.nst, ts.pads, ts.pst, ts.pun_i, ts.pun_f, held)
+        needle_forces_clear(ts.pun_i, ts.pun_f)
     for _ in range(int(ts.par[TP_ROUNDS])):
         moved = collide_pads(h, x, xbar, w_eff, rod.rest, ts.par, ts.pads, ts.pst, ts.pun_i, ts.pun_f, with_needle)
         if nd.on:

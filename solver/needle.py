@@ -36,7 +36,7 @@ import numpy as np
 from numba import njit
 
 from .contact import closest_if_near, segment_closest, segment_move
-from .tissue import (PD_HALF, PF_LOCAL, PF_OFF, PF_SIGMA, PF_SPEED, PI_MATE, PI_PAD, PI_STATE, PS_DX, PS_F, PS_X,
+from .tissue import (PD_HALF, PF_FORCE, PF_LOCAL, PF_OFF, PF_SIGMA, PF_SPEED, PI_MATE, PI_PAD, PI_STATE, PS_DX, PS_F, PS_X,
                      PUN_ACTIVE, PUN_FREE, PUN_NEEDLE, TP_F_KINETIC, TP_F_STATIC, TP_K_LAT, TP_MU, TP_RADIUS,
                      closest_on_thread, entry_face, face_friction, puncture_point)
 
@@ -366,15 +366,15 @@ def _arm(xbar: np.ndarray, px: float, py: float, pz: float, nx: float, ny: float
 
 
 @njit(cache=True, error_model="numpy")
-def _push(h, x, xbar, w_eff, npar, nst, theta, dx, dy, dz, pst, p, compliance, tol=POINT_TOL) -> bool:
+def _push(h, x, xbar, w_eff, npar, nst, theta, dx, dy, dz, pst, p, compliance, tol=POINT_TOL) -> float:
     """Move the needle's point at angle theta toward d (m), sharing the move between the swage's translation
     and the body's turn by their inverse masses, less by the ``compliance`` (m/N) of what holds it (one XPBD
     step from zero each round, Macklin et al. 2016: lambda = d / (w + compliance / h^2): a soft hold that
-    the rounds do not stiffen); the pad p (if >= 0) feels the reaction. Returns whether it moved (d > tol,
-    m)."""
+    the rounds do not stiffen); the pad p (if >= 0) feels the reaction. Returns lambda (N*s^2; its force is
+    lambda / h^2 along d), 0 if it did not move (d <= tol, m)."""
     d = math.sqrt(dx * dx + dy * dy + dz * dz)
     if d <= tol:
-        return False
+        return 0.0
     nx = dx / d
     ny = dy / d
     nz = dz / d
@@ -392,7 +392,7 @@ def _push(h, x, xbar, w_eff, npar, nst, theta, dx, dy, dz, pst, p, compliance, t
         pst[p, PS_F] -= f * nx
         pst[p, PS_F + 1] -= f * ny
         pst[p, PS_F + 2] -= f * nz
-    return True
+    return lam
 
 
 @njit(cache=True, error_model="numpy")
@@ -434,7 +434,7 @@ def _hold_out(h, x, xbar, w_eff, npar, nst, tpar, pads, pst, pun_i, pun_f, p, th
     sgn = best if side >= 0.0 else -best
     # a free needle's every push is made, however small: one at rest sinks g h^2 a substep (1e-8 m at 32
     # substeps), and left in until it passed POINT_TOL it slid freely, frictionless, in the substeps between
-    if not _push(h, x, xbar, w_eff, npar, nst, th, sgn if ax == 0 else 0.0, sgn if ax == 1 else 0.0,
+    if 0.0 == _push(h, x, xbar, w_eff, npar, nst, th, sgn if ax == 0 else 0.0, sgn if ax == 1 else 0.0,
                  sgn if ax == 2 else 0.0, pst, p, 0.0, 0.0 if free else POINT_TOL):
         return False
     if not free:
@@ -512,7 +512,7 @@ def _hold_tunnel(h, x, xbar, w_eff, npar, nst, tpar, pst, pun_i, pun_f, q, p, th
         return False
     return _push(h, x, xbar, w_eff, npar, nst, tha, pst[p, PS_X] + pun_f[q, PF_OFF] - gx,
                  pst[p, PS_X + 1] + pun_f[q, PF_OFF + 1] - gy, pst[p, PS_X + 2] + pun_f[q, PF_OFF + 2] - gz, pst, p,
-                 1.0 / tpar[TP_K_LAT])
+                 1.0 / tpar[TP_K_LAT]) > 0.0
 
 
 @njit(cache=True, error_model="numpy")
@@ -568,8 +568,16 @@ def needle_constraints(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndar
         ax, ay, az = arc_point(xbar, nst, NS_Q, r, th)
         # the tissue round a puncture gives like the thread's lateral spring: two pads that moved apart can
         # hold a rigid needle through three or four punctures no longer on one circle
-        if _push(h, x, xbar, w_eff, npar, nst, th, px - ax, py - ay, pz - az, pst, p, 1.0 / tpar[TP_K_LAT]):
+        lam = _push(h, x, xbar, w_eff, npar, nst, th, px - ax, py - ay, pz - az, pst, p, 1.0 / tpar[TP_K_LAT])
+        if lam > 0.0:
             moved += 1
+            # the push is across the arc (th is its point nearest the puncture): the needle's lateral load on
+            # the tissue there, summed over the rounds as the substep's force (needle_forces_clear starts it)
+            dl = math.sqrt((px - ax) ** 2 + (py - ay) ** 2 + (pz - az) ** 2)
+            f = lam / (h * h * dl)
+            pun_f[q, PF_FORCE] += f * (px - ax)
+            pun_f[q, PF_FORCE + 1] += f * (py - ay)
+            pun_f[q, PF_FORCE + 2] += f * (pz - az)
         if not held and _hold_tunnel(h, x, xbar, w_eff, npar, nst, tpar, pst, pun_i, pun_f, q, p, th):
             moved += 1
     for p in range(pads.shape[0]):
@@ -621,6 +629,16 @@ def needle_constraints(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndar
                 if _hold_out(h, x, xbar, w_eff, npar, nst, tpar, pads, pst, pun_i, pun_f, p, th, near, True):
                     moved += 1
     return moved
+
+
+@njit(cache=True, error_model="numpy")
+def needle_forces_clear(pun_i: np.ndarray, pun_f: np.ndarray) -> None:
+    """Before a substep's tissue rounds: the lateral force of each needle-held puncture (PF_FORCE, N) from zero,
+    for needle_constraints to sum."""
+    for q in range(pun_i.shape[0]):
+        if pun_i[q, PI_STATE] == PUN_NEEDLE:
+            for d in range(3):
+                pun_f[q, PF_FORCE + d] = 0.0
 
 
 THREAD_SKIP = 2     # thread segments from the swage that are not tested against the arc: they leave the swage

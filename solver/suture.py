@@ -17,8 +17,8 @@ import numpy as np
 from numba import njit
 
 from .knot_type import KnotReading, KnotType, warm_up as warm_up_knots
-from .tissue import (MAX_PUNCTURES, PD_HALF, PF_LOCAL, PF_SIGMA, PI_MATE, PI_PAD, PI_STATE, PS_X,
-                     PUN_ACTIVE, PUN_FREE, PUN_NEEDLE, PUN_PASSED, TP_RADIUS)
+from .tissue import (MAX_PUNCTURES, PD_HALF, PF_FORCE, PF_LOCAL, PF_SIGMA, PI_MATE, PI_PAD, PI_STATE, PS_X,
+                     PUN_ACTIVE, PUN_FREE, PUN_NEEDLE, PUN_PASSED, TP_RADIUS, TP_TEAR)
 
 STATE_NAMES = {PUN_ACTIVE: "thread", PUN_NEEDLE: "needle", PUN_PASSED: "passed"}
 LINK_EVERY = 100          # ticks between two readings of the strands' linking (10 Hz at 1 kHz)
@@ -117,8 +117,27 @@ def strands(pun_i: np.ndarray, pun_f: np.ndarray, n_vertices: int) -> tuple[int,
     return lo, hi
 
 
+@njit(cache=True, error_model="numpy")
+def lateral_over(pun_i: np.ndarray, pun_f: np.ndarray, limit: float, torn: np.ndarray) -> int:
+    """The first needle-held puncture not yet ``torn`` whose lateral needle force (PF_FORCE, N) exceeds
+    ``limit`` (N), or -1."""
+    for q in range(pun_i.shape[0]):
+        if pun_i[q, PI_STATE] != PUN_NEEDLE or torn[q]:
+            continue
+        f2 = pun_f[q, PF_FORCE] ** 2 + pun_f[q, PF_FORCE + 1] ** 2 + pun_f[q, PF_FORCE + 2] ** 2
+        if f2 > limit * limit:
+            return q
+    return -1
+
+
+@njit(cache=True, error_model="numpy")
+def lateral_force(pun_f: np.ndarray, q: int) -> float:
+    """Puncture q's lateral needle force (N), while the needle runs through it."""
+    return math.sqrt(pun_f[q, PF_FORCE] ** 2 + pun_f[q, PF_FORCE + 1] ** 2 + pun_f[q, PF_FORCE + 2] ** 2)
+
+
 class SutureWatch:
-    """Turns a tissue scene's state into events (puncture, thread_through, puncture_closed, needle_out,
+    """Turns a tissue scene's state into events (puncture, thread_through, puncture_closed, needle_out, tear,
     gap_closed, gap_opened, knot, throw), and keeps the knot, throws and linking that the `state` topic's
     `tissue` map reports (server/messages.py). ``check`` runs every tick; it allocates when something happened,
     and when it reads the knot (KNOT_EVERY ticks: the diagram on that tick, its state sum KNOT_BUDGET at a time
@@ -136,10 +155,14 @@ class SutureWatch:
         self.seen = "unknot"      # the knot read last time: a new one counts once read twice running
         self.ticks = 0
         self.reading: KnotReading | None = None   # a knot read whose state sum is still being added up
+        self.tear = float(model.tissue_par[TP_TEAR])
+        self.torn = np.zeros(MAX_PUNCTURES, np.bool_)   # punctures that have torn (one `tear` event each)
 
     def warm_up(self, state) -> None:
         """Call every kernel ``check`` can reach once (numba loads them at a first call)."""
         pad_gap(self.model.pads, state.pst)
+        lateral_over(state.pun_i, state.pun_f, self.tear, self.torn)
+        lateral_force(state.pun_f, 0)
         if state.x.shape[0] >= 4:
             linking(state.x, 0, 1, 2, 3)
         warm_up_knots()
@@ -153,6 +176,7 @@ class SutureWatch:
         self.knot = self.seen = "unknot"
         self.ticks = 0
         self.reading = None
+        self.torn[:] = False
 
     def check(self, state, emit) -> None:
         """Emit (kind, **details) for what changed since the last call."""
@@ -166,6 +190,7 @@ class SutureWatch:
                 old, new = int(self.prev[q]), int(cur[q])
                 pad = ids[int(pun_i[q, PI_PAD])]
                 if new == PUN_NEEDLE and old == PUN_FREE:
+                    self.torn[q] = False
                     pos = state.pst[pun_i[q, PI_PAD], PS_X:PS_X + 3] + state.pun_f[q, PF_LOCAL:PF_LOCAL + 3]
                     emit("puncture", pad=pad, side="entry" if pun_i[q, PI_MATE] < 0 else "exit",
                          pos=[float(v) for v in pos])
@@ -176,6 +201,14 @@ class SutureWatch:
                 elif new == PUN_FREE and old in (PUN_ACTIVE, PUN_PASSED):
                     emit("puncture_closed", pad=pad)
             self.prev[:] = cur
+        # a needle levered across its punctures tears the tissue there: once per puncture
+        q = lateral_over(pun_i, state.pun_f, self.tear, self.torn)
+        if q >= 0:
+            self.torn[q] = True
+            pad = int(pun_i[q, PI_PAD])
+            pos = state.pst[pad, PS_X:PS_X + 3] + state.pun_f[q, PF_LOCAL:PF_LOCAL + 3]
+            emit("tear", pad=self.model.pad_ids[pad], force=float(lateral_force(state.pun_f, q)), limit=self.tear,
+                 pos=[float(v) for v in pos])
         if self.model.pads.shape[0] >= 2:
             g = float(pad_gap(self.model.pads, state.pst))
             if not self.closed and g <= self.crack + GAP_CLOSED:

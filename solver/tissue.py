@@ -48,7 +48,8 @@ TP_MU = 5          # Coulomb coefficient of the thread on a pad's surface
 TP_RADIUS = 6      # m, the thread's radius against a pad
 TP_ROUNDS = 7      # rounds of (vertices put back out of the pads, constraint solve) per substep at most
 TP_EDGE_MU = 8     # Coulomb coefficient between two pads' faces where they meet (the wound's edges)
-TP_COUNT = 9
+TP_TEAR = 9        # N, the lateral needle force at a puncture past which the tissue tears there (a `tear` event)
+TP_COUNT = 10
 
 # pads (P, PD_COUNT): the pads' parameters
 PD_HALF = 0        # 3 columns: half extents (m)
@@ -81,7 +82,8 @@ PF_SIGMA = 3       # thread coordinate j + u of the thread's point on it (a pass
 PF_SPEED = 4       # m/s, the slide speed of the last substep
 PF_DAMP = 5        # N*s/m, the drag damper used in the current substep
 PF_OFF = 6         # 3: the thread's offset from the puncture at the substep's start (m)
-PF_FORCE = 9       # 3: the force the puncture applied to the thread in the last substep (N)
+PF_FORCE = 9       # 3: the force the puncture applied to the thread in the last substep (N); while the needle
+                   # runs through it, the tissue's lateral push on the needle there (needle.needle_constraints)
 PF_DRAG = 12       # N, that force's component along the thread, opposing the slide (the drag felt)
 PF_COUNT = 13
 

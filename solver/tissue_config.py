@@ -14,7 +14,8 @@ from .config import ConfigError, Section
 from .model import ThreadModel, ThreadState
 from .tissue import (MAX_PUNCTURES, PD_C, PD_COUNT, PD_HALF, PD_INV_MASS, PD_K, PD_REST, PF_LOCAL, PF_SIGMA, PI_MATE,
                      PI_PAD, PI_STATE, PUN_ACTIVE, TP_COUNT, TP_EDGE_MU, TP_F_KINETIC, TP_F_STATIC, TP_K_LAT, TP_MU,
-                     TP_RADIUS, TP_ROUNDS, TP_V_STICK, TP_VISCOUS, closest_on_thread, count_inside, locate_punctures)
+                     TP_RADIUS, TP_ROUNDS, TP_TEAR, TP_V_STICK, TP_VISCOUS, closest_on_thread, count_inside,
+                     locate_punctures)
 
 
 @dataclass
@@ -37,6 +38,10 @@ class Target:
 
 
 TARGET_KINDS = ("entry", "exit")
+# N: the default lateral needle force at a puncture that tears the tissue there (`tissue.puncture.tear_force`).
+# A tuning choice, no published figure: above what clean bites put across their punctures (docs/ASSESSMENT.md
+# Sec. 3), within a stylus's 3.3 N
+TEAR_FORCE = 2.0
 
 
 @dataclass
@@ -91,6 +96,7 @@ def read_tissue(sec: Section | None, params, rest: np.ndarray) -> TissueSpec | N
                                          "a thread that slides drags at most as hard as one that holds")
     par[TP_VISCOUS] = psec.get("drag_viscous", float, 1.0, minval=0.0, maxval=1e4)
     par[TP_V_STICK] = psec.get("stick_speed", float, 1e-3, above=0.0, maxval=1.0)
+    par[TP_TEAR] = psec.get("tear_force", float, TEAR_FORCE, above=0.0, maxval=1000.0)
     psec.finish()
     par[TP_MU] = sec.get("friction", float, 0.3, minval=0.0, maxval=10.0)
     par[TP_RADIUS] = sec.get("radius", float, params.radius, minval=0.0, maxval=0.01)

@@ -336,3 +336,33 @@ def test_a_needle_let_go_neither_pierces_nor_keeps_its_hands_orientation():
     assert abs(float(np.dot(q_held, state.nst[NS_Q:NS_Q + 4]))) < 0.95     # it turned by more than 36 degrees
     assert np.all(heights < 1.5e-3) and np.all(heights > 1.9e-4), heights  # it lies on the pad, not in it
     assert np.linalg.norm(state.nst[NS_W:NS_W + 3]) < 1e-2 and np.linalg.norm(state.x[0] - state.x_prev[0]) < 1e-8
+
+
+def test_the_needle_pushed_across_its_punctures_tears_the_tissue_once_each_past_its_tear_force():
+    """The lateral force the tissue puts across the needle where it runs through a puncture (PF_FORCE while the
+    needle holds it) is what `tear` reads: a clean bite pushes a tenth of a newton or so across its punctures,
+    under the default tear force; with the tissue's tear_force below that, a puncture pushed past it tears, once."""
+    from suturesim.solver.suture import SutureWatch, lateral_force
+    from suturesim.solver.tissue_config import TEAR_FORCE
+
+    for tear in (None, 0.1):
+        pad = {"id": "pad", "center": [0.0, 0.0, 0.0], "size": [0.03, 0.03, 0.01], "fixed": True}
+        tissue = {"pads": [pad], **({"puncture": {"tear_force": tear}} if tear else {})}
+        model, state = bite(extra={"tissue": tissue})
+        stepper = Stepper(model, state)
+        watch = SutureWatch(model)
+        watch.reset(state)
+        events, peak = [], 0.0
+        for _ in range(2500):
+            stepper.tick()
+            watch.check(state, lambda kind, **d: events.append((kind, d)))
+            for q in np.flatnonzero(state.pun_i[:, PI_STATE] == PUN_NEEDLE):
+                peak = max(peak, lateral_force(state.pun_f, q))
+        tears = [d for kind, d in events if kind == "tear"]
+        assert [kind for kind, _ in events if kind == "puncture"] == ["puncture", "puncture"]
+        if tear is None:
+            assert 0.05 < peak < TEAR_FORCE and tears == []
+        else:
+            # once per puncture at most, each past the limit
+            assert 1 <= len(tears) == len({tuple(d["pos"]) for d in tears}) <= 2
+            assert all(d["force"] > tear and d["limit"] == tear and d["pad"] == "pad" for d in tears)

@@ -133,7 +133,7 @@ _IGNORED_EVENTS = {"start", "overrun", "shutdown", "device", "device_lost", "dev
 # what the scene itself reports of its state (solver/suture.py SutureWatch): not inputs to follow but outputs the
 # resimulation makes again, compared with the recorded ones (kind, seq, time and every detail)
 _DERIVED_EVENTS = {"puncture", "thread_through", "needle_out", "puncture_closed", "gap_closed", "gap_opened",
-                   "knot", "throw"}
+                   "knot", "throw", "tear", "break"}
 
 
 @dataclass
