@@ -56,6 +56,10 @@ POINTS_INSECURE_KNOT = 20.0       # a knot that is not square (a granny, a half 
 POINTS_EXTRA_PUNCTURE = 5.0       # every extra hole, and every needle backed out, is a wound of its own
 POINTS_NEEDLE_DROP = 5.0          # a needle dropped outside the tissue must be found and picked up again
 POINTS_KNOT_SLIP = 20.0           # a knot that slips under the security test's pull loosens as a granny does
+POINTS_TEAR = 10.0                # a needle levered across its puncture tears the edge: a wound of its own, larger
+#                                   than a hole's
+# a thread pulled past its rated strength breaks (solver/breakage.py): the suture must be cut out and placed
+# again with a new one, so the attempt scores as one not done (SCORE_CUTOFF)
 SECURITY_CREEP_S = 2.0            # s: the security test's last stretch, over which a knot still moving slips
 # proficiency benchmarks by default: the FLS intracorporeal suturing task's (112 s, no mark missed by more than
 # 1 mm, a knot that does not slip)
@@ -147,8 +151,15 @@ class Attempt:
     bite_depth_mm: float | None = None
     extra_punctures: int = 0
     withdrawals: int = 0
+    peak_lateral_n: float = 0.0   # N: the needle's largest lateral force at a puncture (tissue handling)
+    lateral_impulse_ns: float = 0.0   # N*s: that force summed over the punctures, integrated over time
+    tears: int = 0                # `tear` events
+    tear_limit_n: float | None = None   # N, the scene's tear force (from the `tear` events)
     peak_tension_n: float = 0.0
     peak_tension_at_s: float | None = None
+    rated_n: float | None = None  # N, the thread's rated knot-pull strength (None: unrated, never breaks)
+    broke_at_s: float | None = None   # when the thread first broke (a `break` event)
+    breaks: int = 0
     knot: str | None = None
     throws: int | None = None
     knot_secure: bool = False
@@ -162,6 +173,11 @@ class Attempt:
     score: float = 0.0
     checks: list[Check] = field(default_factory=list)
     benchmarks: str = "the FLS's"  # whose benchmarks the checks are
+
+    @property
+    def tension_share(self) -> float | None:
+        """The peak tension as a fraction of the thread's rated strength (None: an unrated thread)."""
+        return None if not self.rated_n else self.peak_tension_n / self.rated_n
 
     @property
     def passed(self) -> bool:
@@ -196,6 +212,8 @@ class Scorer:
         self.exits: list[str] = []              # pads in the order their first exit came
         self.through: set[str] = set()
         self.needle_grips: set[str] = set()     # grasp ids holding the needle
+        self.lateral_prev = 0.0                 # N: the needle's lateral forces summed, at the state before
+        self.t_lateral: float | None = None     # s: that state's time
         self.closed_once = False
         self.last_gap_kind: str | None = None
         self.throws_at: dict[int, float] = {}
@@ -271,6 +289,13 @@ class Scorer:
             self.face_z = max(float(p["pos"][2]) + 0.5 * float(p["size"][2]) for p in tissue["pads"])
         if tissue.get("gap") is not None:
             self.a.gap_end_mm = 1e3 * float(tissue["gap"])
+        lateral = sum(float(p.get("lateral") or 0.0) for p in tissue.get("punctures") or [])
+        if lateral > 0.0 or self.lateral_prev > 0.0:
+            self.a.peak_lateral_n = max(self.a.peak_lateral_n, max(
+                (float(p.get("lateral") or 0.0) for p in tissue.get("punctures") or []), default=0.0))
+            if self.t_lateral is not None:   # the trapezoid between this state and the one before
+                self.a.lateral_impulse_ns += 0.5 * (lateral + self.lateral_prev) * max(0.0, t - self.t_lateral)
+        self.lateral_prev, self.t_lateral = lateral, t
         needle = st.get("needle")
         if needle is not None and self.face_z is not None and \
                 any(p.get("on") == "needle" for p in tissue.get("punctures") or []):
@@ -293,7 +318,17 @@ class Scorer:
 
     def _event(self, t: float, ev: dict) -> None:
         kind, a, since = ev.get("kind"), self.a, self._since(t)
-        if kind == "grasp":
+        if kind in ("start", "load", "break") and isinstance(ev.get("strength"), (int, float)):
+            a.rated_n = float(ev["strength"])
+        if kind == "tear":
+            a.tears += 1
+            if isinstance(ev.get("limit"), (int, float)):
+                a.tear_limit_n = float(ev["limit"])
+        elif kind == "break":
+            a.breaks += 1
+            if a.broke_at_s is None:
+                a.broke_at_s = since
+        elif kind == "grasp":
             if ev.get("device"):
                 self._tool(ev["device"]).grasps += 1
             if ev.get("holds") == "needle":
@@ -413,6 +448,12 @@ def penalties(a: Attempt) -> list[Penalty]:
                            f"{a.extra_punctures} extra punctures, {a.withdrawals} withdrawals"))
     if a.needle_drops:
         out.append(Penalty("needle dropped", POINTS_NEEDLE_DROP * a.needle_drops, f"{a.needle_drops} times"))
+    if a.tears:
+        out.append(Penalty("tissue torn", POINTS_TEAR * a.tears,
+                           f"{a.tears} punctures levered past {a.tear_limit_n or 0.0:g} N across the needle"))
+    if a.breaks and a.completed_s is not None:
+        out.append(Penalty("thread broke", SCORE_CUTOFF,
+                           f"pulled past its rated {a.rated_n or 0.0:g} N at {a.broke_at_s:.2f} s: a new suture"))
     sec = a.security
     if sec is not None and a.completed_s is not None:
         if sec.outcome == "slips":

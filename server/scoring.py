@@ -45,6 +45,9 @@ def summary(a: Attempt) -> dict:
             "knot": a.knot, "square": a.knot_secure,
             "gap_mm": None if a.gap_end_mm is None else round(a.gap_end_mm, 3),
             "peak_tension_n": round(a.peak_tension_n, 4),
+            "tension_share": None if a.tension_share is None else round(a.tension_share, 4),
+            "breaks": a.breaks,
+            "peak_lateral_n": round(a.peak_lateral_n, 4), "tears": a.tears,
             "penalties": [[p.what, round(p.points, 3)] for p in a.penalties],
             "checks": [[c.what, c.passed] for c in a.checks]}
 

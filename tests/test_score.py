@@ -13,8 +13,8 @@ import pytest
 from suturesim.server import protocol
 from suturesim.server.recording import McapRecorder
 from suturesim.server.assessment import (FLS_TIME_S, POINTS_EXTRA_PUNCTURE, POINTS_INSECURE_KNOT,
-                                        POINTS_KNOT_SLIP, POINTS_NEEDLE_DROP, SCORE_CUTOFF, Scorer, Security,
-                                        rescore)
+                                        POINTS_KNOT_SLIP, POINTS_NEEDLE_DROP, POINTS_TEAR, SCORE_CUTOFF, Scorer,
+                                        Security, rescore)
 from suturesim.tools.score import run_score
 
 MARKS = [{"id": "in", "pad": "left", "pos": [-0.005, 0.0, 0.0], "kind": "entry"},
@@ -38,9 +38,11 @@ class Stream:
         self.punctures: list[dict] = []
         self.gap = 0.003
         self.tension = 0.1
+        self.lateral = 0.0   # N, the needle's lateral force at each puncture it runs through
 
     def state(self, needle: dict | None = None) -> None:
-        tissue = {"pads": PADS, "punctures": self.punctures, "gap": self.gap, "knot": "unknot", "throws": 0}
+        punctures = [dict(p, lateral=self.lateral) if p["on"] == "needle" else p for p in self.punctures]
+        tissue = {"pads": PADS, "punctures": punctures, "gap": self.gap, "knot": "unknot", "throws": 0}
         if self.marks:
             tissue["targets"] = self.marks
         tools = [{"device": d, "pos": list(p), "quat": [1.0, 0.0, 0.0, 0.0]} for d, p in self.tool_pos.items()]
@@ -225,6 +227,40 @@ def test_tool_paths_idle_time_clutches_and_peak_tension():
     assert a.peak_tension_n == pytest.approx(3.2)
 
 
+def test_the_needle_levered_across_its_punctures_is_measured_and_a_tear_penalised():
+    s = Stream()
+    s.lateral = 0.5
+    s.suture()            # the needle runs through the entry's puncture for 3 s, at 0.5 N across it
+    clean = s.scored()
+    assert clean.peak_lateral_n == pytest.approx(0.5)
+    assert clean.lateral_impulse_ns == pytest.approx(0.5 * 3.0, abs=0.01)   # a state's interval at the ends
+    assert clean.tears == 0 and clean.penalties == []
+    s = Stream()
+    s.lateral = 2.5
+    s.suture()
+    s.event("tear", pad="left", force=2.5, limit=2.0, pos=[-0.005, 0.0, 0.0])
+    torn = s.scored()
+    assert torn.peak_lateral_n == pytest.approx(2.5) and torn.tears == 1 and torn.tear_limit_n == 2.0
+    assert [p.what for p in torn.penalties] == ["tissue torn"]
+    assert torn.score == pytest.approx(clean.score - POINTS_TEAR)
+
+
+def test_the_peak_tension_is_read_against_the_rating_and_a_broken_thread_scores_zero():
+    s = Stream()
+    s.event("start", scenario="test", strength=4.0)
+    s.suture()
+    a = s.scored()
+    assert a.rated_n == 4.0 and a.tension_share == pytest.approx(3.2 / 4.0)
+    assert a.breaks == 0 and a.score > 0.0
+    s = Stream()
+    s.suture()
+    s.event("break", segment=12, arc=0.05, pos=[0.0, 0.0, 0.01], tension=2.1, strength=1.96)
+    broken = s.scored()
+    assert broken.rated_n == 1.96 and broken.breaks == 1 and broken.broke_at_s == pytest.approx(s.t)
+    assert [p.what for p in broken.penalties] == ["thread broke"] and broken.score == 0.0
+    assert Stream().scored().tension_share is None      # an unrated thread
+
+
 def test_an_unfinished_suture_scores_zero_and_a_wound_left_open_is_penalised():
     s = Stream()
     s.state()
@@ -379,6 +415,9 @@ def test_the_scripted_suture_scores_and_a_sloppier_bite_loses_only_on_its_marks(
     assert [p.target for p in clean.placements] == ["entry", "exit"]
     assert all(p.offset_mm < 0.1 for p in clean.placements), clean.placements
     assert clean.knot == "surgeon's knot" and clean.closed_at_end and clean.passed, clean.checks
+    # a clean bite tears nothing, and the cinch stays well under the 3-0 silk's rating
+    assert clean.tears == 0 and clean.breaks == 0 and clean.peak_lateral_n < 0.5
+    assert clean.rated_n == 9.41 and clean.tension_share < 0.6
     assert [p.offset_mm for p in sloppy.placements] == [pytest.approx(1.5, abs=0.1)] * 2
     # the same phases; the shifted needle leaves the left pad 0.17 s sooner and draws the thread through sooner,
     # and the knot is done when the script is

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+import yaml
+
 from ..server import protocol
 from ..server.assessment import SCORE_CUTOFF, Attempt, Check, Scorer, fls_checks, rescore
 
@@ -48,7 +50,25 @@ def score_recording(path: str | os.PathLike) -> Attempt:
         raise ScoreError(str(exc)) from exc
     if not fed:
         raise ScoreError(f"{os.fspath(path)}: no state, force or event message to score")
+    if scorer.a.rated_n is None:    # a recording without the server's `start` (a headless run): its scenario's
+        scorer.a.rated_n = _rating(meta)
     return scorer.attempt()
+
+
+def _rating(meta: dict) -> float | None:
+    """The rated strength (N) of the thread of the scenario a recording's metadata holds, or None (unrated, or no
+    scenario it can build)."""
+    from ..solver.breakage import rating
+    from ..solver.config import ConfigError
+    from ..solver.scenario import build_scenario
+
+    sc = meta.get("scenario", {})
+    if "yaml" not in sc:
+        return None
+    try:
+        return rating(build_scenario(yaml.safe_load(sc["yaml"]), sc.get("file", "<recording>")).model)
+    except (ConfigError, yaml.YAMLError, OSError):
+        return None
 
 
 # -- printing ----------------------------------------------------------------------------------------------
@@ -74,8 +94,12 @@ def table(a: Attempt) -> str:
               for p in a.placements] or ["  no marked point punctured"]
     lines += [f"  bite depth {_f(a.bite_depth_mm, '.2f')} mm, {a.extra_punctures} extra punctures, "
               f"{a.withdrawals} withdrawals",
+              f"  needle across its punctures: peak {a.peak_lateral_n:.2f} N, {a.lateral_impulse_ns:.3f} N s, "
+              f"{a.tears} tears",
               "", "thread and knot:",
-              f"  peak tension {a.peak_tension_n:.2f} N at {_f(a.peak_tension_at_s, '.2f')} s",
+              f"  peak tension {a.peak_tension_n:.2f} N at {_f(a.peak_tension_at_s, '.2f')} s"
+              + ("" if a.rated_n is None else f", {100 * a.tension_share:.0f} % of its rated {a.rated_n:g} N")
+              + ("" if not a.breaks else f"; broke at {a.broke_at_s:.2f} s ({a.breaks} breaks)"),
               f"  knot {a.knot or 'none'}, throws {_f(a.throws, 'd')}, square {_f(a.knot_secure)}",
               f"  wound: gap at the end {_f(a.gap_end_mm, '.2f')} mm, closed {_f(a.closed_at_end)}, "
               f"reopened {a.reopened} times", "", "tools:"]
@@ -145,8 +169,8 @@ def _judge(a: Attempt, benchmarks: Benchmarks | None) -> Attempt:
 
 
 CSV_FIELDS = ("file", "scenario", "trainee", "started", "score", "passed", "completed_s", "worst_mark_mm", "knot",
-              "gap_end_mm", "peak_tension_n", "extra_punctures", "withdrawals", "needle_drops", "path_m",
-              "error")
+              "gap_end_mm", "peak_tension_n", "tension_share", "breaks", "peak_lateral_n", "tears",
+              "extra_punctures", "withdrawals", "needle_drops", "path_m", "error")
 
 
 def course(directory: Path, out, benchmarks: Benchmarks | None = None) -> int:
@@ -167,7 +191,9 @@ def course(directory: Path, out, benchmarks: Benchmarks | None = None) -> int:
                        passed=a.passed, completed_s=_f(a.completed_s, ".2f"),
                        worst_mark_mm=_f(max((p.offset_mm for p in a.placements), default=None), ".2f"),
                        knot=a.knot or "", gap_end_mm=_f(a.gap_end_mm, ".2f"),
-                       peak_tension_n=f"{a.peak_tension_n:.3f}", extra_punctures=a.extra_punctures,
+                       peak_tension_n=f"{a.peak_tension_n:.3f}", tension_share=_f(a.tension_share, ".3f"),
+                       breaks=a.breaks, peak_lateral_n=f"{a.peak_lateral_n:.3f}", tears=a.tears,
+                       extra_punctures=a.extra_punctures,
                        withdrawals=a.withdrawals, needle_drops=a.needle_drops,
                        path_m=f"{sum(u.path_m for u in a.tools):.3f}")
         w.writerow(row)
