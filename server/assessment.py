@@ -480,4 +480,6 @@ def fls_checks(a: Attempt) -> list[Check]:
                Check("wound closed at the end", a.closed_at_end, True, a.closed_at_end)]
     if a.security is not None:   # the FLS: no knot slippage
         checks.append(Check("knot holds under tension", a.security.held, True, a.security.held))
+    if a.rated_n is not None or a.breaks:   # a rated thread, pulled past its rating, breaks
+        checks.append(Check("thread not broken", a.breaks == 0, True, a.breaks == 0))
     return checks

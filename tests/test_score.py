@@ -258,6 +258,8 @@ def test_the_peak_tension_is_read_against_the_rating_and_a_broken_thread_scores_
     broken = s.scored()
     assert broken.rated_n == 1.96 and broken.breaks == 1 and broken.broke_at_s == pytest.approx(s.t)
     assert [p.what for p in broken.penalties] == ["thread broke"] and broken.score == 0.0
+    assert [c.what for c in broken.checks if not c.passed] == ["thread not broken"]
+    assert [c.what for c in a.checks][-1] == "thread not broken" and a.passed
     assert Stream().scored().tension_share is None      # an unrated thread
 
 

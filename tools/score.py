@@ -135,13 +135,14 @@ class Benchmarks:
     limits: tuple[tuple[str, float], ...]
 
     def checks(self, a: Attempt) -> list[Check]:
-        """``a`` against these benchmarks, and a square knot, a closed wound and (when it ran) the knot holding
-        under the security test, as the FLS's own checks ask."""
+        """``a`` against these benchmarks, and a square knot, a closed wound, (when it ran) the knot holding
+        under the security test and (a rated thread) the thread unbroken, as the FLS's own checks ask."""
         values = dict((name, value(a)) for name, value in EXPERT_METRICS)
         out = [Check(name, values[name], limit, values[name] is not None and values[name] <= limit)
                for name, limit in self.limits]
         return out + [c for c in fls_checks(a)
-                      if c.what in ("square knot", "wound closed at the end", "knot holds under tension")]
+                      if c.what in ("square knot", "wound closed at the end", "knot holds under tension",
+                                    "thread not broken")]
 
 
 def expert_benchmarks(directory: str | os.PathLike) -> Benchmarks:
