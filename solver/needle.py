@@ -346,6 +346,14 @@ def _needle_tunnel(theta: float, p: int, pun_i: np.ndarray, pun_f: np.ndarray, a
             if theta < near:
                 return True
             continue
+        if pun_i[q, PI_STATE] == PUN_ACTIVE and pun_i[q, PI_PAD] == p:
+            # the thread runs in through q to the swage inside the pad, and the pass has lost its exit (the
+            # needle, levered or drawn back, took its tip back out of it): the needle lies in that blind pass,
+            # from the swage to the tip
+            mate = pun_i[q, PI_MATE]
+            if (mate < 0 or pun_i[mate, PI_STATE] == PUN_FREE) and theta < arc + ext:
+                return True
+            continue
         if pun_i[q, PI_STATE] != PUN_NEEDLE or pun_i[q, PI_PAD] != p:
             continue
         a = pun_f[q, PF_SIGMA]
