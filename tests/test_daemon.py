@@ -33,8 +33,8 @@ from suturesim.solver.scenario import load_scenario
 
 # the harness lives in conftest.py; its names stay importable from here
 from conftest import (_CTX, DEVICE, REPLY_TIMEOUT_S, START_TIMEOUT_S, STOP_TIMEOUT_S, Daemon,  # noqa: F401
-                      LoopTiming, Sub, find_link, free_ports, overruns_past_catch_up, pose_msg, push_socket,
-                      serving_daemon, wait_for)
+                      LoopTiming, MachineLateness, Sub, find_link, free_ports, overruns_past_catch_up, pose_msg,
+                      push_socket, serving_daemon, wait_for)
 
 
 def test_overruns_past_catch_up_tells_a_stall_from_a_scene_too_slow():
@@ -366,18 +366,22 @@ class TestSharedDaemon:
     @pytest.mark.timed   # overruns
     def test_invalid_set_and_load_requests_do_not_overrun(self, shared):
         # judged as the fuzz is: a stall of the host's (CI once saw 9 overruns in the 238 ticks these requests
-        # took) makes the ticks after it late while they catch up; the requests must add no overrun of their own
+        # took) makes the ticks after it late while they catch up; the requests must add no overrun of their own.
+        # Stalls that come in bursts outrun that reading (one `overrun` event reports only its window's worst), so
+        # the loop is also allowed what a bare wait loop got more than 1 ms late over the same window
         timing = LoopTiming(shared)
-        before = timing.start()
-        for i in range(60):
-            req = [{"cmd": "set", "path": "thread.segments", "value": "many"},
-                   {"cmd": "set", "path": "no.such.key", "value": 1},
-                   {"cmd": "load", "scenario": "no-such-scenario"}][i % 3]
-            assert shared.request(req)["ok"] is False
-        ticks = shared.status()["stats"]["ticks"] - before["ticks"]   # the requests' ticks, not the wait after
+        with MachineLateness() as machine:
+            before = timing.start()
+            for i in range(60):
+                req = [{"cmd": "set", "path": "thread.segments", "value": "many"},
+                       {"cmd": "set", "path": "no.such.key", "value": 1},
+                       {"cmd": "load", "scenario": "no-such-scenario"}][i % 3]
+                assert shared.request(req)["ok"] is False
+            ticks = shared.status()["stats"]["ticks"] - before["ticks"]   # the requests' ticks, not the wait after
         _, overruns, past, _, overrun_events = timing.finish()
-        assert past < 0.01 * ticks, \
-            f"{overruns} overruns in {ticks} ticks for 60 rejected requests, {past} past catching up: {overrun_events}"
+        assert past < 0.01 * ticks + machine.late, \
+            (f"{overruns} overruns in {ticks} ticks for 60 rejected requests, {past} past catching up "
+             f"({machine}): {overrun_events}")
 
 
 # =================================================================================== commands that change state
