@@ -182,6 +182,20 @@ class ResimReport:
         return out
 
 
+def recorded_scenario(meta: dict, path: str, assignments: list[str] | None = None):
+    """The scenario a recording's metadata ``meta`` holds (its YAML as the server read it), with ``assignments``
+    (``key.path=value``) applied. Raises RecordingError when the metadata holds none, ConfigError or
+    yaml.YAMLError when it does not build."""
+    from ..solver.scenario import build_scenario, set_keys
+
+    if "scenario" not in meta or "yaml" not in meta["scenario"]:
+        raise RecordingError(f"{path}: no scenario in the recording's metadata; cannot resimulate")
+    source = yaml.safe_load(meta["scenario"]["yaml"])
+    if assignments:
+        source = set_keys(source, assignments)
+    return build_scenario(source, meta["scenario"].get("file", "<recording>"))
+
+
 def resimulate(path: str, assignments: list[str] | None = None, progress: bool = False, watch=None,
                after=None) -> ResimReport:
     """Step the recorded session again and compare (module docstring). ``watch(topic, payload)`` also sees
@@ -191,15 +205,9 @@ def resimulate(path: str, assignments: list[str] | None = None, progress: bool =
     its metadata, or it does not start at the scene's first tick)."""
     from ..server.config import server_config_from_metadata
     from ..server.physics import PhysicsLoop
-    from ..solver.scenario import build_scenario, set_keys
 
     meta = read_metadata(path)
-    if "scenario" not in meta or "yaml" not in meta["scenario"]:
-        raise RecordingError(f"{path}: no scenario in the recording's metadata; cannot resimulate")
-    source = yaml.safe_load(meta["scenario"]["yaml"])
-    if assignments:
-        source = set_keys(source, assignments)
-    scenario = build_scenario(source, meta["scenario"].get("file", "<recording>"))
+    scenario = recorded_scenario(meta, path, assignments)
     cfg = server_config_from_metadata(meta.get("server"))
 
     forces, states, events, stylus = _read_session(path)

@@ -51,23 +51,21 @@ def score_recording(path: str | os.PathLike) -> Attempt:
     if not fed:
         raise ScoreError(f"{os.fspath(path)}: no state, force or event message to score")
     if scorer.a.rated_n is None:    # a recording without the server's `start` (a headless run): its scenario's
-        scorer.a.rated_n = _rating(meta)
+        scorer.a.rated_n = _rating(meta, path)
     return scorer.attempt()
 
 
-def _rating(meta: dict) -> float | None:
+def _rating(meta: dict, path: str | os.PathLike) -> float | None:
     """The rated strength (N) of the thread of the scenario a recording's metadata holds, or None (unrated, or no
     scenario it can build)."""
+    from ..server.recording import RecordingError
     from ..solver.breakage import rating
     from ..solver.config import ConfigError
-    from ..solver.scenario import build_scenario
+    from .replay import recorded_scenario
 
-    sc = meta.get("scenario", {})
-    if "yaml" not in sc:
-        return None
     try:
-        return rating(build_scenario(yaml.safe_load(sc["yaml"]), sc.get("file", "<recording>")).model)
-    except (ConfigError, yaml.YAMLError, OSError):
+        return rating(recorded_scenario(meta, os.fspath(path)).model)
+    except (RecordingError, ConfigError, yaml.YAMLError, OSError):
         return None
 
 
