@@ -289,10 +289,10 @@ class Scorer:
             self.face_z = max(float(p["pos"][2]) + 0.5 * float(p["size"][2]) for p in tissue["pads"])
         if tissue.get("gap") is not None:
             self.a.gap_end_mm = 1e3 * float(tissue["gap"])
-        lateral = sum(float(p.get("lateral") or 0.0) for p in tissue.get("punctures") or [])
+        each = [float(p.get("lateral") or 0.0) for p in tissue.get("punctures") or []]
+        lateral = sum(each)
         if lateral > 0.0 or self.lateral_prev > 0.0:
-            self.a.peak_lateral_n = max(self.a.peak_lateral_n, max(
-                (float(p.get("lateral") or 0.0) for p in tissue.get("punctures") or []), default=0.0))
+            self.a.peak_lateral_n = max([self.a.peak_lateral_n] + each)
             if self.t_lateral is not None:   # the trapezoid between this state and the one before
                 self.a.lateral_impulse_ns += 0.5 * (lateral + self.lateral_prev) * max(0.0, t - self.t_lateral)
         self.lateral_prev, self.t_lateral = lateral, t

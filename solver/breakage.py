@@ -51,7 +51,7 @@ def find_break(tension: np.ndarray, parted: np.ndarray, strength: float, breakag
     return j_max
 
 
-def part(model: ThreadModel, state: ThreadState, j: int) -> None:
+def part(state: ThreadState, j: int) -> None:
     """Part segment ``j`` of the thread (between the ticks): the segment carries nothing from now on, a grasp on
     a point inside it moves to the nearer of its two vertices, the twist is dropped, and the contact list is
     built again before the next substep (without the segment's pairs)."""

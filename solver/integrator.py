@@ -1151,7 +1151,7 @@ class Stepper:
             if j >= 0:
                 self.broke = j
                 self.broke_tension = float(state.tension[j])
-                part(self.model, state, j)
+                part(state, j)
                 self._tension[j] = 0.0
         return n
 

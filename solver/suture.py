@@ -118,22 +118,19 @@ def strands(pun_i: np.ndarray, pun_f: np.ndarray, n_vertices: int) -> tuple[int,
 
 
 @njit(cache=True, error_model="numpy")
-def lateral_over(pun_i: np.ndarray, pun_f: np.ndarray, limit: float, torn: np.ndarray) -> int:
-    """The first needle-held puncture not yet ``torn`` whose lateral needle force (PF_FORCE, N) exceeds
-    ``limit`` (N), or -1."""
-    for q in range(pun_i.shape[0]):
-        if pun_i[q, PI_STATE] != PUN_NEEDLE or torn[q]:
-            continue
-        f2 = pun_f[q, PF_FORCE] ** 2 + pun_f[q, PF_FORCE + 1] ** 2 + pun_f[q, PF_FORCE + 2] ** 2
-        if f2 > limit * limit:
-            return q
-    return -1
-
-
-@njit(cache=True, error_model="numpy")
 def lateral_force(pun_f: np.ndarray, q: int) -> float:
     """Puncture q's lateral needle force (N), while the needle runs through it."""
     return math.sqrt(pun_f[q, PF_FORCE] ** 2 + pun_f[q, PF_FORCE + 1] ** 2 + pun_f[q, PF_FORCE + 2] ** 2)
+
+
+@njit(cache=True, error_model="numpy")
+def lateral_over(pun_i: np.ndarray, pun_f: np.ndarray, limit: float, torn: np.ndarray) -> int:
+    """The first needle-held puncture not yet ``torn`` whose lateral needle force (lateral_force, N) exceeds
+    ``limit`` (N), or -1."""
+    for q in range(pun_i.shape[0]):
+        if pun_i[q, PI_STATE] == PUN_NEEDLE and not torn[q] and lateral_force(pun_f, q) > limit:
+            return q
+    return -1
 
 
 class SutureWatch:

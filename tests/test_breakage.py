@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from suturesim.server import protocol
+from suturesim.server.messages import MessageBuilder
 from suturesim.server.scene import SceneRunner
 from suturesim.solver.breakage import BREAK_TICKS, part, pieces, whole
 from suturesim.solver.diagnostics import energies
@@ -105,7 +106,7 @@ def test_a_break_keeps_the_momentum_of_a_free_thread():
     stepper = Stepper(sc.model, state)
     stepper.tick()
     p0 = (sc.model.mass[:, None] * (state.x - state.x_prev)).sum(axis=0) / state.h[0]
-    part(sc.model, state, 9)
+    part(state, 9)
     for _ in range(300):
         stepper.tick()
     p1 = (sc.model.mass[:, None] * (state.x - state.x_prev)).sum(axis=0) / state.h[0]
@@ -129,8 +130,6 @@ def test_a_parted_segment_touches_nothing_and_a_reset_mends_the_thread():
 
 def test_the_break_is_an_event_and_the_state_says_where():
     sc = held_and_pulled(max_force=3.0)
-    from suturesim.server.messages import MessageBuilder   # noqa: E402 (the server's message layer)
-
     state = sc.new_state()
     stepper = Stepper(sc.model, state)
     builder = MessageBuilder(sc)
