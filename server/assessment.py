@@ -117,7 +117,7 @@ class Security:
     slip_mm: float | None            # the ends' separation's growth over the hold
     creep_mm: float | None           # its growth over the hold's last SECURITY_CREEP_S (still moving: slips)
     taut_s: float | None             # when both ends first pulled with the tension
-    hold_s: float                    # how long the hold was measured over
+    hold_s: float                    # how long the hold was measured over (s; shorter when pulled through)
     gap_mm: float | None             # the wound's gap at the end of the hold (None: no tissue)
     closed_under_load: bool | None   # the scene's reading of the wound at the end of the hold (None: no wound)
     knot_before: str | None          # the knot the scene read before the pull and after it
@@ -128,8 +128,13 @@ class Security:
         return self.outcome == "holds"
 
     def line(self) -> str:
-        slip = "-" if self.slip_mm is None else (f"{self.slip_mm:.2f} mm in {self.hold_s:g} s, "
-                                                  f"{self.creep_mm:.2f} mm in its last {SECURITY_CREEP_S:g} s")
+        if self.slip_mm is None:
+            slip = "-"
+        elif self.hold_s < SECURITY_CREEP_S:     # pulled through before its hold's end: one figure says it
+            slip = f"{self.slip_mm:.2f} mm in {self.hold_s:.2f} s"
+        else:
+            slip = (f"{self.slip_mm:.2f} mm in {self.hold_s:.3g} s, {self.creep_mm:.2f} mm in its last "
+                    f"{SECURITY_CREEP_S:g} s")
         gap = "" if self.gap_mm is None else (f", gap under the load {self.gap_mm:.2f} mm" + (
             "" if self.closed_under_load is None else " (closed)" if self.closed_under_load else " (open)"))
         return (f"knot security at {self.tension_n:g} N a side: {self.outcome}, slip {slip}{gap}, knot "

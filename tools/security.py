@@ -132,14 +132,18 @@ def pull_apart(loop, a: int, b: int, tension: float = SECURITY_TENSION_N, hold_s
             outcome = "undone" if float(r[-1, 1]) - last_s > undone_mm * 1e-3 else "slack"
             return Security(tension, (a, b), outcome, None, None, None, hold_s, _mm(watch.gap), watch.closed,
                             before, watch.knot)
-        settled = float(np.interp(taut_at + SETTLE_S, r[:, 0], r[:, 1]))
+        # the hold runs from SETTLE_S after both ends first pulled the tension; a knot pulled through before then
+        # is measured from that moment instead, over the time it took
+        start = taut_at + SETTLE_S if float(r[-1, 0]) >= taut_at + SETTLE_S else taut_at
+        settled = float(np.interp(start, r[:, 0], r[:, 1]))
         slip = float(r[-1, 1]) - settled
-        creep = float(r[-1, 1]) - float(np.interp(r[-1, 0] - CREEP_S, r[:, 0], r[:, 1]))
+        held = float(r[-1, 0]) - start
+        creep = float(r[-1, 1]) - float(np.interp(r[-1, 0] - min(CREEP_S, held), r[:, 0], r[:, 1]))
         undone = float(r[:, 1].max()) - sep0 > undone_mm * 1e-3
         # a wound that is not closed under the load (opened by it, or never closed) is not held by this knot
         opened = watch.gap is not None and watch.closed is not True
         outcome = "undone" if undone else "opens" if opened else "slips" if creep * 1e3 > HOLDS_MM else "holds"
-        return Security(tension, (a, b), outcome, 1e3 * slip, 1e3 * creep, taut_at, hold_s, _mm(watch.gap),
+        return Security(tension, (a, b), outcome, 1e3 * slip, 1e3 * creep, taut_at, held, _mm(watch.gap),
                         watch.closed, before, watch.knot)
     finally:
         loop.sink = sink
