@@ -22,7 +22,8 @@ What it reads, all from the public protocol (docs/PROTOCOL.md Sec. 3):
   pad's side and `needle_out` withdrawals;
 * the thread's peak tension (``state.tension``) and the peak force each device's grasps pulled with
   (``state.grasps[].force``, summed per device: the couplings' force, before the safety pipeline's clamp,
-  which would hide how hard a hand pulled);
+  which would hide how hard a hand pulled), and each tissue pad's edge held by forceps, the most its coupling
+  pulled it with (the grasps that hold ``tissue``);
 * the knot (the last `knot` event) and the wound (``tissue.gap`` in the last state; `gap_opened` after the
   first `gap_closed`);
 * economy of motion, from ``state.tools`` (a scripted hand, which has no tool there, from its grasps'
@@ -159,6 +160,8 @@ class Attempt:
     peak_lateral_n: float = 0.0   # N: the needle's largest lateral force at a puncture (tissue handling)
     lateral_impulse_ns: float = 0.0   # N*s: that force summed over the punctures, integrated over time
     tears: int = 0                # `tear` events
+    edge_peaks_n: dict[str, float] = field(default_factory=dict)   # N: each pad held by forceps, the most its
+    #                                                                 coupling pulled the pad's edge with
     tear_limit_n: float | None = None   # N, the scene's tear force (from the `tear` events)
     peak_tension_n: float = 0.0
     peak_tension_at_s: float | None = None
@@ -270,6 +273,9 @@ class Scorer:
             self._moved(self.tool_paths, tool["device"], t, tool["pos"])
         pulls: dict[str, list[float]] = {}
         for g in st.get("grasps") or []:
+            if g.get("holds") == "tissue" and g.get("pad"):
+                pull = math.hypot(*(float(c) for c in g["force"]))
+                self.a.edge_peaks_n[g["pad"]] = max(self.a.edge_peaks_n.get(g["pad"], 0.0), pull)
             dev = g.get("device")
             if not dev:
                 continue

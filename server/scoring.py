@@ -48,6 +48,7 @@ def summary(a: Attempt) -> dict:
             "tension_share": None if a.tension_share is None else round(a.tension_share, 4),
             "breaks": a.breaks,
             "peak_lateral_n": round(a.peak_lateral_n, 4), "tears": a.tears,
+            "edges_n": {pad: round(f, 4) for pad, f in sorted(a.edge_peaks_n.items())},
             "penalties": [[p.what, round(p.points, 3)] for p in a.penalties],
             "checks": [[c.what, c.passed] for c in a.checks]}
 

@@ -15,7 +15,7 @@ from suturesim.server.recording import McapRecorder
 from suturesim.server.assessment import (FLS_TIME_S, POINTS_EXTRA_PUNCTURE, POINTS_INSECURE_KNOT,
                                         POINTS_KNOT_SLIP, POINTS_NEEDLE_DROP, POINTS_TEAR, SCORE_CUTOFF, Scorer,
                                         Security, rescore)
-from suturesim.tools.score import run_score
+from suturesim.tools.score import run_score, table
 
 MARKS = [{"id": "in", "pad": "left", "pos": [-0.005, 0.0, 0.0], "kind": "entry"},
          {"id": "out", "pad": "right", "pos": [0.005, 0.0, 0.0], "kind": "exit"}]
@@ -39,6 +39,7 @@ class Stream:
         self.gap = 0.003
         self.tension = 0.1
         self.lateral = 0.0   # N, the needle's lateral force at each puncture it runs through
+        self.grasps: list[dict] = []   # state.grasps
 
     def state(self, needle: dict | None = None) -> None:
         punctures = [dict(p, lateral=self.lateral) if p["on"] == "needle" else p for p in self.punctures]
@@ -47,7 +48,8 @@ class Stream:
             tissue["targets"] = self.marks
         tools = [{"device": d, "pos": list(p), "quat": [1.0, 0.0, 0.0, 0.0]} for d, p in self.tool_pos.items()]
         self.msgs.append(("state", {"t": self.t, "tension": np.full(4, self.tension), "tissue": tissue,
-                                    "tools": tools, **({"needle": needle} if needle else {})}))
+                                    "tools": tools, "grasps": self.grasps,
+                                    **({"needle": needle} if needle else {})}))
 
     def run(self, seconds: float, move: dict | None = None) -> None:
         """States for ``seconds``, each tool in ``move`` going at its velocity (m/s)."""
@@ -225,6 +227,28 @@ def test_tool_paths_idle_time_clutches_and_peak_tension():
     assert left.idle_s == pytest.approx(a.duration_s, abs=0.02)
     assert right.idle_s == pytest.approx(a.duration_s - 4.0, abs=0.02)
     assert a.peak_tension_n == pytest.approx(3.2)
+
+
+def test_the_force_on_a_tissue_edge_held_by_forceps_is_its_peak_per_pad():
+    """Forceps hold the left pad's edge: the most their coupling pulled it with is that pad's peak; a grasp on
+    the thread, pulling harder, is not the tissue's."""
+    s = Stream()
+    s.state()
+    s.run(1.0)
+    left = {"id": "grasp1", "vertex": -1, "pad": "left", "holds": "tissue", "device": "stylus1",
+            "pos": [-0.012, 0.0, -0.005]}
+    thread = {"id": "grasp0", "vertex": 40, "holds": "thread", "device": "stylus0", "pos": [0.0, 0.0, 0.01],
+              "force": [0.0, 0.0, 2.5]}
+    s.grasps = [dict(left, force=[0.3, 0.0, 0.0]), thread]
+    s.run(1.0)
+    s.grasps = [dict(left, force=[0.6, 0.0, 0.8]), thread]
+    s.run(0.05)
+    s.grasps = [dict(left, force=[0.2, 0.0, 0.0])]
+    s.run(1.0)
+    a = s.scored()
+    assert a.edge_peaks_n == {"left": pytest.approx(1.0)}
+    assert "edges held by forceps: left peak 1.00 N" in table(a)
+    assert Stream().scored().edge_peaks_n == {}
 
 
 def test_the_needle_levered_across_its_punctures_is_measured_and_a_tear_penalised():

@@ -94,6 +94,8 @@ def table(a: Attempt) -> str:
               f"{a.withdrawals} withdrawals",
               f"  needle across its punctures: peak {a.peak_lateral_n:.2f} N, {a.lateral_impulse_ns:.3f} N s, "
               f"{a.tears} tears",
+              "  edges held by forceps: " + (", ".join(f"{pad} peak {f:.2f} N" for pad, f in
+                                                       sorted(a.edge_peaks_n.items())) or "none"),
               "", "thread and knot:",
               f"  peak tension {a.peak_tension_n:.2f} N at {_f(a.peak_tension_at_s, '.2f')} s"
               + ("" if a.rated_n is None else f", {100 * a.tension_share:.0f} % of its rated {a.rated_n:g} N")
@@ -169,7 +171,7 @@ def _judge(a: Attempt, benchmarks: Benchmarks | None) -> Attempt:
 
 CSV_FIELDS = ("file", "scenario", "trainee", "started", "score", "passed", "completed_s", "worst_mark_mm", "knot",
               "gap_end_mm", "peak_tension_n", "tension_share", "breaks", "peak_lateral_n", "tears",
-              "extra_punctures", "withdrawals", "needle_drops", "path_m", "error")
+              "peak_edge_n", "extra_punctures", "withdrawals", "needle_drops", "path_m", "error")
 
 
 def course(directory: Path, out, benchmarks: Benchmarks | None = None) -> int:
@@ -192,6 +194,7 @@ def course(directory: Path, out, benchmarks: Benchmarks | None = None) -> int:
                        knot=a.knot or "", gap_end_mm=_f(a.gap_end_mm, ".2f"),
                        peak_tension_n=f"{a.peak_tension_n:.3f}", tension_share=_f(a.tension_share, ".3f"),
                        breaks=a.breaks, peak_lateral_n=f"{a.peak_lateral_n:.3f}", tears=a.tears,
+                       peak_edge_n=_f(max(a.edge_peaks_n.values(), default=None), ".3f"),
                        extra_punctures=a.extra_punctures,
                        withdrawals=a.withdrawals, needle_drops=a.needle_drops,
                        path_m=f"{sum(u.path_m for u in a.tools):.3f}")
