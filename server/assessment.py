@@ -24,6 +24,7 @@ What it reads, all from the public protocol (docs/PROTOCOL.md Sec. 3):
   (``state.grasps[].force``, summed per device: the couplings' force, before the safety pipeline's clamp,
   which would hide how hard a hand pulled), and each tissue pad's edge held by forceps, the most its coupling
   pulled it with (the grasps that hold ``tissue``);
+* the thread drawn through each pad, from its punctures' ``arc`` (where along the thread it runs through them);
 * the knot (the last `knot` event) and the wound (``tissue.gap`` in the last state; `gap_opened` after the
   first `gap_closed`);
 * economy of motion, from ``state.tools`` (a scripted hand, which has no tool there, from its grasps'
@@ -160,6 +161,7 @@ class Attempt:
     peak_lateral_n: float = 0.0   # N: the needle's largest lateral force at a puncture (tissue handling)
     lateral_impulse_ns: float = 0.0   # N*s: that force summed over the punctures, integrated over time
     tears: int = 0                # `tear` events
+    drawn_mm: dict[str, float] = field(default_factory=dict)   # each pad: the thread drawn through it (either way)
     edge_peaks_n: dict[str, float] = field(default_factory=dict)   # N: each pad held by forceps, the most its
     #                                                                 coupling pulled the pad's edge with
     tear_limit_n: float | None = None   # N, the scene's tear force (from the `tear` events)
@@ -222,6 +224,7 @@ class Scorer:
         self.needle_grips: set[str] = set()     # grasp ids holding the needle
         self.lateral_prev = 0.0                 # N: the needle's lateral forces summed, at the state before
         self.t_lateral: float | None = None     # s: that state's time
+        self.pun_arc: dict[tuple, float] = {}   # (id, pad) -> m: where along the thread each puncture was
         self.closed_once = False
         self.last_gap_kind: str | None = None
         self.throws_at: dict[int, float] = {}
@@ -307,6 +310,7 @@ class Scorer:
             if self.t_lateral is not None:   # the trapezoid between this state and the one before
                 self.a.lateral_impulse_ns += 0.5 * (lateral + self.lateral_prev) * max(0.0, t - self.t_lateral)
         self.lateral_prev, self.t_lateral = lateral, t
+        self._drawn(tissue.get("punctures") or [])
         needle = st.get("needle")
         if needle is not None and self.face_z is not None and \
                 any(p.get("on") == "needle" for p in tissue.get("punctures") or []):
@@ -317,6 +321,23 @@ class Scorer:
             depth = 1e3 * (self.face_z - z)
             if self.a.bite_depth_mm is None or depth > self.a.bite_depth_mm:
                 self.a.bite_depth_mm = depth
+
+    def _drawn(self, punctures: list) -> None:
+        """The thread drawn through each pad since the state before: its punctures' ``arc`` moved, the mean of
+        their moves (the thread runs in at one and out at the other). A puncture is followed by its ``id`` and
+        pad, from one state to the next while the thread runs through it."""
+        now: dict[tuple, float] = {}
+        moved: dict[str, list[float]] = {}
+        for p in punctures:
+            if p.get("on") != "thread" or p.get("arc") is None or p.get("id") is None:
+                continue
+            key = (p["id"], p["pad"])
+            now[key] = float(p["arc"])
+            if key in self.pun_arc:
+                moved.setdefault(p["pad"], []).append(abs(now[key] - self.pun_arc[key]))
+        for pad, d in moved.items():
+            self.a.drawn_mm[pad] = self.a.drawn_mm.get(pad, 0.0) + 1e3 * sum(d) / len(d)
+        self.pun_arc = now
 
     def _tip_angle(self) -> float | None:
         """The needle's tip to the horizontal face, degrees (90: square to it), from the newest state."""

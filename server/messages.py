@@ -16,7 +16,8 @@ from ..solver.integrator import STAT_MAX_ITERS, STAT_MAX_RESIDUAL, STAT_SUBSTEPS
 from ..solver.needle import NP_ARC, NP_RADIUS, NS_Q, NS_TORQUE, arc_point
 from ..solver.scenario import Scenario
 from ..solver.suture import STATE_NAMES, SutureWatch, lateral_force, pad_gap
-from ..solver.tissue import PD_HALF, PF_DRAG, PF_LOCAL, PI_PAD, PI_STATE, PS_X, PUN_FREE, PUN_NEEDLE
+from ..solver.tissue import (PD_HALF, PF_DRAG, PF_LOCAL, PF_SIGMA, PI_PAD, PI_STATE, PS_X, PUN_ACTIVE, PUN_FREE,
+                             PUN_NEEDLE)
 from ..solver.model import ThreadState
 from . import protocol
 from .device import Device, DeviceTable
@@ -56,6 +57,8 @@ class MessageBuilder:
         # the pads' sizes (m) never change: one list each, sent by every `state`
         self._pad_sizes = [(2.0 * scenario.model.pads[p, PD_HALF:PD_HALF + 3]).tolist()
                            for p in range(len(scenario.model.pad_ids))]
+        # arc length (m) from the thread's first vertex to each vertex at rest: where a thread coordinate j + u is
+        self._arc = np.concatenate(([0.0], np.cumsum(scenario.model.rest_length)))
         for d in dict.fromkeys(devices if devices is not None else [g.device for g in self.grasps]):
             self.add_device(d)
 
@@ -161,7 +164,8 @@ class MessageBuilder:
                 continue
             p = int(pun_i[q, PI_PAD])
             punctures.append(protocol.SortedMap(
-                drag=float(pun_f[q, PF_DRAG]),
+                **({"arc": self._thread_arc(float(pun_f[q, PF_SIGMA]))} if st == PUN_ACTIVE else {}),
+                drag=float(pun_f[q, PF_DRAG]), id=q,
                 **({"lateral": float(lateral_force(pun_f, q))} if st == PUN_NEEDLE else {}),
                 on=STATE_NAMES[st], pad=m.pad_ids[p],
                 pos=(state.pst[p, PS_X:PS_X + 3] + pun_f[q, PF_LOCAL:PF_LOCAL + 3]).tolist()))
@@ -173,6 +177,12 @@ class MessageBuilder:
         # keys in sorted order (a SortedMap is packed as built): targets, when the scene marks any, before throws
         return protocol.SortedMap(gap=g if math.isfinite(g) else None, knot=w.knot, linking=w.link, pads=pads,
                                   punctures=punctures, **({"targets": targets} if targets else {}), throws=w.throws)
+
+    def _thread_arc(self, sigma: float) -> float:
+        """The arc length (m, from the thread's first vertex, at rest) of thread coordinate ``sigma`` = j + u."""
+        m = self._arc.shape[0] - 1
+        j = min(max(int(sigma), 0), m - 1)
+        return float(self._arc[j] + (sigma - j) * (self._arc[j + 1] - self._arc[j]))
 
     def _needle(self, state: ThreadState) -> protocol.SortedMap:
         """The `state` topic's `needle` map (docs/PROTOCOL.md Sec. 3.1), built with its keys in sorted order."""

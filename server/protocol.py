@@ -160,7 +160,8 @@ def encode_state(seq: int, t: float, x: np.ndarray, tension: np.ndarray, twist: 
     :param energy: ``{"kinetic", "elastic", "gravity"}`` in J (extra keys are kept, sorted).
     :param solver: ``{"iters": int, "residual": float, "substeps": int}`` (extra keys are kept, sorted).
     :param tissue: in a scene with tissue: ``{"pads": [{"id", "pos"[3] (m), "size"[3] (m)}], "punctures":
-        [{"pad", "pos"[3] (m), "on": "needle"|"thread"|"passed", "drag" (N)}], "gap" (m or None), "knot" (str),
+        [{"pad", "pos"[3] (m), "on": "needle"|"thread"|"passed", "drag" (N), "id", "arc" (m, on thread)}], "gap" (m
+        or None), "knot" (str),
         "throws", "linking"}`` (docs/PROTOCOL.md Sec. 3.1); omitted otherwise.
     :param needle: in a scene with a needle: ``{"pos"[3] swage (m), "quat"[4] (w, x, y, z), "radius" (m),
         "arc" (rad), "tip"[3] (m), "torque"[3] (N m, felt)}``; omitted otherwise.
@@ -388,6 +389,10 @@ def _check_state(m: dict) -> dict:
             pun["pos"] = _vec3_in(pun, "pos", where)
             if _get(pun, "on", str, where) not in ("needle", "thread", "passed"):
                 raise _fail(where, f"on must be needle, thread or passed, got {pun['on']!r}")
+            if "id" in pun:
+                _get(pun, "id", int, where)
+            if "arc" in pun:
+                _num(pun, "arc", where)
         if "knot" in tissue:
             _get(tissue, "knot", str, "state.tissue")
     if "needle" in m:

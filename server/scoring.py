@@ -49,6 +49,7 @@ def summary(a: Attempt) -> dict:
             "breaks": a.breaks,
             "peak_lateral_n": round(a.peak_lateral_n, 4), "tears": a.tears,
             "edges_n": {pad: round(f, 4) for pad, f in sorted(a.edge_peaks_n.items())},
+            "drawn_mm": {pad: round(mm, 2) for pad, mm in sorted(a.drawn_mm.items())},
             "penalties": [[p.what, round(p.points, 3)] for p in a.penalties],
             "checks": [[c.what, c.passed] for c in a.checks]}
 

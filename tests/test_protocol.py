@@ -214,6 +214,12 @@ def test_state_tissue_and_needle_round_trip_and_bad_ones_are_rejected():
     bad = dict(tissue, punctures=[dict(tissue["punctures"][0], on="bogus")])
     with pytest.raises(ProtocolError, match=r"state.tissue.punctures\[0\]: on must be needle, thread or passed"):
         P.decode(_suture_state(bad), P.TOPIC_STATE)
+    on_thread = dict(tissue["punctures"][0], on="thread", id=3, arc=0.0415)
+    assert P.decode(_suture_state(dict(tissue, punctures=[on_thread])), P.TOPIC_STATE)["tissue"]["punctures"][0][
+        "arc"] == 0.0415
+    for key, val in (("arc", "far"), ("id", 1.5)):
+        with pytest.raises(ProtocolError, match=rf"state.tissue.punctures\[0\]: key '{key}' must be"):
+            P.decode(_suture_state(dict(tissue, punctures=[dict(on_thread, **{key: val})])), P.TOPIC_STATE)
     with pytest.raises(ProtocolError, match=r"state.tissue.pads\[0\]"):
         P.decode(_suture_state(dict(tissue, pads=[7])), P.TOPIC_STATE)
     with pytest.raises(ProtocolError, match=r"state.tissue.*knot"):

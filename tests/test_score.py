@@ -251,6 +251,37 @@ def test_the_force_on_a_tissue_edge_held_by_forceps_is_its_peak_per_pad():
     assert Stream().scored().edge_peaks_n == {}
 
 
+def test_the_thread_drawn_through_each_pad_is_read_from_its_punctures_arc():
+    """Two punctures of the left pad, the thread running through both, 2 mm further along it each state for
+    20 states, then 1 mm back for 5: 45 mm drawn through the left pad. The right pad's one puncture, 1 mm a state
+    for 10 states, is 10 mm; a puncture the needle runs through draws no thread, and a slot that closes and opens
+    again on another pad does not count as a move."""
+    s = Stream()
+    s.state()
+
+    def at(arc: float, k: int) -> None:
+        s.punctures = [{"id": 0, "pad": "left", "pos": [-0.005, 0.0, 0.0], "on": "thread", "drag": 0.1, "arc": arc},
+                       {"id": 1, "pad": "left", "pos": [-0.002, 0.0, -0.001], "on": "thread", "drag": 0.1,
+                        "arc": arc + 0.004},
+                       {"id": 2, "pad": "right", "pos": [0.002, 0.0, -0.001], "on": "needle", "drag": 0.0}]
+        if k >= 25:
+            s.punctures[2] = {"id": 2, "pad": "right", "pos": [0.002, 0.0, -0.001], "on": "thread", "drag": 0.1,
+                              "arc": 0.001 * (k - 25)}
+        s.state()
+
+    for k in range(21):
+        at(0.002 * k, k)
+    for k in range(21, 26):
+        at(0.040 - 0.001 * (k - 20), k)
+    for k in range(26, 36):
+        at(0.035, k)
+    s.punctures = [{"id": 2, "pad": "left", "pos": [-0.003, 0.0, 0.0], "on": "thread", "drag": 0.1, "arc": 0.09}]
+    s.state()
+    a = s.scored()
+    assert a.drawn_mm == {"left": pytest.approx(45.0), "right": pytest.approx(10.0)}
+    assert "thread drawn through the tissue: left 45.0 mm, right 10.0 mm" in table(a)
+
+
 def test_the_needle_levered_across_its_punctures_is_measured_and_a_tear_penalised():
     s = Stream()
     s.lateral = 0.5
@@ -461,6 +492,8 @@ def test_the_scripted_suture_scores_and_a_sloppier_bite_or_a_granny_loses_only_o
     # a clean bite tears nothing, and the cinch stays well under the 3-0 silk's rating
     assert clean.tears == 0 and clean.breaks == 0 and clean.peak_lateral_n < 0.5
     assert clean.rated_n == 9.41 and clean.tension_share < 0.6
+    # the thread is drawn through both pads, and no more of it than there is (the tail stays out)
+    assert all(40.0 < clean.drawn_mm[pad] < 100.0 for pad in ("left", "right")), clean.drawn_mm
     assert [p.offset_mm for p in sloppy.placements] == [pytest.approx(1.5, abs=0.1)] * 2
     # the same phases; the shifted needle leaves the left pad 0.17 s sooner and draws the thread through sooner,
     # and the knot is done when the script is

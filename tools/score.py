@@ -94,6 +94,8 @@ def table(a: Attempt) -> str:
               f"{a.withdrawals} withdrawals",
               f"  needle across its punctures: peak {a.peak_lateral_n:.2f} N, {a.lateral_impulse_ns:.3f} N s, "
               f"{a.tears} tears",
+              "  thread drawn through the tissue: " + (", ".join(f"{pad} {mm:.1f} mm" for pad, mm in
+                                                                sorted(a.drawn_mm.items())) or "none"),
               "  edges held by forceps: " + (", ".join(f"{pad} peak {f:.2f} N" for pad, f in
                                                        sorted(a.edge_peaks_n.items())) or "none"),
               "", "thread and knot:",
@@ -171,7 +173,7 @@ def _judge(a: Attempt, benchmarks: Benchmarks | None) -> Attempt:
 
 CSV_FIELDS = ("file", "scenario", "trainee", "started", "score", "passed", "completed_s", "worst_mark_mm", "knot",
               "gap_end_mm", "peak_tension_n", "tension_share", "breaks", "peak_lateral_n", "tears",
-              "peak_edge_n", "extra_punctures", "withdrawals", "needle_drops", "path_m", "error")
+              "peak_edge_n", "drawn_mm", "extra_punctures", "withdrawals", "needle_drops", "path_m", "error")
 
 
 def course(directory: Path, out, benchmarks: Benchmarks | None = None) -> int:
@@ -195,6 +197,7 @@ def course(directory: Path, out, benchmarks: Benchmarks | None = None) -> int:
                        peak_tension_n=f"{a.peak_tension_n:.3f}", tension_share=_f(a.tension_share, ".3f"),
                        breaks=a.breaks, peak_lateral_n=f"{a.peak_lateral_n:.3f}", tears=a.tears,
                        peak_edge_n=_f(max(a.edge_peaks_n.values(), default=None), ".3f"),
+                       drawn_mm=f"{sum(a.drawn_mm.values()):.1f}",
                        extra_punctures=a.extra_punctures,
                        withdrawals=a.withdrawals, needle_drops=a.needle_drops,
                        path_m=f"{sum(u.path_m for u in a.tools):.3f}")
