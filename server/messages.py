@@ -58,7 +58,7 @@ class MessageBuilder:
         self._pad_sizes = [(2.0 * scenario.model.pads[p, PD_HALF:PD_HALF + 3]).tolist()
                            for p in range(len(scenario.model.pad_ids))]
         # arc length (m) from the thread's first vertex to each vertex at rest: where a thread coordinate j + u is
-        self._arc = np.concatenate(([0.0], np.cumsum(scenario.model.rest_length)))
+        self._arc = np.concatenate(([0.0], np.cumsum(scenario.model.rest_length))).tolist()
         for d in dict.fromkeys(devices if devices is not None else [g.device for g in self.grasps]):
             self.add_device(d)
 
@@ -180,9 +180,9 @@ class MessageBuilder:
 
     def _thread_arc(self, sigma: float) -> float:
         """The arc length (m, from the thread's first vertex, at rest) of thread coordinate ``sigma`` = j + u."""
-        m = self._arc.shape[0] - 1
-        j = min(max(int(sigma), 0), m - 1)
-        return float(self._arc[j] + (sigma - j) * (self._arc[j + 1] - self._arc[j]))
+        arc = self._arc
+        j = min(max(int(sigma), 0), len(arc) - 2)
+        return arc[j] + (sigma - j) * (arc[j + 1] - arc[j])
 
     def _needle(self, state: ThreadState) -> protocol.SortedMap:
         """The `state` topic's `needle` map (docs/PROTOCOL.md Sec. 3.1), built with its keys in sorted order."""
