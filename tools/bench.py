@@ -1,6 +1,6 @@
 """`suturesim bench`: what the solver costs and how it compares with PyElastica.
 
-Three measurements (docs/BENCHMARKS.md shows a full run and explains the method):
+The measurements (docs/BENCHMARKS.md shows a full run and explains the method):
 
 1. ``solver``: step time against segment count N for both multiplier methods, on a 1 m, 10 g thread pinned
    at the top and swinging under gravity. Kernel cost per substep (many substeps in one kernel call), cost
@@ -21,6 +21,9 @@ Three measurements (docs/BENCHMARKS.md shows a full run and explains the method)
 8. ``inbound``: what validating a control request or a stylus sample costs (tools/bench_inbound.py).
 9. ``bot``: the trainee bot's suture by hand on ``suturesim serve`` (tools/bench_bot.py): whether it was done,
    the server's tick through it and the bot's share of a core.
+10. ``knot``: an overhand knot in 3-0 silk pulled to 3 N by two styluses and held, as shipped and at the
+    thread's own diameter (tools/bench_knot.py): tick time, frozen ticks, crossings, tension against the pull,
+    the force's content above 50 Hz and the knot's core.
 
 Every timing is repeated; tables give the best (min) and the median of the repeats. The garbage collector
 is off inside timed regions (as in ``timeit``). Entry point: ``main(argv) -> int``.
@@ -623,9 +626,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="suturesim bench",
         description="Time the solver against segment count, scenarios' real-time factors, PyElastica, the "
                     "1 kHz loop of `suturesim serve`, the haptic device path, self-contact, the scripted "
-                    "suture with its needle and tissue, and a suture by hand by the trainee bot.")
+                    "suture with its needle and tissue, a suture by hand by the trainee bot, and a knot held at "
+                    "the thread's true diameter.")
     parser.add_argument("what", nargs="?",
-                        choices=("solver", "suture", "loop", "haptics", "contact", "tissue", "inbound", "bot", "all"),
+                        choices=("solver", "suture", "loop", "haptics", "contact", "tissue", "inbound", "bot", "knot",
+                                 "all"),
                         default="all",
                         help="solver: step time against N; suture: scenarios and PyElastica; loop: the 1 kHz "
                              "loop of `suturesim serve` (lateness, subscribers, start-up); haptics: pose-to-force "
@@ -634,7 +639,8 @@ def main(argv: list[str] | None = None) -> int:
                              "interrupted suture (needle, pads, punctures), whole and by phase; inbound: what "
                              "validating a control request or stylus sample costs the tick, ordinary and hostile; "
                              "bot: the trainee bot's suture by hand on `suturesim serve` (10 perturbed runs); "
-                             "all: every one")
+                             "knot: an overhand knot in 3-0 silk pulled to 3 N by two styluses and held, as "
+                             "shipped and at the thread's own diameter; all: every one")
     parser.add_argument("--quick", action="store_true", help="short measurements (a smoke test)")
     parser.add_argument("--out", metavar="FILE", help="(re)write this markdown file, e.g. docs/BENCHMARKS.md")
     parser.add_argument("--no-elastica", action="store_true", help="skip the PyElastica comparison")
@@ -715,6 +721,11 @@ def main(argv: list[str] | None = None) -> int:
 
         log("the trainee bot's suture by hand ...")
         section(render_bot(measure_bot(args.quick, log)))
+    if args.what in ("knot", "all"):
+        from .bench_knot import measure_knot, render_knot
+
+        log("a knot at the thread's true diameter ...")
+        section(render_knot(measure_knot(args.quick, log)))
     emit(NOTES)
     log(f"done in {time.perf_counter() - t_start:.0f} s")
 

@@ -1,0 +1,35 @@
+"""tools/bench_knot.py, the measure of a knot held at the styluses: its knot core on constructed threads, and the
+pull-and-hold run on the scene as shipped."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from suturesim.tools.bench_knot import PULL_FORCE, knot_core, run_hold
+
+
+def _hairpin(gap: float) -> np.ndarray:
+    """Two parallel strands 20 mm long, ``gap`` (m) apart, in 1 mm segments, joined by one segment across."""
+    a = np.stack([np.linspace(0.0, 0.02, 21), np.zeros(21), np.zeros(21)], axis=1)
+    b = np.stack([np.linspace(0.02, 0.0, 21), np.full(21, gap), np.zeros(21)], axis=1)
+    return np.concatenate([a, b])
+
+
+def test_the_knot_core_is_the_thread_near_a_strand_that_is_not_its_neighbour():
+    straight = np.stack([np.linspace(0.0, 0.02, 21), np.zeros(21), np.zeros(21)], axis=1)
+    assert knot_core(straight, 2.25e-4, exclude=1) == 0.0
+    # 0.5 mm apart, within 3 diameters of 0.225 mm (0.675 mm): both strands, not the segment joining them
+    # (but the last 0.7 mm of each before the turn, whose nearest strand across is the turn itself)
+    assert knot_core(_hairpin(5e-4), 2.25e-4, exclude=1) == pytest.approx(0.040, abs=0.002)
+    assert knot_core(_hairpin(1e-3), 2.25e-4, exclude=1) == 0.0
+
+
+def test_the_knot_as_shipped_is_pulled_to_the_force_limit_and_held_without_crossing():
+    """The scene's own contact (strands touching at 3 mm): both hands reach their 3 N limit, and over a short
+    hold the thread neither freezes nor passes through itself; its knot has a core."""
+    r = run_hold("as shipped", hold_s=0.3)
+    assert r.diverged is None and np.isfinite(r.pulled_s), r
+    assert r.pull == pytest.approx(PULL_FORCE, rel=0.05)
+    assert r.frozen == 0 and r.crossings == 0 and r.unchecked == 0
+    # strands kept 3 mm apart: nothing within 3 diameters, but a knot within 3 contact distances
+    assert r.held.size == 300 and r.core_mm == 0.0 and 10.0 < r.core_contact_mm < 450.0

@@ -1,0 +1,278 @@
+"""`suturesim bench knot`: an overhand knot in the shipped 3-0 silk pulled tight by two styluses and held, measured
+against what a knot at the thread's true diameter must show (docs/PHYSICS.md Sec. 7, "A knot smaller than a
+segment").
+
+The scene is the haptic scene two-hand-knot's thread (the `silk-3-0` preset, 45 cm in the 100 segments the user
+gives it) laid as a loose overhand knot (`tools/bench_contact.held_knot`'s shape), its two ends held by stylus
+couplings (1000 N/m; their limit raised to COUPLING_LIMIT, so that the held force is the coupling's and not the
+clamp's constant). Both hands move apart along the line of the ends at PULL_SPEED until both couplings pull
+PULL_FORCE, and then hold that pull as a hand does: each eases out or in, slowly (HOLD_GAIN), as its force
+falls short of PULL_FORCE or passes it. Every tick is timed (`Stepper.tick`, the solver's whole tick), and outside the timing:
+
+- **frozen**: ticks in which the last-resort guard put the thread back to where a substep began
+  (`contact_stats[CS_REVERTED]`): the thread stood still however the hands pulled;
+- **crossings**: pairs of segments that passed through each other between two substeps, by the independent
+  check of tools/crossings.py on every substep's positions (`Stepper.trace`);
+- **largest tension / pull**: the largest segment tension over the hold against the hands' mean pull (N);
+- **force above 50 Hz**: the rms of each hand's coupling force (N, what the safety pipeline then clamps and
+  slew-limits, before a device's own low-pass) less its 20 ms moving average, over the hold, the larger hand's;
+- **knot core**: at the end of the hold, the thread within 3 diameters (2 x 3 x the preset's contact_radius) of a
+  strand more than the contact's excluded neighbours away along it (mm of thread, sampled at CORE_SAMPLES points
+  a segment). The same with the contact distance for the diameter says how small the contact lets the knot be.
+
+Rows: the scene as shipped (strands touch at 3 mm), and at the thread's own diameter under the scene's budget
+and under 16 substeps and 32 rounds. The targets are those of a knot held at the styluses at the true diameter:
+tick p99 <= 500 us, nothing frozen, no crossing, no tension above 1.2 x the pull, <= 5 mN above 50 Hz, a core of
+<= 10 mm of thread.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..solver.contact_response import CS_REVERTED
+from ..solver.integrator import SolverDivergence, Stepper
+from ..solver.scenario import Scenario, build_scenario
+from .bench_contact import DIAMETER_CONTACT, held_knot, high_frequency_rms
+from .crossings import segment_distance
+
+PULL_SPEED = 0.05      # m/s, each hand's speed apart while the knot tightens
+PULL_FORCE = 3.0       # N: the hands stop once both pull this (a Touch's continuous force)
+COUPLING_LIMIT = 4.5   # N: the couplings' limit here, above the pull: a coupling at its limit pulls a constant
+HOLD_GAIN = 0.02       # m/s per N: a holding hand's speed out (in) for a pull short of (over) PULL_FORCE: the
+                       # hold follows the knot at 1000 N/m x 0.02 = 20 1/s (3 Hz), far below the 50 Hz measured
+PULL_MAX_S = 4.0       # s: a knot that has not reached PULL_FORCE by then is held where it is
+SETTLE_S = 0.3         # s after the hands stop before the hold's figures are taken
+HOLD_S = 3.0           # s held (--quick: 1 s)
+CORE_DIAMETERS = 3.0   # the knot's core: thread within this many diameters of a non-neighbouring strand
+CORE_SAMPLES = 16      # points a segment is sampled at for the core
+TRACE_ROWS = 64        # substeps of a tick whose positions are kept for the crossing check (more: unchecked)
+
+TICK_P99_US = 500.0
+TENSION_RATIO = 1.2
+FORCE_RMS_N = 0.005
+CORE_MM = 10.0
+
+
+@dataclass
+class KnotHold:
+    """One row: the knot pulled to PULL_FORCE and held under one contact distance and budget."""
+    label: str
+    distance_mm: float       # strands touch at this centre-line distance
+    pulled_s: float          # s, when both couplings first pulled PULL_FORCE (nan: never)
+    ticks: np.ndarray        # us, every tick
+    held: np.ndarray         # us, the hold's ticks
+    substeps: float          # median substeps a held tick
+    frozen: int              # ticks the guard put the thread back in (all of the run)
+    frozen_held: int         # of them, in the hold
+    crossings: int           # segment pairs that passed through each other between two substeps
+    unchecked: int           # ticks with more substeps than TRACE_ROWS (their crossings not checked)
+    pull: float              # N, the hands' mean pull over the hold
+    tension: float           # N, the largest segment tension over the hold
+    force_rms: float         # N, the larger hand's force content above ~50 Hz over the hold
+    core_mm: float           # mm of thread in the knot's core at the end
+    core_contact_mm: float   # the same with the contact distance in place of the diameter (the knot's size as
+    #                          the contact lets it be)
+    diameter_mm: float       # the thread's diameter
+    diverged: float | None = None   # s, when the solver diverged (the run stops there)
+
+    def verdicts(self) -> list[tuple[str, bool]]:
+        held_p99 = float(np.percentile(self.held, 99)) if self.held.size else math.nan
+        return [("tick p99 <= 500 us", held_p99 <= TICK_P99_US and float(np.percentile(self.ticks, 99)) <= TICK_P99_US),
+                ("nothing frozen", self.frozen == 0),
+                ("no crossing", self.crossings == 0 and self.unchecked == 0),
+                ("tension <= 1.2 x pull", self.tension <= TENSION_RATIO * self.pull),
+                ("<= 5 mN above 50 Hz", self.force_rms <= FORCE_RMS_N),
+                # a knot whose strands the contact keeps further apart than the diameter is as large as that lets it
+                ("core <= 10 mm", max(self.core_mm, self.core_contact_mm) <= CORE_MM)]
+
+
+@dataclass
+class KnotBench:
+    rows: list[KnotHold] = field(default_factory=list)
+    hold_s: float = HOLD_S
+
+
+def knot_core(x: np.ndarray, diameter: float, exclude: int, samples: int = CORE_SAMPLES) -> float:
+    """The length (m) of the thread x (n, 3) that lies within CORE_DIAMETERS x ``diameter`` (m; or any other
+    scale, such as the contact distance) of another strand of it: of a segment more than ``exclude`` segments
+    away along it and, from the point's own place, more than twice that reach away along the thread (a thread
+    bent no tighter than that reach does not come back within it). Each segment is sampled at ``samples``
+    points (the midpoints of equal parts), each counting its part's length."""
+    n_seg = x.shape[0] - 1
+    reach = CORE_DIAMETERS * diameter
+    seg_len = np.linalg.norm(np.diff(x, axis=0), axis=1)
+    start = np.concatenate(([0.0], np.cumsum(seg_len)))       # arc length (m) where each segment begins
+    total = 0.0
+    u = (np.arange(samples) + 0.5) / samples
+    idx = np.arange(n_seg)
+    for i in range(n_seg):
+        a, b = x[i], x[i + 1]
+        part = float(seg_len[i]) / samples
+        for s in u:
+            arc = start[i] + s * seg_len[i]
+            # how far along the thread each other segment's nearest end is from this point
+            along = np.where(idx > i, start[idx] - arc, arc - start[idx + 1])
+            others = idx[(np.abs(idx - i) > exclude) & (along > 2.0 * reach)]
+            if not len(others):
+                continue
+            p = np.repeat((a + s * (b - a))[None], len(others), 0)
+            # a point is a degenerate segment: the segment-segment distance of (p, p) to each other segment
+            if float(segment_distance(p, p, x[others], x[others + 1]).min()) < reach:
+                total += part
+    return total
+
+
+def _scene(contact: dict | None, solver: dict | None, seconds: float) -> Scenario:
+    """two-hand-knot's thread as held_knot lays it, the hands' timeline taken out (run_hold drives them)."""
+    sc = held_knot(contact=contact, solver=solver, seconds=seconds)
+    src = dict(sc.source)
+    src["timeline"] = []
+    # the couplings' limit above the pull, so that the held force is the coupling's and not a constant clamp
+    src["boundary"] = {**src["boundary"], "grasps": [{**g, "max_force": COUPLING_LIMIT}
+                                                     for g in src["boundary"]["grasps"]]}
+    return build_scenario(src, sc.file, base_dir=sc.base_dir)
+
+
+def run_hold(label: str, contact: dict | None = None, solver: dict | None = None,
+             hold_s: float = HOLD_S) -> KnotHold:
+    """Pull the knot to PULL_FORCE at both hands and hold it ``hold_s`` s (module docstring), timing every tick."""
+    from .crossings import crossings
+
+    sc = _scene(contact, solver, PULL_MAX_S + SETTLE_S + hold_s)
+    m = sc.model
+    st = sc.new_state()
+    stepper = Stepper(m, st)
+    n = st.x.shape[0]
+    trace = np.zeros((TRACE_ROWS, n, 3))
+    stepper.trace = trace
+    ends = sorted(sc.grasps, key=lambda g: g.vertex)    # vertex 0 first, then the far end
+    slots = [g.slot for g in ends]
+    away = [np.array([-1.0, 0.0, 0.0]), np.array([1.0, 0.0, 0.0])]
+    tick = m.solver.tick
+    diameter = 2.0 * m.params.contact_radius
+    times: list[float] = []
+    forces: list[tuple[float, float]] = []
+    tensions: list[float] = []
+    held_subs: list[int] = []
+    frozen = frozen_held = found = unchecked = 0
+    pulled: float | None = None
+    stop_at = PULL_MAX_S
+    hold_from: int | None = None
+    end_tick = int(round((PULL_MAX_S + SETTLE_S + hold_s) / tick))
+    diverged = None
+    stepper.tick()   # compiled and warm before the first timed tick
+    f = (0.0, 0.0)
+    for k in range(end_tick):
+        t = k * tick
+        moving = t < stop_at
+        for h, (slot, a) in enumerate(zip(slots, away)):
+            # pulling apart; then holding the pull as a hand does, easing in or out slowly with the force's error
+            speed = PULL_SPEED if moving else max(-PULL_SPEED, min(PULL_SPEED, HOLD_GAIN * (PULL_FORCE - f[h])))
+            st.grasp_vel[slot] = speed * a
+        x_start = st.x.copy()
+        t0 = time.perf_counter_ns()
+        try:
+            subs = stepper.tick()
+        except SolverDivergence:
+            diverged = t
+            break
+        times.append((time.perf_counter_ns() - t0) / 1e3)
+        st.grasp_vel.fill(0.0)
+        f = (float(np.linalg.norm(st.grasp_force[slots[0]])), float(np.linalg.norm(st.grasp_force[slots[1]])))
+        if pulled is None and min(f) >= 0.99 * PULL_FORCE:
+            pulled = t + tick
+            stop_at = min(stop_at, pulled)
+        if hold_from is None and not moving and t >= stop_at + SETTLE_S:
+            hold_from = len(times) - 1
+            end_tick = min(end_tick, k + int(round(hold_s / tick)))
+        if st.contact_stats[CS_REVERTED] > 0:
+            frozen += 1
+            if hold_from is not None:
+                frozen_held += 1
+        if subs > TRACE_ROWS:
+            unchecked += 1
+        else:
+            prev = x_start
+            for s in range(subs):
+                found += len(crossings(prev, trace[s], m.contact.exclude))
+                prev = trace[s].copy()
+        if hold_from is not None:
+            held_subs.append(subs)
+            forces.append(f)
+            tensions.append(float(np.max(np.abs(st.tension))))
+        if k + 1 >= end_tick:
+            break
+    ticks = np.array(times)
+    held = ticks[hold_from:] if hold_from is not None else np.zeros(0)
+    fa = np.array(forces) if forces else np.zeros((0, 2))
+    rms = max(high_frequency_rms(fa[:, 0], tick), high_frequency_rms(fa[:, 1], tick)) if len(fa) > 60 else math.nan
+    return KnotHold(label=label, distance_mm=1e3 * m.contact.distance, pulled_s=math.nan if pulled is None else pulled,
+                    ticks=ticks, held=held,
+                    substeps=float(np.median(held_subs)) if held_subs else math.nan, frozen=frozen, frozen_held=frozen_held,
+                    crossings=found, unchecked=unchecked, pull=float(fa.mean()) if len(fa) else math.nan,
+                    tension=max(tensions) if tensions else math.nan, force_rms=rms,
+                    core_mm=1e3 * knot_core(st.x, diameter, m.contact.exclude),
+                    core_contact_mm=1e3 * knot_core(st.x, m.contact.distance, m.contact.exclude),
+                    diameter_mm=1e3 * diameter,
+                    diverged=diverged)
+
+
+ROWS = [("as shipped (3 mm, up to 4 substeps, 6 rounds)", None, None),
+        ("the diameter, up to 4 substeps, 6 rounds", {**DIAMETER_CONTACT, "rounds": 6}, None),
+        ("the diameter, up to 16 substeps, 32 rounds", DIAMETER_CONTACT, {"max_substeps": 16})]
+
+
+def measure_knot(quick: bool, log) -> KnotBench:
+    out = KnotBench(hold_s=1.0 if quick else HOLD_S)
+    for label, contact, solver in ROWS:
+        log(f"knot: {label} ...")
+        out.rows.append(run_hold(label, contact, solver, out.hold_s))
+    return out
+
+
+def render_knot(res: KnotBench) -> list[str]:
+    lines = ["## 10. A knot at the thread's true diameter (`suturesim bench knot`)", "",
+             "An overhand knot in two-hand-knot's thread (the shipped `silk-3-0`, 0.225 mm across, 45 cm in its "
+             f"100 segments of 4.5 mm) pulled apart by both styluses' couplings (1000 N/m, {COUPLING_LIMIT:g} N "
+             f"limit) at {1e3 * PULL_SPEED:g} mm/s until both pull {PULL_FORCE:g} N, then held at that pull "
+             f"(each hand easing out or in at {1e3 * HOLD_GAIN:g} mm/s per newton short or over) for "
+             f"{res.hold_s:g} s from {SETTLE_S:g} s after the pull (`tools/bench_knot.py`). Tick: the "
+             "solver's whole tick (`Stepper.tick`), µs, over the run and over the hold; frozen: ticks the "
+             "last-resort guard put the thread back in (over the run; of them in the hold); crossings: segment "
+             "pairs that passed through each other between two substeps (tools/crossings.py, every substep); the "
+             "largest segment tension over the hold against the hands' mean pull; the larger hand's coupling force "
+             "above ~50 Hz over the hold (rms of the force less its 20 ms moving average); the knot's core at the "
+             "end: thread within 3 diameters of a strand more than the excluded neighbours away, mm, and within 3 "
+             "contact distances (how small the contact lets the knot be).", "",
+             "| contact and budget | pulled 3 N at (s) | tick p50 / p99 / max (µs) | held p50 / p99 / max (µs) "
+             "| substeps held | frozen (held) | crossings | pull (N) | largest tension (N, × pull) | above 50 Hz "
+             "(mN) | knot core (mm) | core at the contact distance (mm) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def ppp(a: np.ndarray) -> str:
+        if not a.size:
+            return "-"
+        return " / ".join(f"{v:.0f}" for v in (np.percentile(a, 50), np.percentile(a, 99), a.max()))
+
+    for r in res.rows:
+        cross = f"{r.crossings}" + (f" ({r.unchecked} ticks unchecked)" if r.unchecked else "")
+        ratio = r.tension / r.pull if r.pull and math.isfinite(r.pull) else math.nan
+        lines.append(f"| {r.label}{'; diverged at %.2f s' % r.diverged if r.diverged is not None else ''} "
+                     f"| {r.pulled_s:.2f} | {ppp(r.ticks)} | {ppp(r.held)} | {r.substeps:.0f} "
+                     f"| {r.frozen} ({r.frozen_held}) | {cross} | {r.pull:.3f} | {r.tension:.2f} ({ratio:.2f}) "
+                     f"| {1e3 * r.force_rms:.2f} | {r.core_mm:.1f} | {r.core_contact_mm:.1f} |")
+    lines.append("")
+    for r in res.rows:
+        v = r.verdicts()
+        missed = [what for what, ok in v if not ok]
+        lines.append(f"- {r.label}: " + ("meets every target." if not missed else
+                                          "**misses** " + ", ".join(missed) + "."))
+    lines += ["", "The targets, for a knot held at the styluses at the thread's own diameter: tick p99 ≤ 500 µs "
+                  "(over the run and the hold), nothing frozen, no crossing, no segment's tension above 1.2 × the "
+                  "pull, ≤ 5 mN above 50 Hz, a core of ≤ 10 mm of thread (a tight overhand knot of 3-0 takes "
+                  "about 3.7 mm: 16.4 diameters).", ""]
+    return lines
