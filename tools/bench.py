@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import datetime as _dt
 import gc
+import importlib
 import math
 import os
 import platform
@@ -620,6 +621,17 @@ NOTES = [
 ]
 
 
+# the parts measured by a module of their own (tools/<module>.py with measure_<part>(quick, log) and
+# render_<part>(result)), in the document's order: (part, module, what the log says, whether it runs the server
+# loop or a device, which `all --no-loop` skips)
+PARTS = (("loop", "bench_loop", "server loop", True), ("haptics", "bench_haptics", "haptics", True),
+         ("contact", "bench_contact", "self-contact", False),
+         ("tissue", "bench_tissue", "tissue and the scripted suture", False),
+         ("inbound", "bench_inbound", "inbound validation", False),
+         ("bot", "bench_bot", "the trainee bot's suture by hand", True),
+         ("knot", "bench_knot", "a knot at the thread's true diameter", False))
+
+
 # -- entry point -----------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -689,43 +701,13 @@ def main(argv: list[str] | None = None) -> int:
                 emit(render_elastica(el, scen[0]))
             else:
                 section(render_elastica(el, scen[0]))
-    if args.what == "loop" or (args.what == "all" and not args.no_loop):
-        from .bench_loop import measure_loop, render_loop
-
-        log("server loop ...")
-        section(render_loop(measure_loop(args.quick, log)))
-    elif args.what == "all":
-        log("server loop skipped (--no-loop)")
-    if args.what == "haptics" or (args.what == "all" and not args.no_loop):
-        from .bench_haptics import measure_haptics, render_haptics
-
-        log("haptics ...")
-        section(render_haptics(measure_haptics(args.quick, log)))
-    if args.what in ("contact", "all"):
-        from .bench_contact import measure_contact, render_contact
-
-        log("self-contact ...")
-        section(render_contact(measure_contact(args.quick, log)))
-    if args.what in ("tissue", "all"):
-        from .bench_tissue import measure_tissue, render_tissue
-
-        log("tissue and the scripted suture ...")
-        section(render_tissue(measure_tissue(args.quick, log)))
-    if args.what in ("inbound", "all"):
-        from .bench_inbound import measure_inbound, render_inbound
-
-        log("inbound validation ...")
-        section(render_inbound(measure_inbound(args.quick, log)))
-    if args.what == "bot" or (args.what == "all" and not args.no_loop):
-        from .bench_bot import measure_bot, render_bot
-
-        log("the trainee bot's suture by hand ...")
-        section(render_bot(measure_bot(args.quick, log)))
-    if args.what in ("knot", "all"):
-        from .bench_knot import measure_knot, render_knot
-
-        log("a knot at the thread's true diameter ...")
-        section(render_knot(measure_knot(args.quick, log)))
+    for name, module, what, live in PARTS:
+        if args.what == name or (args.what == "all" and not (live and args.no_loop)):
+            mod = importlib.import_module(f".{module}", __package__)
+            log(f"{what} ...")
+            section(getattr(mod, f"render_{name}")(getattr(mod, f"measure_{name}")(args.quick, log)))
+        elif args.what == "all" and name == "loop":
+            log("server loop skipped (--no-loop)")
     emit(NOTES)
     log(f"done in {time.perf_counter() - t_start:.0f} s")
 
