@@ -164,7 +164,7 @@ class MessageBuilder:
                 continue
             p = int(pun_i[q, PI_PAD])
             punctures.append(protocol.SortedMap(
-                **({"arc": self._thread_arc(float(pun_f[q, PF_SIGMA]))} if st == PUN_ACTIVE else {}),
+                **({"arc": self.thread_arc(float(pun_f[q, PF_SIGMA]))} if st == PUN_ACTIVE else {}),
                 drag=float(pun_f[q, PF_DRAG]), id=q,
                 **({"lateral": float(lateral_force(pun_f, q))} if st == PUN_NEEDLE else {}),
                 on=STATE_NAMES[st], pad=m.pad_ids[p],
@@ -178,8 +178,9 @@ class MessageBuilder:
         return protocol.SortedMap(gap=g if math.isfinite(g) else None, knot=w.knot, linking=w.link, pads=pads,
                                   punctures=punctures, **({"targets": targets} if targets else {}), throws=w.throws)
 
-    def _thread_arc(self, sigma: float) -> float:
-        """The arc length (m, from the thread's first vertex, at rest) of thread coordinate ``sigma`` = j + u."""
+    def thread_arc(self, sigma: float) -> float:
+        """The arc length (m, from the thread's first vertex, at rest) of thread coordinate ``sigma`` = j + u: where
+        a puncture's thread runs through it, or a segment broke (its middle, j + 0.5)."""
         arc = self._arc
         j = min(max(int(sigma), 0), len(arc) - 2)
         return arc[j] + (sigma - j) * (arc[j + 1] - arc[j])

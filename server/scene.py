@@ -64,8 +64,7 @@ class SceneRunner:
         """The `break` event of the segment the tick parted (docs/PROTOCOL.md Sec. 3.4)."""
         stepper = self.stepper
         j = stepper.broke
-        rest = stepper.model.rest_length
-        self.event("break", segment=j, arc=float(rest[:j].sum() + 0.5 * rest[j]),
+        self.event("break", segment=j, arc=self.builder.thread_arc(j + 0.5),
                    pos=[float(v) for v in 0.5 * (state.x[j] + state.x[j + 1])], tension=stepper.broke_tension,
                    strength=rating(stepper.model))
 

@@ -472,8 +472,9 @@ def _wait_loop_main(tick_ns: int, spin_ns: int, stop, results, ready) -> None:
 class MachineLateness:
     """The lateness this machine gives a bare 1 kHz wait loop in its own process, over the window of a ``with``
     block (``self.p99_ms``, ``self.max_ms``, and ``self.late``, its wake-ups more than 1 ms late, after it): what
-    a timed test's loop cannot do better than in the same minute. The block starts once the loop runs. A loop under test is held to its bound beyond this, as the benchmark holds the server's loop
-    (docs/BENCHMARKS.md), so a shared VM's stall fails neither and a slower loop still fails."""
+    a timed test's loop cannot do better than in the same minute. The block starts once the loop runs. A loop
+    under test is held to its bound beyond this, as the benchmark holds the server's loop (docs/BENCHMARKS.md),
+    so a shared VM's stall fails neither and a slower loop still fails."""
 
     def __init__(self, tick_ns: int = 1_000_000, spin_ns: int = 300_000):
         import multiprocessing as mp

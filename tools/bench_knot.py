@@ -197,9 +197,9 @@ def run_hold(label: str, contact: dict | None = None, solver: dict | None = None
             unchecked += 1
         else:
             prev = x_start
-            for s in range(subs):
+            for s in range(subs):   # the trace's rows stay as they are until the next tick
                 found += len(crossings(prev, trace[s], m.contact.exclude))
-                prev = trace[s].copy()
+                prev = trace[s]
         if hold_from is not None:
             held_subs.append(subs)
             forces.append(f)
