@@ -242,6 +242,8 @@ def _shape(sec: Section, n_seg: int, length: float, files: ScenarioFiles) -> np.
         if arr.ndim != 2 or arr.shape[1] != 3 or arr.shape[0] != n_seg + 1 or not np.all(np.isfinite(arr)):
             raise sec.error(key, f"must be {n_seg + 1} finite [x, y, z] points (segments + 1), got "
                                  f"{arr.shape[0] if arr.ndim == 2 else 'no'} rows of {arr.shape[-1]}")
+        # a published shape laid at another size (Choi's knot in a suture's thread): every point times `scale`
+        arr = arr * sec.get("scale", float, 1.0, above=0.0)
         seg = np.linalg.norm(np.diff(arr, axis=0), axis=1)
         if np.any(seg <= 0):
             raise sec.error(key, "consecutive points must differ")

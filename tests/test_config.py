@@ -373,6 +373,19 @@ def test_points_shape_from_a_file_beside_the_scenario(tmp_path):
            "not both")
 
 
+def test_points_shape_scaled_lays_the_points_at_another_size(tmp_path):
+    """`shape.scale`: every point multiplied by it (Choi's knot laid at a suture's diameter); the thread's length
+    is then the scaled span, and a scale that is not positive is refused with its key."""
+    pts = np.array([[i * 0.1, 0.01 * i * i, 0.0] for i in range(11)])
+    pts *= 4.0 / np.linalg.norm(np.diff(pts, axis=0), axis=1).sum()      # a 4 m span, laid at a quarter
+    np.savetxt(tmp_path / "knot.txt", pts)
+    s = _load(tmp_path, THREAD + "shape:\n  kind: points\n  file: knot.txt\n  scale: 0.25\n")
+    np.testing.assert_allclose(s.initial.x, 0.25 * pts, rtol=1e-15)
+    assert s.model.rest_length.sum() == pytest.approx(1.0, rel=1e-12)
+    _error(tmp_path, THREAD + "shape:\n  kind: points\n  file: knot.txt\n", "shape.file", "the points span 4")
+    _error(tmp_path, THREAD + "shape:\n  kind: points\n  file: knot.txt\n  scale: 0\n", "shape.scale", "must be > 0")
+
+
 # -- errors: file, key path, reason --------------------------------------------------------------------------
 def test_error_unknown_top_level_key(tmp_path):
     _error(tmp_path, THREAD + "gravty: [0, 0, -9.81]\n", "gravty", "unknown key")

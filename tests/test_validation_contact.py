@@ -126,6 +126,15 @@ def test_choi_trefoil_audoly_law_and_speed_independence():
         assert c.passed, c.row()
 
 
+@pytest.mark.long(cost=70)
+def test_choi_trefoil_at_a_sutures_diameter_follows_audoly_without_crossing():
+    """Choi's n = 1 knot laid at 3-0 silk's 0.225 mm, in 3-0 silk, strands touching at that diameter: the median
+    of F / F_Audoly over the band within 0.5 ... 2, as at Choi's scale, and no segment passing through another
+    between any two substeps (25 s of pulling, 40 s of crossing checks)."""
+    for c in vc.choi_n1_silk_case(speeds=(6e-3,), check=True):
+        assert c.passed, c.row()
+
+
 @pytest.mark.long(cost=100)
 @pytest.mark.parametrize("n", [2, 4])
 def test_choi_overhand_knot_of_n_4_snaps_through_and_n_2_does_not(n):

@@ -277,10 +277,11 @@ def main(argv: list[str] | None = None) -> int:
                                                  "against expected.")
     parser.add_argument("--quick", action="store_true",
                         help="shorter runs (50 s instead of 1000 s for energy and momentum, 2 s sweeps, a 5 s "
-                             "crumple instead of 30 s, Choi's trefoil at one speed and not his n = 2-4 knots)")
+                             "crumple instead of 30 s, Choi's trefoil at one speed at both scales, unchecked for crossings at "
+                             "3-0 silk's, and not his n = 2-4 knots)")
     parser.add_argument("--plots", metavar="DIR", type=Path, default=None,
-                        help="write the plots of the self-contact cases here (plectoneme-torque.png; without --quick also "
-                             "choi-overhand-pulls.png)")
+                        help="write the plots of the self-contact cases here (plectoneme-torque.png, audoly-law.png; "
+                             "without --quick also choi-overhand-pulls.png)")
     parser.add_argument("--no-contact", action="store_true", help="skip the self-contact cases")
     args = parser.parse_args(argv)
     cases = run_all(quick=args.quick, contact=not args.no_contact, plots=args.plots)

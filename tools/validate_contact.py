@@ -230,8 +230,13 @@ def run_contact(quick: bool = False, plots: Path | None = None, add=print) -> No
         add(c)
     for c in capstan_polygon_case():
         add(c)
-    for c in choi_n1_case((6e-3,) if quick else (3e-3, 6e-3, 9e-3)):
+    curves: dict = {}
+    for c in choi_n1_case((6e-3,) if quick else (3e-3, 6e-3, 9e-3), curves=curves):
         add(c)
+    for c in choi_n1_silk_case((6e-3,) if quick else (3e-3, 6e-3), check=not quick, curves=curves):
+        add(c)
+    if plots is not None:
+        plot_audoly(Path(plots), curves)
     if not quick:
         for c in choi_inversion_case(plots=plots):
             add(c)
@@ -383,19 +388,23 @@ AUDOLY_SIGMA = 0.492   # Audoly et al. 2007's constant for the trefoil (Choi 202
 CHOI_SPEED = 6e-3   # m/s: the scenes' pull speed u, the rate the end-to-end distance grows at
 
 
-def choi_pull(n: int, speed: float = CHOI_SPEED, check: bool = False) -> tuple[Scenario, np.ndarray, "TracedRun"]:
-    """Pull Choi's overhand knot of unknotting number n from both ends, the end-to-end distance growing at
-    ``speed`` (m/s), as far as the scene does. Returns the scenario and rows (t, pull force F (N) = mean axial
-    force of the first segments past the driven ends, end-to-end shortening e = L - x (m)) every 10 ms, and the
-    run."""
-    sc = load_scenario(f"choi2021-overhand-n{n}")
+CHOI_SILK = "choi2021-overhand-n1-silk"   # Choi's n = 1 knot laid at 3-0 silk's diameter, in 3-0 silk
+
+
+def choi_pull(n: int, speed: float = CHOI_SPEED, check: bool = False,
+              scene: str | None = None) -> tuple[Scenario, np.ndarray, "TracedRun"]:
+    """Pull Choi's overhand knot of unknotting number n (in ``scene``, default choi2021-overhand-n<n>) from both
+    ends, the end-to-end distance growing at ``speed`` (m/s), as far as the scene does. Returns the scenario and
+    rows (t, pull force F (N) = mean axial force of the first segments past the driven ends, end-to-end
+    shortening e = L - x (m)) every 10 ms, and the run."""
+    name = scene or f"choi2021-overhand-n{n}"
+    sc = load_scenario(name)
     if speed != CHOI_SPEED:
         # the same pull distance at another speed: every driven end's velocity scaled, from the same start
         k = speed / CHOI_SPEED
         timeline = [{**e, "velocity": [v * k for v in e["velocity"]], "to": e["from"] + (e["to"] - e["from"]) / k}
                     for e in sc.source["timeline"]]
-        sc = load_scenario(f"choi2021-overhand-n{n}", {"timeline": timeline,
-                                                          "duration": max(e["to"] for e in timeline)})
+        sc = load_scenario(name, {"timeline": timeline, "duration": max(e["to"] for e in timeline)})
     run = TracedRun(sc, check=check)
     L = sc.model.params.length
     free = np.flatnonzero(sc.model.kinematic == 0)
@@ -498,7 +507,7 @@ def _band_ratio(sc: Scenario, rows: np.ndarray, lo: float, hi: float) -> np.ndar
     return F[band] / audoly_force(sc, e[band], sc.model.contact.friction_kinetic)
 
 
-def choi_n1_case(speeds=(3e-3, 6e-3, 9e-3)) -> list[Case]:
+def choi_n1_case(speeds=(3e-3, 6e-3, 9e-3), curves: dict | None = None) -> list[Case]:
     """n = 1: the pull force against eps = sqrt(h / R) follows Audoly's law while the knot tightens
     (0.2 <= eps <= 0.55), within a factor of 0.4 ... 2.5 (Choi's own curve 'roughly follows' it and drifts off
     when tight), and does not depend on the pull speed (Coulomb friction does not): the median of F / F_Audoly
@@ -508,6 +517,8 @@ def choi_n1_case(speeds=(3e-3, 6e-3, 9e-3)) -> list[Case]:
     for u in speeds:
         sc, rows, _ = choi_pull(1, u)
         ratios[u] = _band_ratio(sc, rows, 0.2, 0.55)
+        if curves is not None and u == CHOI_SPEED:
+            curves["Choi's rod, 3.2 mm"] = (sc, rows)
     mu = sc.model.contact.friction_kinetic
     h = sc.model.params.diameter / 2.0
     ratio = ratios[6e-3] if 6e-3 in ratios else ratios[speeds[0]]
@@ -523,6 +534,77 @@ def choi_n1_case(speeds=(3e-3, 6e-3, 9e-3)) -> list[Case]:
                           "median F / F_Audoly: " + ", ".join(f"{u * 1e3:g} mm/s {m:.2f}"
                                                               for u, m in zip(ratios, med))))
     return cases
+
+
+AUDOLY_BANDS = ((0.2, 0.3), (0.3, 0.4), (0.4, 0.55))   # eps = sqrt(h / R): loose, tighter, tight
+
+
+def choi_n1_silk_case(speeds=(6e-3,), check: bool = True, curves: dict | None = None) -> list[Case]:
+    """Audoly's law at a suture's scale: Choi's n = 1 knot laid at 3-0 silk's diameter, in 3-0 silk, strands
+    touching at the thread's own 0.225 mm (choi2021-overhand-n1-silk), pulled tight. The median of F / F_Audoly
+    over the band 0.2 <= eps <= 0.55 lies within 0.5 ... 2, as at Choi's scale (choi_n1_case); the detail gives
+    the median in each of AUDOLY_BANDS, the largest pull force, and the crossings between substeps (``check``,
+    tools/crossings.py on every substep). With two speeds or more, the medians differ by at most 15 %."""
+    medians, cases = {}, []
+    for u in speeds:
+        sc, rows, run = choi_pull(1, u, check=check, scene=CHOI_SILK)
+        ratio = _band_ratio(sc, rows, 0.2, 0.55)
+        med = float(np.median(ratio)) if len(ratio) else math.nan
+        medians[u] = med
+        if curves is not None and u == speeds[0]:
+            curves["3-0 silk, 0.225 mm"] = (sc, rows)
+        bands = ", ".join(f"{lo:g}-{hi:g} {np.median(b):.2f}" for lo, hi in AUDOLY_BANDS
+                          if len(b := _band_ratio(sc, rows, lo, hi)))
+        ok = len(ratio) > 10 and 0.5 <= med <= 2.0 and (not check or not run.crossings)
+        cases.append(Case(f"Choi n=1 in 3-0 silk: Audoly ({u * 1e3:g} mm/s)", med, "median F / F_Audoly in [0.5, 2]",
+                          ok, f"median by eps band: {bands}; largest force {rows[:, 1].max() * 1e3:.0f} mN at "
+                              f"e = {rows[-1, 2] * 1e3:.1f} mm; "
+                              f"{run.tunnelling() if check else 'crossings not checked'}"))
+    if len(speeds) > 1:
+        med = np.array(list(medians.values()))
+        spread = float(np.ptp(med) / np.mean(med))
+        cases.append(Case("Choi n=1 in 3-0 silk: speed", spread, "<= 0.15 spread", spread <= 0.15,
+                          "median F / F_Audoly: " + ", ".join(f"{u * 1e3:g} mm/s {m:.2f}" for u, m in medians.items())))
+    return cases
+
+
+def plot_audoly(plots: Path, curves: dict) -> None:
+    """audoly-law.png: each of ``curves`` {label: (scenario, choi_pull's rows)}: (left) the tightening force
+    against the end-to-end shortening e with Audoly's law for its rod (Choi 2021 Eq. 25); (right) both made
+    dimensionless, F h^2 / EI against eps = sqrt(h / R), R = e / 2 pi, where the law is one curve for every rod,
+    the band it is read over shaded."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    plots.mkdir(parents=True, exist_ok=True)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.6))
+    mu = None
+    for (label, (sc, rows)), colour in zip(curves.items(), ("tab:blue", "tab:red")):
+        p, mu = sc.model.params, sc.model.contact.friction_kinetic
+        h = p.diameter / 2.0
+        t, F, e = rows[rows[:, 0] > 1.5].T
+        keep = F > 0.0
+        a.loglog(e[keep] * 1e3, F[keep] * 1e3, lw=0.8, color=colour, label=f"{label}: measured")
+        a.loglog(e * 1e3, audoly_force(sc, e, mu) * 1e3, "--", lw=1, color=colour, label=f"{label}: Audoly")
+        eps = np.sqrt(h * 2.0 * np.pi / np.maximum(e, 1e-12))
+        b.loglog(eps[keep], F[keep] * h ** 2 / p.bending_stiffness, lw=0.8, color=colour, label=label)
+    eps = np.linspace(0.08, 0.6, 200)
+    b.loglog(eps, eps ** 4 / 2.0 + mu * AUDOLY_SIGMA * eps ** 3, "k--", lw=1.2,
+             label=f"Audoly: eps^4 / 2 + mu sigma eps^3 (mu = {mu:g})")
+    b.axvspan(0.2, 0.55, color="0.9", zorder=0)
+    a.invert_xaxis()
+    a.set_xlabel("end-to-end shortening e (mm)")
+    a.set_ylabel("pull force (mN)")
+    b.set_xlabel("eps = sqrt(h / R), R = e / 2 pi")
+    b.set_ylabel("F h^2 / EI")
+    a.set_title("Choi's n = 1 overhand knot pulled tight")
+    b.set_title("dimensionless: one law for both rods (band shaded)")
+    for ax in (a, b):
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(plots / "audoly-law.png", dpi=100)
+    plt.close(fig)
 
 
 def capstan_scenario(mu: float, load: float = 0.1, speed: float = 0.005, duration: float = 4.0,
