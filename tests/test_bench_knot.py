@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from suturesim.tools.bench_knot import PULL_FORCE, knot_core, run_hold
+from suturesim.tools.bench_knot import PULL_FORCE, AudolyPull, KnotBench, knot_core, render_knot, run_hold
 
 
 def _hairpin(gap: float) -> np.ndarray:
@@ -33,3 +33,13 @@ def test_the_knot_as_shipped_is_pulled_to_the_force_limit_and_held_without_cross
     assert r.frozen == 0 and r.crossings == 0 and r.unchecked == 0
     # strands kept 3 mm apart: nothing within 3 diameters, but a knot within 3 contact distances
     assert r.held.size == 300 and r.core_mm == 0.0 and 10.0 < r.core_contact_mm < 450.0
+
+
+def test_the_audoly_pull_at_the_sutures_diameter_is_rendered_with_its_verdict():
+    """The section's Audoly line says what the pull cost and whether its median ratio meets 0.5-2."""
+    line = render_knot(KnotBench(audoly=AudolyPull(sim_s=9.0, wall_s=18.0, median=1.9, largest_mn=212.0)))
+    text = "\n".join(line)
+    assert "9.0 s simulated in 18.0 s of computing (2.00 s a simulated second)" in text
+    assert "median F / F_Audoly 1.90 (meets)" in text and "largest pull 212 mN" in text
+    off = "\n".join(render_knot(KnotBench(audoly=AudolyPull(sim_s=9.0, wall_s=18.0, median=2.4, largest_mn=1.0))))
+    assert "(**misses**)" in off

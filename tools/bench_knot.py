@@ -93,9 +93,20 @@ class KnotHold:
 
 
 @dataclass
+class AudolyPull:
+    """Choi's n = 1 knot pulled tight at 3-0 silk's diameter (tools/validate_contact.choi_n1_silk_case): what it
+    cost and how its force reads against Audoly's law."""
+    sim_s: float          # s simulated
+    wall_s: float         # s of computing
+    median: float         # median F / F_Audoly over eps 0.2-0.55
+    largest_mn: float     # the largest pull force, mN
+
+
+@dataclass
 class KnotBench:
     rows: list[KnotHold] = field(default_factory=list)
     hold_s: float = HOLD_S
+    audoly: AudolyPull | None = None
 
 
 def knot_core(x: np.ndarray, diameter: float, exclude: int, samples: int = CORE_SAMPLES) -> float:
@@ -231,7 +242,20 @@ def measure_knot(quick: bool, log) -> KnotBench:
     for label, contact, solver in ROWS:
         log(f"knot: {label} ...")
         out.rows.append(run_hold(label, contact, solver, out.hold_s))
+    if not quick:
+        log("knot: Choi's n = 1 in 3-0 silk against Audoly's law ...")
+        out.audoly = audoly_pull()
     return out
+
+
+def audoly_pull() -> AudolyPull:
+    """Pull choi2021-overhand-n1-silk as choi_n1_silk_case does at 6 mm/s, timed, without the crossing checks."""
+    from .validate_contact import CHOI_SILK, CHOI_SPEED, _band_ratio, choi_pull
+    t0 = time.perf_counter()
+    sc, rows, run = choi_pull(1, CHOI_SPEED, scene=CHOI_SILK)
+    wall = time.perf_counter() - t0
+    return AudolyPull(sim_s=float(run.state.time[0]), wall_s=wall,
+                      median=float(np.median(_band_ratio(sc, rows, 0.2, 0.55))), largest_mn=1e3 * rows[:, 1].max())
 
 
 def render_knot(res: KnotBench) -> list[str]:
@@ -271,6 +295,14 @@ def render_knot(res: KnotBench) -> list[str]:
         missed = [what for what, ok in v if not ok]
         lines.append(f"- {r.label}: " + ("meets every target." if not missed else
                                           "**misses** " + ", ".join(missed) + "."))
+    a = res.audoly
+    if a is not None:
+        lines += ["", "Choi's n = 1 knot laid at 3-0 silk's diameter, in 3-0 silk (300 segments of 0.234 mm), strands "
+                      "touching at 0.225 mm, pulled tight at 6 mm/s (`choi2021-overhand-n1-silk`, docs/PHYSICS.md Sec. "
+                      "7: Audoly's law at a suture's diameter; target: the median of F / F_Audoly over eps 0.2-0.55 "
+                      f"within 0.5-2): {a.sim_s:.1f} s simulated in {a.wall_s:.1f} s of computing "
+                      f"({a.wall_s / a.sim_s:.2f} s a simulated second), median F / F_Audoly {a.median:.2f} "
+                      f"({'meets' if 0.5 <= a.median <= 2.0 else '**misses**'}), largest pull {a.largest_mn:.0f} mN."]
     lines += ["", "The targets, for a knot held at the styluses at the thread's own diameter: tick p99 ≤ 500 µs "
                   "(over the run and the hold), nothing frozen, no crossing, no segment's tension above 1.2 × the "
                   "pull, ≤ 5 mN above 50 Hz, a core of ≤ 10 mm of thread (a tight overhand knot of 3-0 takes "
