@@ -533,7 +533,11 @@ def test_button_2_arrives(suture_hands):
     release = [e for e in r.events("release") if e["device"] == "stylus1"]
     grasp = [e for e in r.events("grasp") if e["device"] == "stylus1"]
     assert [e["id"] for e in release] == ["left"], r.events()
-    assert len(grasp) == 1 and grasp[0]["vertex"] == 80 and grasp[0]["t"] > release[0]["t"], r.events()
+    # on the thread's last segment, where the hand let go of its end: the jaw takes the nearest point along a
+    # segment, and how far the free end swung in the 20 ms before the press depends on how late the loop ran
+    # (a suite run on a busy machine took vertex 79 and a point along it)
+    assert len(grasp) == 1 and grasp[0]["vertex"] + grasp[0].get("frac", 0.0) >= 79.0, r.events()
+    assert grasp[0]["t"] > release[0]["t"], r.events()
 
 
 @pytest.mark.long(cost=12)   # the shared run: 7 s of script, the start and the stop
