@@ -25,6 +25,10 @@ Rows: the scene as shipped (strands touch at 3 mm), and at the thread's own diam
 and under 16 substeps and 32 rounds. The targets are those of a knot held at the styluses at the true diameter:
 tick p99 <= 500 us, nothing frozen, no crossing, no tension above 1.2 x the pull, <= 5 mN above 50 Hz, a core of
 <= 10 mm of thread.
+
+Then (not under --quick) Choi's n = 1 knot laid at 3-0 silk's diameter is pulled tight as `suturesim validate`
+pulls it (tools/validate_contact.choi_n1_silk_case, 6 mm/s, without the crossing checks): its computing time per
+simulated second and the median of its pull force over Audoly's law (target 0.5-2).
 """
 from __future__ import annotations
 
