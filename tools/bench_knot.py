@@ -254,12 +254,12 @@ def measure_knot(quick: bool, log) -> KnotBench:
 
 def audoly_pull() -> AudolyPull:
     """Pull choi2021-overhand-n1-silk as choi_n1_silk_case does at 6 mm/s, timed, without the crossing checks."""
-    from .validate_contact import CHOI_SILK, CHOI_SPEED, _band_ratio, choi_pull
+    from .validate_contact import CHOI_SILK, CHOI_SPEED, audoly_median, choi_pull
     t0 = time.perf_counter()
     sc, rows, run = choi_pull(1, CHOI_SPEED, scene=CHOI_SILK)
     wall = time.perf_counter() - t0
-    return AudolyPull(sim_s=float(run.state.time[0]), wall_s=wall,
-                      median=float(np.median(_band_ratio(sc, rows, 0.2, 0.55))), largest_mn=1e3 * rows[:, 1].max())
+    return AudolyPull(sim_s=float(run.state.time[0]), wall_s=wall, median=audoly_median(sc, rows),
+                      largest_mn=1e3 * rows[:, 1].max())
 
 
 def render_knot(res: KnotBench) -> list[str]:
@@ -301,12 +301,14 @@ def render_knot(res: KnotBench) -> list[str]:
                                           "**misses** " + ", ".join(missed) + "."))
     a = res.audoly
     if a is not None:
+        from .validate_contact import AUDOLY_BAND, AUDOLY_MEDIAN, audoly_median_meets
         lines += ["", "Choi's n = 1 knot laid at 3-0 silk's diameter, in 3-0 silk (300 segments of 0.234 mm), strands "
                       "touching at 0.225 mm, pulled tight at 6 mm/s (`choi2021-overhand-n1-silk`, docs/PHYSICS.md Sec. "
-                      "7: Audoly's law at a suture's diameter; target: the median of F / F_Audoly over eps 0.2-0.55 "
-                      f"within 0.5-2): {a.sim_s:.1f} s simulated in {a.wall_s:.1f} s of computing "
+                      "7: Audoly's law at a suture's diameter; target: the median of F / F_Audoly over eps "
+                      f"{AUDOLY_BAND[0]:g}-{AUDOLY_BAND[1]:g} within {AUDOLY_MEDIAN[0]:g}-{AUDOLY_MEDIAN[1]:g}): "
+                      f"{a.sim_s:.1f} s simulated in {a.wall_s:.1f} s of computing "
                       f"({a.wall_s / a.sim_s:.2f} s a simulated second), median F / F_Audoly {a.median:.2f} "
-                      f"({'meets' if 0.5 <= a.median <= 2.0 else '**misses**'}), largest pull {a.largest_mn:.0f} mN."]
+                      f"({'meets' if audoly_median_meets(a.median) else '**misses**'}), largest pull {a.largest_mn:.0f} mN."]
     lines += ["", "The targets, for a knot held at the styluses at the thread's own diameter: tick p99 ≤ 500 µs "
                   "(over the run and the hold), nothing frozen, no crossing, no segment's tension above 1.2 × the "
                   "pull, ≤ 5 mN above 50 Hz, a core of ≤ 10 mm of thread (a tight overhand knot of 3-0 takes "

@@ -498,6 +498,20 @@ def audoly_force(sc: Scenario, e: np.ndarray, mu: float) -> np.ndarray:
     return p.bending_stiffness / h ** 2 * (eps ** 4 / 2.0 + mu * AUDOLY_SIGMA * eps ** 3)
 
 
+AUDOLY_BAND = (0.2, 0.55)     # eps = sqrt(h / R) over which a pull is read against Audoly's law
+AUDOLY_MEDIAN = (0.5, 2.0)    # where the median of F / F_Audoly over the band must lie at a suture's diameter
+
+
+def audoly_median(sc: Scenario, rows: np.ndarray) -> float:
+    """The median of F / F_Audoly over AUDOLY_BAND of choi_pull's ``rows`` (nan if the pull never reached it)."""
+    ratio = _band_ratio(sc, rows, *AUDOLY_BAND)
+    return float(np.median(ratio)) if len(ratio) else math.nan
+
+
+def audoly_median_meets(median: float) -> bool:
+    return AUDOLY_MEDIAN[0] <= median <= AUDOLY_MEDIAN[1]
+
+
 def _band_ratio(sc: Scenario, rows: np.ndarray, lo: float, hi: float) -> np.ndarray:
     """F / F_Audoly over the samples taken while pulling whose eps = sqrt(h / R) lies in [lo, hi]."""
     h = sc.model.params.diameter / 2.0
@@ -516,7 +530,7 @@ def choi_n1_case(speeds=(3e-3, 6e-3, 9e-3), curves: dict | None = None) -> list[
     sc = None
     for u in speeds:
         sc, rows, _ = choi_pull(1, u)
-        ratios[u] = _band_ratio(sc, rows, 0.2, 0.55)
+        ratios[u] = _band_ratio(sc, rows, *AUDOLY_BAND)
         if curves is not None and u == CHOI_SPEED:
             curves["Choi's rod, 3.2 mm"] = (sc, rows)
     mu = sc.model.contact.friction_kinetic
@@ -548,15 +562,16 @@ def choi_n1_silk_case(speeds=(6e-3,), check: bool = True, curves: dict | None = 
     medians, cases = {}, []
     for u in speeds:
         sc, rows, run = choi_pull(1, u, check=check, scene=CHOI_SILK)
-        ratio = _band_ratio(sc, rows, 0.2, 0.55)
-        med = float(np.median(ratio)) if len(ratio) else math.nan
+        ratio = _band_ratio(sc, rows, *AUDOLY_BAND)
+        med = audoly_median(sc, rows)
         medians[u] = med
         if curves is not None and u == speeds[0]:
             curves["3-0 silk, 0.225 mm"] = (sc, rows)
         bands = ", ".join(f"{lo:g}-{hi:g} {np.median(b):.2f}" for lo, hi in AUDOLY_BANDS
                           if len(b := _band_ratio(sc, rows, lo, hi)))
-        ok = len(ratio) > 10 and 0.5 <= med <= 2.0 and (not check or not run.crossings)
-        cases.append(Case(f"Choi n=1 in 3-0 silk: Audoly ({u * 1e3:g} mm/s)", med, "median F / F_Audoly in [0.5, 2]",
+        ok = len(ratio) > 10 and audoly_median_meets(med) and (not check or not run.crossings)
+        cases.append(Case(f"Choi n=1 in 3-0 silk: Audoly ({u * 1e3:g} mm/s)", med,
+                          f"median F / F_Audoly in [{AUDOLY_MEDIAN[0]:g}, {AUDOLY_MEDIAN[1]:g}]",
                           ok, f"median by eps band: {bands}; largest force {rows[:, 1].max() * 1e3:.0f} mN at "
                               f"e = {rows[-1, 2] * 1e3:.1f} mm; "
                               f"{run.tunnelling() if check else 'crossings not checked'}"))
@@ -591,7 +606,7 @@ def plot_audoly(plots: Path, curves: dict) -> None:
     eps = np.linspace(0.08, 0.6, 200)
     b.loglog(eps, eps ** 4 / 2.0 + mu * AUDOLY_SIGMA * eps ** 3, "k--", lw=1.2,
              label=f"Audoly: eps^4 / 2 + mu sigma eps^3 (mu = {mu:g})")
-    b.axvspan(0.2, 0.55, color="0.9", zorder=0)
+    b.axvspan(*AUDOLY_BAND, color="0.9", zorder=0)
     a.invert_xaxis()
     a.set_xlabel("end-to-end shortening e (mm)")
     a.set_ylabel("pull force (mN)")
