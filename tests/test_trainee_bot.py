@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from suturesim.tools.bench_bot import run_bot
+from suturesim.tools.bench_bot import BotRun, render_bot, render_phases, run_bot
 
 SEEDS = (0, 1, 2)
 
@@ -35,3 +35,28 @@ def test_the_trainee_bot_sutures_and_ties_a_surgeons_knot_that_holds():
                    r.report["gap_opened_after_release"]) for r in runs]
     for r in done:
         assert r.report["knots"][-1] == "surgeon's knot" and not r.report["knot_changed_after_release"], r.report
+
+
+def _second(t: float, step_p50: float, tick_p99: float) -> dict:
+    """One second of the server's `stats` as `suturesim bench bot` reads it."""
+    stage = {"p50": 10.0, "p99": 20.0, "max": 30.0}
+    return {"t": t, "ticks": 1000, "overruns": 0, "step_us": {"p50": step_p50, "p99": 2 * step_p50, "max": 0.0},
+            "tick_us": {"p50": step_p50 + 100.0, "p99": tick_p99, "max": 0.0},
+            "inputs_us": stage, "watch_us": stage, "outputs_us": stage}
+
+
+def test_bench_bot_splits_the_servers_seconds_by_the_step_the_bot_was_working_toward():
+    run = BotRun(0, report={"done": ["needle taken", "bite", "watched"], "done_t": [1.5, 3.0, 6.0]},
+                 stats=[_second(1.0, 100.0, 300.0), _second(2.0, 200.0, 400.0), _second(3.0, 300.0, 500.0),
+                        _second(4.0, 400.0, 900.0), _second(5.0, 420.0, 950.0), _second(7.0, 999.0, 9999.0)])
+    # a second counts toward the step the bot had not yet marked when it ended; one after the last mark, none
+    assert [(name, [m["t"] for m in seconds]) for name, seconds in run.phases()] == [
+        ("needle taken", [1.0]), ("bite", [2.0, 3.0]), ("watched", [4.0, 5.0])]
+    rows = render_phases([run, run])   # two runs pooled: the medians of the seconds' p50, the largest p99
+    assert rows == [["needle taken", "2", "100 / 200", "200 / 300", "10 / 100 / 10 / 10"],
+                    ["bite", "4", "250 / 600", "350 / 500", "10 / 250 / 10 / 10"],
+                    ["watched", "4", "410 / 840", "510 / 950", "10 / 410 / 10 / 10"]]
+    table = render_bot([run])
+    assert "| watched | 2 | 410 / 840 | 510 / 950 | 10 / 410 / 10 / 10 |" in table
+    # a run whose bot reported no step times (it failed before the first) adds no row
+    assert render_phases([BotRun(1, report={"done": []}, stats=[_second(1.0, 1.0, 1.0)])]) == []

@@ -12,7 +12,9 @@ through, ties a surgeon's knot by hand (both devices `tool: hand`), lets go and 
   step, the watch's events and knot reading, the styluses, the forces and the `state` published), pooled as
   the median of the seconds' p50 and the largest of their p99 and max; the medians of the tick's other
   stages (`inputs_us`, `watch_us`, `outputs_us`); the ticks more than 1 ms late;
-- the bot's own CPU time over its wall time: its share of one of the machine's cores, taken from the server's.
+- the bot's own CPU time over its wall time: its share of one of the machine's cores, taken from the server's;
+- the same seconds split by the step of the suture the bot was working toward when each ended (the bot marks
+  each step with the scene time of the newest `state` it saw), every run pooled: where the tick's budget goes.
 """
 from __future__ import annotations
 
@@ -60,6 +62,20 @@ class BotRun:
         if not s:
             return (float("nan"),) * 3
         return (float(np.median([v["p50"] for v in s])), max(v["p99"] for v in s), max(v["max"] for v in s))
+
+    def phases(self) -> list[tuple[str, list[dict]]]:
+        """The server's seconds by what the bot was doing: (the step it was working toward, the `stats` of the
+        seconds that ended before the bot marked it and after the step before), in the bot's order; a second
+        that spans two steps counts toward the one it ended in."""
+        names, times = self.report.get("done", []), self.report.get("done_t", [])
+        out: list[tuple[str, list[dict]]] = [(name, []) for name in names]
+        for m in self.stats:
+            if not m.get("ticks"):
+                continue
+            k = next((i for i, t in enumerate(times) if m["t"] <= t), None)
+            if k is not None:
+                out[k][1].append(m)
+        return out
 
     @property
     def overruns(self) -> int:
@@ -134,6 +150,7 @@ def render_bot(runs: list[BotRun]) -> list[str]:
                      stages,
                      f"{r.overruns} of {r.ticks}", f"{share:.2f}", str(rep.get("late_ticks", ""))])
     done = sum(r.ok for r in runs)
+    phase_rows = render_phases(runs)
     step99 = [r.pooled("step_us")[1] for r in runs if r.stats]
     tick99 = [r.pooled("tick_us")[1] for r in runs if r.stats]
     out = ["## 9. A suture by hand: the trainee bot (`suturesim bench bot`)", "",
@@ -162,4 +179,33 @@ def render_bot(runs: list[BotRun]) -> list[str]:
             f"(target: p99 ≤ {TARGET_P99_US:.0f} µs): "
             f"{'meets' if max(tick99, default=1e9) <= TARGET_P99_US else '**misses**'}." if step99 else
             "- No stats were received.", ""]
+    if phase_rows:
+        out += ["Where the tick goes, step by step of the suture (every run pooled): the server's seconds split by "
+                "the step the bot was working toward when each second ended (the bot marks each step with the "
+                "scene time of the newest `state` it saw), µs as above: the median of the seconds' p50 / the "
+                "largest of their p99. *watched*: the knot alone, both hands off it.", "",
+                "| the bot working toward | seconds | step p50 / p99 µs | tick p50 / p99 µs "
+                "| tick's stages p50 µs: inputs / step / watch / outputs |",
+                "|---|---|---|---|---|"]
+        out += ["| " + " | ".join(row) + " |" for row in phase_rows]
+        out.append("")
     return out
+
+
+def render_phases(runs: list[BotRun]) -> list[list[str]]:
+    """One row per step of the bot's plan, in its order, with every run's seconds toward that step pooled."""
+    pooled: dict[str, list[dict]] = {}
+    for r in runs:
+        for name, seconds in r.phases():
+            pooled.setdefault(name, []).extend(seconds)
+    rows = []
+    for name, seconds in pooled.items():
+        if not seconds:
+            continue
+        def p50_p99(key: str) -> str:
+            return (f"{np.median([m[key]['p50'] for m in seconds]):.0f} / "
+                    f"{max(m[key]['p99'] for m in seconds):.0f}")
+        stages = " / ".join(f"{np.median([m[k]['p50'] for m in seconds]):.0f}"
+                            for k in ("inputs_us", "step_us", "watch_us", "outputs_us"))
+        rows.append([name, str(len(seconds)), p50_p99("step_us"), p50_p99("tick_us"), stages])
+    return rows

@@ -283,8 +283,15 @@ class Trainee:
         self.hands = {d: Hand(d, np.zeros(3)) for d in (RIGHT, LEFT)}
         self.seq = 0
         self.done: list[str] = []         # the steps done, in order
+        self.done_t: list[float] = []     # the scene time (s) of the newest state seen when each was done
         self.late_ticks = 0               # ticks the bot sent more than a tick late
         self.released_at: int | None = None
+
+    def mark(self, step: str) -> None:
+        """``step`` done, at the scene time the bot last saw (`suturesim bench bot` splits the server's stats by
+        it)."""
+        self.done.append(step)
+        self.done_t.append(float(self.st["t"]) if self.st is not None else 0.0)
 
     # -- reading ---------------------------------------------------------------------------------------
     @property
@@ -472,7 +479,7 @@ class Trainee:
         yield from self.wait(IT_CINCH_HOLD)
         if not self.events("knot", name="double throw"):
             raise BotFailed(f"after the instrument's double throw the server read {self.knots()}")
-        self.done.append("double throw")
+        self.mark("double throw")
         swage, _ = self.needle()
         p0 = right.pos.copy()
         for k in range(1, 1001):                         # eased, the jaw lets go and the driver moves clear
@@ -483,7 +490,7 @@ class Trainee:
         self.let_go(right)
         yield from self.wait(300)
         yield from self.move_jaw(right, right.pos + at(0.0, 0.025, 0.003) - c, right.quat, 500)
-        self.done.append("driver clear")
+        self.mark("driver clear")
 
     # -- the suture ----------------------------------------------------------------------------------------
     def plan(self) -> Iterator[None]:
@@ -508,7 +515,7 @@ class Trainee:
         above = self.arc_point(swage, q, theta) + [0.0, 0.0, 0.02] + rng.uniform(-0.01, 0.01, 3)
         yield from self.move_jaw(right, above, UNIT, self.pace(500), buttons=0)
         yield from self.take_needle_at(right, theta, UNIT)
-        self.done.append("needle taken")
+        self.mark("needle taken")
         yield from self.wait(50)
         swage, q = self.needle()
         yield from self.move_needle(right, swage + [0.0, 0.0, 0.02], q, self.pace(400))        # lifted 2 cm
@@ -522,7 +529,7 @@ class Trainee:
         yield from self.wait(300)
         if len(self.events("puncture")) < 4:
             raise BotFailed(f"the bite made {len(self.events('puncture'))} punctures, not 4")
-        self.done.append("bite")
+        self.mark("bite")
         # 2. the left hand takes the needle halfway between where it comes out and its tip; the right lets go
         swage, q = self.needle()
         thetas = np.linspace(arc, 0.0, 400)
@@ -536,7 +543,7 @@ class Trainee:
         yield from self.wait(50)
         self.let_go(right)
         yield from self.move_jaw(right, right.pos + [0.03, 0.0, 0.03], right.quat, self.pace(300))
-        self.done.append("handover")
+        self.mark("handover")
         # ... and turns it on along its curve and up and out to the right, drawing the thread through
         swage, q = self.needle()
         rel = qmul(qconj(self.bite_frame()[1]), q)                  # rotz(phi), or its negative
@@ -547,7 +554,7 @@ class Trainee:
         yield from self.wait(300)
         if not self.events("thread_through"):
             raise BotFailed("the thread did not follow the needle through")
-        self.done.append("drawn through")
+        self.mark("drawn through")
 
     def hand_tie(self) -> Iterator[None]:
         """Steps 3 to 5: the tail taken, a surgeon's knot tied by hand, both hands let go and the knot
@@ -573,7 +580,7 @@ class Trainee:
             left.pos, left.quat = left.jaw_for_needle(s0 + s * (centre + n0 - s0), slerp(q0, q_hold, s))
             right.pos = p0 + s * (centre + t0 - p0)
             yield
-        self.done.append("tail taken")
+        self.mark("tail taken")
         # 4. the tie, both hands along their paths from the wound's centre; the needle hand keeps the needle as
         # it turned it (Q_TIE)
         total = NEEDLE_TIE[-1][0]
@@ -593,20 +600,20 @@ class Trainee:
                 if not self.events("knot", name="double throw") or not self.events("gap_closed"):
                     raise BotFailed(f"after the double throw the server read {self.knots()} and the wound is "
                                     f"{'closed' if self.events('gap_closed') else 'open'}")
-                self.done.append("double throw")
+                self.mark("double throw")
         if not self.events("knot", name="surgeon's knot"):
             raise BotFailed(f"after the second throw the server read {self.knots()}")
-        self.done.append("second throw")
+        self.mark("second throw")
         # 5. both hands let go, the tail first, and step back
         self.let_go(right)
         yield from self.wait(200)
         self.let_go(left)
         yield from self.move_jaw(right, right.pos + [0.02, 0.0, 0.03], right.quat, 300)
         yield from self.move_jaw(left, left.pos + [-0.02, 0.0, 0.03], left.quat, 300)
-        self.done.append("let go")
+        self.mark("let go")
         self.released_at = len(self.eyes.events)
         yield from self.wait(int(round(self.watch_s / TICK)))
-        self.done.append("watched")
+        self.mark("watched")
 
     def run(self, timeout_s: float = 20.0) -> dict:
         """Wait for the first state, then run the plan at 1 kHz; returns the report."""
@@ -655,7 +662,7 @@ class Trainee:
         knots = [e["name"] for e in ev if e["kind"] == "knot"]
         tissue = self.st.get("tissue") or {}
         return {
-            "seed": self.seed, "failure": failure, "done": self.done,
+            "seed": self.seed, "failure": failure, "done": self.done, "done_t": self.done_t,
             "punctures": [[e["pad"], e["side"]] for e in ev if e["kind"] == "puncture"],
             "knots": knots, "knot_at_end": tissue.get("knot"), "gap_at_end": tissue.get("gap"),
             "gap_closed": any(e["kind"] == "gap_closed" for e in ev),
