@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from suturesim.tools.bench_knot import PULL_FORCE, AudolyPull, KnotBench, knot_core, render_knot, run_hold
+from suturesim.tools.bench_knot import PULL_FORCE, AudolyPull, KnotBench, KnotHold, knot_core, render_knot, run_hold
 
 
 def _hairpin(gap: float) -> np.ndarray:
@@ -30,7 +30,7 @@ def test_the_knot_as_shipped_is_pulled_to_the_force_limit_and_held_without_cross
     r = run_hold("as shipped", hold_s=0.3)
     assert r.diverged is None and np.isfinite(r.pulled_s), r
     assert r.pull == pytest.approx(PULL_FORCE, rel=0.05)
-    assert r.frozen == 0 and r.crossings == 0 and r.unchecked == 0
+    assert r.frozen == 0 and r.crossings == 0 and r.unchecked == 0 and r.broke is None
     # strands kept 3 mm apart: nothing within 3 diameters, but a knot within 3 contact distances
     assert r.held.size == 300 and r.core_mm == 0.0 and 10.0 < r.core_contact_mm < 450.0
 
@@ -43,3 +43,17 @@ def test_the_audoly_pull_at_the_sutures_diameter_is_rendered_with_its_verdict():
     assert "median F / F_Audoly 1.90 (meets)" in text and "largest pull 212 mN" in text
     off = "\n".join(render_knot(KnotBench(audoly=AudolyPull(sim_s=9.0, wall_s=18.0, median=2.4, largest_mn=1.0))))
     assert "(**misses**)" in off
+
+
+def test_a_row_whose_thread_broke_says_where_and_when_and_misses():
+    """A knot pulled past the thread's rated strength parts (solver/breakage.py); its loose ends are not counted as
+    crossings, and the row says the thread broke instead."""
+    ticks = np.full(100, 300.0)
+    row = KnotHold(label="refined", distance_mm=0.225, pulled_s=1.7, ticks=ticks, held=ticks, substeps=16.0,
+                   frozen=0, frozen_held=0, crossings=0, unchecked=0, pull=3.0, tension=3.3, force_rms=0.001,
+                   core_mm=5.0, core_contact_mm=5.0, diameter_mm=0.225, broke=(1.882, 120))
+    text = "\n".join(render_knot(KnotBench(rows=[row])))
+    assert "| refined; the thread broke at segment 120, 1.882 s |" in text
+    assert "- refined: **misses** the thread whole." in text
+    whole = KnotHold(**{**row.__dict__, "broke": None})
+    assert "- refined: meets every target." in "\n".join(render_knot(KnotBench(rows=[whole])))

@@ -268,6 +268,13 @@ def test_the_crossing_checker_sees_a_crossing_and_only_a_crossing():
     beside[4:, 2] -= 0.2
     assert [c[:2] for c in crossings(x0, through, 1)] == [(1, 4)]
     assert crossings(x0, short, 1) == [] and crossings(x0, beside, 1) == []
+    # a segment the thread broke at is no material: its passing through another is no crossing (nor is the
+    # other's through it); a break elsewhere changes nothing
+    broke_at = lambda j: np.eye(1, x0.shape[0] - 1, j, dtype=np.int8)[0]   # noqa: E731
+    assert crossings(x0, through, 1, broke_at(1)) == [] and crossings(x0, through, 1, broke_at(4)) == []
+    assert [c[:2] for c in crossings(x0, through, 1, broke_at(2))] == [(1, 4)]
+    with pytest.raises(ValueError, match="one entry per segment"):
+        crossings(x0, through, 1, np.zeros(3, np.int8))
     d = segment_distance(x0[[1]], x0[[2]], x0[[4]], x0[[5]])
     assert d[0] == pytest.approx(0.1)
 

@@ -20,9 +20,10 @@ The measurements (docs/BENCHMARKS.md shows a full run and explains the method):
 7. ``tissue``: tick time of the scripted simple interrupted suture (tools/bench_tissue.py).
 8. ``inbound``: what validating a control request or a stylus sample costs (tools/bench_inbound.py).
 9. ``bot``: the trainee bot's suture by hand on ``suturesim serve`` (tools/bench_bot.py): whether it was done,
-   the server's tick through it and the bot's share of a core.
+   the server's tick through it (and by step of the suture) and the bot's share of a core.
 10. ``knot``: an overhand knot in 3-0 silk pulled to 3 N by two styluses and held, as shipped and at the
-    thread's own diameter (tools/bench_knot.py): tick time, frozen ticks, crossings, tension against the pull,
+    thread's own diameter (tools/bench_knot.py): tick time, frozen ticks, crossings, whether the thread broke,
+    tension against the pull,
     the force's content above 50 Hz and the knot's core.
 
 Every timing is repeated; tables give the best (min) and the median of the repeats. The garbage collector

@@ -83,6 +83,8 @@ class KnotHold:
     #                          the contact lets it be)
     diameter_mm: float       # the thread's diameter
     diverged: float | None = None   # s, when the solver diverged (the run stops there)
+    broke: tuple[float, int] | None = None   # (s, segment): when and where the thread first broke (its rated
+    #                                          strength, solver/breakage.py), if it did
 
     def verdicts(self) -> list[tuple[str, bool]]:
         held_p99 = float(np.percentile(self.held, 99)) if self.held.size else math.nan
@@ -90,6 +92,7 @@ class KnotHold:
         return [("tick p99 <= 500 us", held_p99 <= TICK_P99_US and run_p99 <= TICK_P99_US),
                 ("nothing frozen", self.frozen == 0),
                 ("no crossing", self.crossings == 0 and self.unchecked == 0),
+                ("the thread whole", self.broke is None),
                 ("tension <= 1.2 x pull", self.tension <= TENSION_RATIO * self.pull),
                 ("<= 5 mN above 50 Hz", self.force_rms <= FORCE_RMS_N),
                 # a knot whose strands the contact keeps further apart than the diameter is as large as that lets it
@@ -179,6 +182,7 @@ def run_hold(label: str, contact: dict | None = None, solver: dict | None = None
     hold_from: int | None = None
     end_tick = int(round((PULL_MAX_S + SETTLE_S + hold_s) / tick))
     diverged = None
+    broke: tuple[float, int] | None = None
     stepper.tick()   # compiled and warm before the first timed tick
     f = (0.0, 0.0)
     for k in range(end_tick):
@@ -189,6 +193,7 @@ def run_hold(label: str, contact: dict | None = None, solver: dict | None = None
             speed = PULL_SPEED if moving else max(-PULL_SPEED, min(PULL_SPEED, HOLD_GAIN * (PULL_FORCE - f[h])))
             st.grasp_vel[slot] = speed * a
         x_start = st.x.copy()
+        parted = st.parted.copy()   # a break is applied after the tick: its substeps ran on the whole thread
         t0 = time.perf_counter_ns()
         try:
             subs = stepper.tick()
@@ -196,6 +201,8 @@ def run_hold(label: str, contact: dict | None = None, solver: dict | None = None
             diverged = t
             break
         times.append((time.perf_counter_ns() - t0) / 1e3)
+        if stepper.broke >= 0 and broke is None:
+            broke = (t + tick, stepper.broke)
         st.grasp_vel.fill(0.0)
         f = (float(np.linalg.norm(st.grasp_force[slots[0]])), float(np.linalg.norm(st.grasp_force[slots[1]])))
         if pulled is None and min(f) >= 0.99 * PULL_FORCE:
@@ -213,7 +220,7 @@ def run_hold(label: str, contact: dict | None = None, solver: dict | None = None
         else:
             prev = x_start
             for s in range(subs):   # the trace's rows stay as they are until the next tick
-                found += len(crossings(prev, trace[s], m.contact.exclude))
+                found += len(crossings(prev, trace[s], m.contact.exclude, parted))
                 prev = trace[s]
         if hold_from is not None:
             held_subs.append(subs)
@@ -233,7 +240,7 @@ def run_hold(label: str, contact: dict | None = None, solver: dict | None = None
                     core_mm=1e3 * knot_core(st.x, diameter, m.contact.exclude),
                     core_contact_mm=1e3 * knot_core(st.x, m.contact.distance, m.contact.exclude),
                     diameter_mm=1e3 * diameter,
-                    diverged=diverged)
+                    diverged=diverged, broke=broke)
 
 
 ROWS = [("as shipped (3 mm, up to 4 substeps, 6 rounds)", None, None),
@@ -271,7 +278,8 @@ def render_knot(res: KnotBench) -> list[str]:
              f"{res.hold_s:g} s from {SETTLE_S:g} s after the pull (`tools/bench_knot.py`). Tick: the "
              "solver's whole tick (`Stepper.tick`), µs, over the run and over the hold; frozen: ticks the "
              "last-resort guard put the thread back in (over the run; of them in the hold); crossings: segment "
-             "pairs that passed through each other between two substeps (tools/crossings.py, every substep); the "
+             "pairs that passed through each other between two substeps (tools/crossings.py, every substep; a "
+             "segment the thread broke at pairs with nothing, and the row says when it broke); the "
              "largest segment tension over the hold against the hands' mean pull; the larger hand's coupling force "
              "above ~50 Hz over the hold (rms of the force less its 20 ms moving average); the knot's core at the "
              "end: thread within 3 diameters of a strand more than the excluded neighbours away, mm, and within 3 "
@@ -289,7 +297,8 @@ def render_knot(res: KnotBench) -> list[str]:
     for r in res.rows:
         cross = f"{r.crossings}" + (f" ({r.unchecked} ticks unchecked)" if r.unchecked else "")
         ratio = r.tension / r.pull if r.pull and math.isfinite(r.pull) else math.nan
-        lines.append(f"| {r.label}{'; diverged at %.2f s' % r.diverged if r.diverged is not None else ''} "
+        broke = f"; the thread broke at segment {r.broke[1]}, {r.broke[0]:.3f} s" if r.broke is not None else ""
+        lines.append(f"| {r.label}{'; diverged at %.2f s' % r.diverged if r.diverged is not None else ''}{broke} "
                      f"| {r.pulled_s:.2f} | {ppp(r.ticks)} | {ppp(r.held)} | {r.substeps:.0f} "
                      f"| {r.frozen} ({r.frozen_held}) | {cross} | {r.pull:.3f} | {r.tension:.2f} ({ratio:.2f}) "
                      f"| {1e3 * r.force_rms:.2f} | {r.core_mm:.1f} | {r.core_contact_mm:.1f} |")

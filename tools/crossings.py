@@ -99,8 +99,9 @@ def _sign(v: float) -> float:
 
 
 @njit(cache=True)
-def _crossings(x0, x1, exclude, out_i, out_j, out_tau) -> int:
-    """Writes the crossings found into out_* (as many as fit) and returns how many there are."""
+def _crossings(x0, x1, exclude, parted, out_i, out_j, out_tau) -> int:
+    """Writes the crossings found into out_* (as many as fit) and returns how many there are; segments with
+    ``parted`` nonzero pair with nothing."""
     m = x0.shape[0] - 1
     seg_move = np.empty(m)
     mid = np.empty((m, 3))
@@ -127,7 +128,7 @@ def _crossings(x0, x1, exclude, out_i, out_j, out_tau) -> int:
             if lo[sb] > hi:
                 break
             i, j = min(sa, sb), max(sa, sb)
-            if j - i <= exclude:
+            if j - i <= exclude or parted[i] != 0 or parted[j] != 0:
                 continue
             # first by bounding spheres (midpoint, half length grown by the motion), then by the exact distance
             # at tau = 0
@@ -164,18 +165,24 @@ def _crossings(x0, x1, exclude, out_i, out_j, out_tau) -> int:
     return count
 
 
-def crossings(x0: np.ndarray, x1: np.ndarray, exclude: int = 1) -> list[tuple[int, int, float]]:
+def crossings(x0: np.ndarray, x1: np.ndarray, exclude: int = 1,
+              parted: np.ndarray | None = None) -> list[tuple[int, int, float]]:
     """Every pair of segments (i, j), j - i > exclude, that passes through each other while the vertices move
     linearly from x0 to x1 (n, 3; m), with the fraction tau of the interval where it happens; ordered by i,
-    then j, then tau."""
+    then j, then tau. ``parted`` (n - 1,), nonzero for a segment the thread broke at (solver/breakage.py: no
+    material; the state's ``parted`` at the start of the interval): such a segment pairs with nothing, so the
+    loose ends of a break swinging through the thread are not counted as tunnelling."""
     x0 = np.ascontiguousarray(x0, dtype=np.float64)
     x1 = np.ascontiguousarray(x1, dtype=np.float64)
     if x0.shape[0] < 2:
         return []
+    parted = np.zeros(x0.shape[0] - 1, np.int8) if parted is None else np.ascontiguousarray(parted, dtype=np.int8)
+    if parted.shape != (x0.shape[0] - 1,):
+        raise ValueError(f"parted must have one entry per segment ({x0.shape[0] - 1}), got shape {parted.shape}")
     cap = 64
     while True:
         oi, oj, ot = np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap)
-        n = _crossings(x0, x1, int(exclude), oi, oj, ot)
+        n = _crossings(x0, x1, int(exclude), parted, oi, oj, ot)
         if n <= cap:
             break
         cap = n

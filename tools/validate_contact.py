@@ -43,10 +43,11 @@ class TracedRun:
         out = []
         for k in range(int(round(seconds / self.sc.model.solver.tick))):
             x0 = st.x.copy()
+            parted = st.parted.copy()   # a break is applied after the tick: its substeps ran on the whole thread
             n = self.stepper.tick()
             if self.check:
                 for s in range(n):
-                    for i, j, tau in crossings(x0, self.stepper.trace[s], exclude):
+                    for i, j, tau in crossings(x0, self.stepper.trace[s], exclude, parted):
                         self.crossings.append((i, j, tau, float(st.time[0])))
                     x0 = self.stepper.trace[s]
             self.max_penetration = max(self.max_penetration, float(st.contact_stats[CS_PENETRATION]))
