@@ -51,9 +51,12 @@ def test_a_row_whose_thread_broke_says_where_and_when_and_misses():
     ticks = np.full(100, 300.0)
     row = KnotHold(label="refined", distance_mm=0.225, pulled_s=1.7, ticks=ticks, held=ticks, substeps=16.0,
                    frozen=0, frozen_held=0, crossings=0, unchecked=0, pull=3.0, tension=3.3, force_rms=0.001,
-                   core_mm=5.0, core_contact_mm=5.0, diameter_mm=0.225, broke=(1.882, 120))
+                   core_mm=5.0, core_contact_mm=5.0, diameter_mm=0.225, broke=(1.882, 120, 21.72))
     text = "\n".join(render_knot(KnotBench(rows=[row])))
-    assert "| refined; the thread broke at segment 120, 1.882 s |" in text
+    assert "| refined; the thread broke at segment 120 under 21.7 N at 1.882 s |" in text
     assert "- refined: **misses** the thread whole." in text
     whole = KnotHold(**{**row.__dict__, "broke": None})
     assert "- refined: meets every target." in "\n".join(render_knot(KnotBench(rows=[whole])))
+    # broken before the hold: what only a hold measures is not judged, the missing hold is
+    early = KnotHold(**{**row.__dict__, "held": np.zeros(0), "pull": float("nan"), "tension": float("nan")})
+    assert "- refined: **misses** the thread whole, a hold." in "\n".join(render_knot(KnotBench(rows=[early])))
