@@ -59,4 +59,7 @@ def test_a_row_whose_thread_broke_says_where_and_when_and_misses():
     assert "- refined: meets every target." in "\n".join(render_knot(KnotBench(rows=[whole])))
     # broken before the hold: what only a hold measures is not judged, the missing hold is
     early = KnotHold(**{**row.__dict__, "held": np.zeros(0), "pull": float("nan"), "tension": float("nan")})
-    assert "- refined: **misses** the thread whole, a hold." in "\n".join(render_knot(KnotBench(rows=[early])))
+    early_text = "\n".join(render_knot(KnotBench(rows=[early])))
+    assert "- refined: **misses** the thread whole, a hold." in early_text
+    # what it never measured is a dash, not nan
+    assert "nan" not in early_text and "| 0 (0) | 0 | - | - | 1.00 | 5.0 | 5.0 |" in early_text

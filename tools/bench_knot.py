@@ -294,7 +294,8 @@ def render_knot(res: KnotBench) -> list[str]:
              "largest segment tension over the hold against the hands' mean pull; the larger hand's coupling force "
              "above ~50 Hz over the hold (rms of the force less its 20 ms moving average); the knot's core at the "
              "end: thread within 3 diameters of a strand more than the excluded neighbours away, mm, and within 3 "
-             "contact distances (how small the contact lets the knot be).", "",
+             "contact distances (how small the contact lets the knot be). A run ends where the thread breaks; "
+             "what it did not reach is -.", "",
              "| contact and budget | pulled 3 N at (s) | tick p50 / p99 / max (µs) | held p50 / p99 / max (µs) "
              "| substeps held | frozen (held) | crossings | pull (N) | largest tension (N, × pull) | above 50 Hz "
              "(mN) | knot core (mm) | core at the contact distance (mm) |",
@@ -305,15 +306,19 @@ def render_knot(res: KnotBench) -> list[str]:
             return "-"
         return " / ".join(f"{v:.0f}" for v in (np.percentile(a, 50), np.percentile(a, 99), a.max()))
 
+    def num(v: float, fmt: str) -> str:
+        return format(v, fmt) if math.isfinite(v) else "-"   # not measured: the run never reached it
+
     for r in res.rows:
         cross = f"{r.crossings}" + (f" ({r.unchecked} ticks unchecked)" if r.unchecked else "")
         ratio = r.tension / r.pull if r.pull and math.isfinite(r.pull) else math.nan
+        tension = f"{num(r.tension, '.2f')} ({num(ratio, '.2f')})" if math.isfinite(r.tension) else "-"
         broke = (f"; the thread broke at segment {r.broke[1]} under {r.broke[2]:.1f} N at {r.broke[0]:.3f} s"
                  if r.broke is not None else "")
         lines.append(f"| {r.label}{'; diverged at %.2f s' % r.diverged if r.diverged is not None else ''}{broke} "
-                     f"| {r.pulled_s:.2f} | {ppp(r.ticks)} | {ppp(r.held)} | {r.substeps:.0f} "
-                     f"| {r.frozen} ({r.frozen_held}) | {cross} | {r.pull:.3f} | {r.tension:.2f} ({ratio:.2f}) "
-                     f"| {1e3 * r.force_rms:.2f} | {r.core_mm:.1f} | {r.core_contact_mm:.1f} |")
+                     f"| {num(r.pulled_s, '.2f')} | {ppp(r.ticks)} | {ppp(r.held)} | {num(r.substeps, '.0f')} "
+                     f"| {r.frozen} ({r.frozen_held}) | {cross} | {num(r.pull, '.3f')} | {tension} "
+                     f"| {num(1e3 * r.force_rms, '.2f')} | {r.core_mm:.1f} | {r.core_contact_mm:.1f} |")
     lines.append("")
     for r in res.rows:
         v = r.verdicts()
