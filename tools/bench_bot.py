@@ -41,6 +41,15 @@ SEEDS_QUICK = 2
 BOT_TIMEOUT_S = 150.0
 
 
+def pool(seconds: list[dict], key: str) -> tuple[float, float, float]:
+    """(median of the seconds' p50, largest p99, largest max) of ``key`` (µs) over the server's `stats`
+    ``seconds`` that counted ticks; nan if none did."""
+    s = [m[key] for m in seconds if m.get("ticks")]
+    if not s:
+        return (float("nan"),) * 3
+    return (float(np.median([v["p50"] for v in s])), max(v["p99"] for v in s), max(v["max"] for v in s))
+
+
 @dataclass
 class BotRun:
     seed: int
@@ -58,10 +67,7 @@ class BotRun:
 
     def pooled(self, key: str) -> tuple[float, float, float]:
         """(median of the seconds' p50, largest p99, largest max) of ``key`` (µs)."""
-        s = [m[key] for m in self.stats if m.get("ticks")]
-        if not s:
-            return (float("nan"),) * 3
-        return (float(np.median([v["p50"] for v in s])), max(v["p99"] for v in s), max(v["max"] for v in s))
+        return pool(self.stats, key)
 
     def phases(self) -> list[tuple[str, list[dict]]]:
         """The server's seconds by what the bot was doing: (the step it was working toward, the `stats` of the
@@ -202,10 +208,8 @@ def render_phases(runs: list[BotRun]) -> list[list[str]]:
     for name, seconds in pooled.items():
         if not seconds:
             continue
-        def p50_p99(key: str) -> str:
-            return (f"{np.median([m[key]['p50'] for m in seconds]):.0f} / "
-                    f"{max(m[key]['p99'] for m in seconds):.0f}")
-        stages = " / ".join(f"{np.median([m[k]['p50'] for m in seconds]):.0f}"
-                            for k in ("inputs_us", "step_us", "watch_us", "outputs_us"))
-        rows.append([name, str(len(seconds)), p50_p99("step_us"), p50_p99("tick_us"), stages])
+        step, tick = pool(seconds, "step_us"), pool(seconds, "tick_us")
+        stages = " / ".join(f"{pool(seconds, k)[0]:.0f}" for k in ("inputs_us", "step_us", "watch_us", "outputs_us"))
+        rows.append([name, str(len(seconds)), f"{step[0]:.0f} / {step[1]:.0f}", f"{tick[0]:.0f} / {tick[1]:.0f}",
+                     stages])
     return rows

@@ -505,7 +505,10 @@ AUDOLY_MEDIAN = (0.5, 2.0)    # where the median of F / F_Audoly over the band m
 
 def audoly_median(sc: Scenario, rows: np.ndarray) -> float:
     """The median of F / F_Audoly over AUDOLY_BAND of choi_pull's ``rows`` (nan if the pull never reached it)."""
-    ratio = _band_ratio(sc, rows, *AUDOLY_BAND)
+    return _median(_band_ratio(sc, rows, *AUDOLY_BAND))
+
+
+def _median(ratio: np.ndarray) -> float:
     return float(np.median(ratio)) if len(ratio) else math.nan
 
 
@@ -564,7 +567,7 @@ def choi_n1_silk_case(speeds=(6e-3,), check: bool = True, curves: dict | None = 
     for u in speeds:
         sc, rows, run = choi_pull(1, u, check=check, scene=CHOI_SILK)
         ratio = _band_ratio(sc, rows, *AUDOLY_BAND)
-        med = audoly_median(sc, rows)
+        med = _median(ratio)   # audoly_median's, from the band already taken
         medians[u] = med
         if curves is not None and u == speeds[0]:
             curves["3-0 silk, 0.225 mm"] = (sc, rows)
