@@ -90,7 +90,10 @@ class SceneRunner:
             t_watch = time.monotonic_ns()
             if self.stepper.broke >= 0:
                 self._broke(state)
-            builder.watch.check(state, self.event)   # punctures, the wound's gap, throws
+            # punctures, the wound's gap, throws; a slice of a knot or linking read on a tick that builds no
+            # `state` message, when there are such ticks
+            spare = self.publish is None or self.state_every == 1 or seq % self.state_every != 0
+            builder.watch.check(state, self.event, spare)
             self.watch_ns = time.monotonic_ns() - t_watch
         publish = self.publish
         if publish is None:

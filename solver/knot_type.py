@@ -208,6 +208,19 @@ def count_crossings(Q: np.ndarray, m: int, dirn: np.ndarray) -> int:
 
 
 @njit(cache=True, error_model="numpy")
+def fewest_crossings(Q: np.ndarray, m: int, dirs: np.ndarray) -> tuple:
+    """(the row of ``dirs`` along which the closed polygon Q[:m] shows the fewest crossings, how many), the first
+    such row on a tie. One call for every direction: called from Python once each, the calls cost more than the
+    counting of a reduced suture's dozen vertices."""
+    best, best_c = 0, 1 << 30
+    for d in range(dirs.shape[0]):
+        cc = count_crossings(Q, m, dirs[d])
+        if cc < best_c:
+            best, best_c = d, cc
+    return best, best_c
+
+
+@njit(cache=True, error_model="numpy")
 def _frame(dirn: np.ndarray):
     """Two unit vectors completing dirn to a right-handed frame (ex, ey, dirn)."""
     if abs(dirn[0]) < 0.9:
@@ -386,19 +399,21 @@ def bracket_states(X: np.ndarray, c: int, coef: np.ndarray, binom: np.ndarray, p
             coef[base + 2 * L1 - 4 * j + off] += sign * binom[L1, j]
 
 
-def _diagram(x: np.ndarray):
-    """The planar diagram of the thread x closed far away, seen along the direction with the fewest crossings:
-    (PD code X (c, 4), c, writhe w), or (None, c, 0) when c is 0 or over MAX_CROSSINGS."""
+def _reduced(x: np.ndarray) -> np.ndarray:
+    """The thread x closed far away and reduced (close_far, reduce_polygon): the polygon's vertices (k, 3)."""
     n = x.shape[0]
     P = np.empty((n + 3, 3))
     m = close_far(np.ascontiguousarray(x, dtype=np.float64), P)
     R = np.empty((m, 3))
     k = reduce_polygon(P, m, np.empty(m, np.int64), np.empty(m, np.int64), R)
-    best, best_c = 0, 1 << 30
-    for d in range(DIRECTIONS.shape[0]):
-        cc = count_crossings(R, k, DIRECTIONS[d])
-        if cc < best_c:
-            best, best_c = d, cc
+    return R[:k]
+
+
+def _diagram(R: np.ndarray):
+    """The planar diagram of the reduced polygon R (_reduced), seen along the direction with the fewest
+    crossings: (PD code X (c, 4), c, writhe w), or (None, c, 0) when c is 0 or over MAX_CROSSINGS."""
+    k = R.shape[0]
+    best, best_c = fewest_crossings(R, k, DIRECTIONS)
     if best_c > MAX_CROSSINGS or best_c == 0:
         return None, best_c, 0
     X = np.empty((best_c, 4), np.int64)
@@ -476,41 +491,52 @@ def _named(V: tuple | None, c: int) -> KnotType:
 
 
 class KnotReading:
-    """One knot read, the state sum spread over calls: ``KnotReading(x)`` draws the diagram at once (about 0.1-0.2
-    ms for the suture's 81 vertices), each ``advance(budget)`` adds up to ``budget`` crossings' worth of states
-    (budget // c states) and returns the KnotType once the sum is done, None before. A 12-crossing diagram's
-    4096 states cost about 0.9 ms in one piece (solver/suture.py spreads them over ticks: in one tick they
-    made it 1.2-1.7 ms long, more than the 1 ms a tick has). The sum is exact whatever the slices."""
+    """One knot read spread over calls, so that no call costs much (solver/suture.py makes one call a tick):
+    ``KnotReading(x)`` closes the thread far away and reduces it (about 50 us for the suture's 81 vertices); the
+    first ``advance(budget)`` projects it and draws the diagram (``crossings`` is known from then on); each next
+    one adds up to ``budget`` crossings' worth of its state sum (budget // c states); the one after the last
+    slice names the knot from the sum and returns the KnotType. None before. A 12-crossing diagram's 4096 states
+    cost about 0.9 ms in one piece. The sum is exact whatever the slices."""
 
     def __init__(self, x: np.ndarray):
-        X, c, w = _diagram(x)
-        self.crossings = c
+        self._R: np.ndarray | None = _reduced(x)
+        self.crossings: int | None = None
         self.result: KnotType | None = None
-        if X is None:
-            self.result = _named(((0, 1),) if c == 0 else None, c)
-            return
-        self._X, self._w = X, w
-        self._coef = np.empty(6 * c + 5, np.int64)
-        self._binom = np.zeros((c + 2, c + 2), np.int64)
-        self._parent = np.empty(2 * c, np.int64)
-        self._off = bracket_setup(c, self._coef, self._binom)
-        self._next = 0
+        self._summed = False
 
     def advance(self, budget: int) -> KnotType | None:
         if self.result is not None:
             return self.result
+        if self._R is not None:     # the diagram
+            X, c, w = _diagram(self._R)
+            self._R = None
+            self.crossings = c
+            if X is None:
+                self.result = _named(((0, 1),) if c == 0 else None, c)
+                return self.result
+            self._X, self._w = X, w
+            self._coef = np.empty(6 * c + 5, np.int64)
+            self._binom = np.zeros((c + 2, c + 2), np.int64)
+            self._parent = np.empty(2 * c, np.int64)
+            self._off = bracket_setup(c, self._coef, self._binom)
+            self._next = 0
+            return None
         c = self.crossings
-        last = min(1 << c, self._next + max(1, budget // c))
-        bracket_states(self._X, c, self._coef, self._binom, self._parent, self._next, last)
-        self._next = last
-        if last == 1 << c:
-            self.result = _named(_jones(self._coef, self._off, self._w), c)
+        if self._next < 1 << c:     # a slice of the state sum
+            last = min(1 << c, self._next + max(1, budget // c))
+            bracket_states(self._X, c, self._coef, self._binom, self._parent, self._next, last)
+            self._next = last
+            return None
+        self.result = _named(_jones(self._coef, self._off, self._w), c)   # the name
         return self.result
 
 
 def knot_type(x: np.ndarray) -> KnotType:
     """The knot the thread x (n, 3), m, is tied in, with its ends joined far away."""
-    return KnotReading(x).advance(1 << 62)
+    reading = KnotReading(x)
+    while reading.advance(1 << 62) is None:   # the diagram, the whole sum, the name
+        pass
+    return reading.result
 
 
 def warm_up() -> None:
@@ -520,6 +546,6 @@ def warm_up() -> None:
     rad = 1.0 + 0.4 * np.cos(3.0 * t)
     loop = np.column_stack([rad * np.cos(2.0 * t), rad * np.sin(2.0 * t), 0.4 * np.sin(3.0 * t)])
     reading = KnotReading(np.vstack([loop[0] + [3.0, -0.2, 0.0], loop, loop[-1] + [3.0, 0.2, 0.0]]))
-    while reading.advance(reading.crossings) is None:   # a state at a time, as a sliced read goes
+    while reading.advance(1) is None:   # a state at a time, as a sliced read goes
         pass
     bracket(reading._X, reading.crossings, np.empty(6 * reading.crossings + 5, np.int64))

@@ -22,13 +22,18 @@ from .tissue import (MAX_PUNCTURES, PD_HALF, PF_FORCE, PF_LOCAL, PF_SIGMA, PI_MA
 
 STATE_NAMES = {PUN_ACTIVE: "thread", PUN_NEEDLE: "needle", PUN_PASSED: "passed"}
 LINK_EVERY = 100          # ticks between two readings of the strands' linking (10 Hz at 1 kHz)
-KNOT_EVERY = 250          # ticks between two readings of the knot (4 Hz; about 0.2 ms each, solver/knot_type.py)
-# a knot read's state sum, in crossings x states a tick (about 70 us on the 2-core VM of docs/BENCHMARKS.md): a
-# 12-crossing diagram's 4096 states cost 0.9-1.7 ms in one tick (the surgeon's knot held, 2026-11-28) and now take
-# 13 ticks after the one that draws the diagram
-KNOT_BUDGET = 4000
-# the ticks within those periods that read: apart from each other and from the server's `state` message (every
-# 10th tick), so that no tick pays for two of them
+KNOT_EVERY = 250          # ticks between two readings of the knot (4 Hz)
+# The readings are spread over the ticks after the one that starts them, a budget a tick, so that no tick pays
+# for a whole one: in one piece, the suture's linking integral took about 150 us and a knot's 12-crossing state
+# sum 0.9-1.7 ms, ten and four times a second, which put them in the tick's p99 (docs/BENCHMARKS.md Sec. 7).
+# A knot read's state sum: crossings x states a tick (about 25 us). A 12-crossing diagram's 4096 states then
+# take 49 ticks after the one that draws the diagram.
+KNOT_BUDGET = 1000
+# A linking read: pairs of segments a tick (about 0.1 us each); the suture's two strands of about 40 segments
+# each take seven ticks.
+LINK_BUDGET = 250
+# the ticks within those periods that start a reading: apart from each other and from the server's `state` message
+# (every 10th tick); the ticks that add to a reading are those without a `state` message (SutureWatch.check)
 LINK_PHASE = 3
 KNOT_PHASE = 128
 GAP_CLOSED = 2e-4         # m above the crack the edges close to (integrator.PAD_CRACK thread radii): closed
@@ -66,6 +71,13 @@ def _unit_cross(a, b):
 def linking(x: np.ndarray, a0: int, a1: int, b0: int, b1: int) -> float:
     """The Gauss linking integral of the polylines x[a0..a1] and x[b0..b1] (vertex ranges, inclusive): the
     exact solid angle each pair of segments subtends, summed, over 4 pi (Klenin & Langowski 2000, Eq. 15)."""
+    return solid_angles(x, a0, a1, b0, b1) / (4.0 * math.pi)
+
+
+@njit(cache=True, error_model="numpy")
+def solid_angles(x: np.ndarray, a0: int, a1: int, b0: int, b1: int) -> float:
+    """The signed solid angles (sr) the segments of x[a0..a1] subtend with those of x[b0..b1], summed: the
+    linking integral times 4 pi, added up a slice of x[a0..a1] at a time by LinkReading."""
     total = 0.0
     r = np.empty((4, 3))
     nrm = np.empty((4, 3))
@@ -103,7 +115,28 @@ def linking(x: np.ndarray, a0: int, a1: int, b0: int, b1: int) -> float:
                 total += omega
             elif s < 0.0:
                 total -= omega
-    return total / (4.0 * math.pi)
+    return total
+
+
+class LinkReading:
+    """One linking read spread over calls: ``LinkReading(x, a1, b0, out)`` copies the thread x (n, 3) into
+    ``out`` (its preallocated copy, m), and each ``advance(budget)`` adds the solid angles of about ``budget``
+    pairs of segments (whole rows of the strand x[0..a1]) against x[b0..n-1]; it returns the linking number of
+    the copy once every row is in, None before. Allocates nothing."""
+
+    def __init__(self, x: np.ndarray, a1: int, b0: int, out: np.ndarray):
+        np.copyto(out, x)
+        self.x, self.a1, self.b0 = out, a1, b0
+        self.row = 0
+        self.total = 0.0
+
+    def advance(self, budget: int) -> float | None:
+        x, a1, b0 = self.x, self.a1, self.b0
+        b1 = x.shape[0] - 1
+        last = min(a1, self.row + max(1, budget // max(1, b1 - b0)))
+        self.total += solid_angles(x, self.row, last, b0, b1)
+        self.row = last
+        return self.total / (4.0 * math.pi) if last == a1 else None
 
 
 def strands(pun_i: np.ndarray, pun_f: np.ndarray, n_vertices: int) -> tuple[int, int] | None:
@@ -138,7 +171,9 @@ class SutureWatch:
     gap_closed, gap_opened, knot, throw), and keeps the knot, throws and linking that the `state` topic's
     `tissue` map reports (server/messages.py). ``check`` runs every tick; it allocates when something happened,
     and when it reads the knot (KNOT_EVERY ticks: the diagram on that tick, its state sum KNOT_BUDGET at a time
-    on the ticks after, so that no tick pays for a whole 12-crossing sum)."""
+    on the spare ticks after, so that no tick pays for a whole 12-crossing sum). The linking is read from a copy
+    of the thread taken every LINK_EVERY ticks, LINK_BUDGET pairs of segments a spare tick; a spare tick adds to
+    one reading only, the linking's first."""
 
     def __init__(self, model):
         self.model = model
@@ -152,6 +187,8 @@ class SutureWatch:
         self.seen = "unknot"      # the knot read last time: a new one counts once read twice running
         self.ticks = 0
         self.reading: KnotReading | None = None   # a knot read whose state sum is still being added up
+        self.link_reading: LinkReading | None = None   # a linking read still being added up ...
+        self.link_x = np.empty((model.inv_mass.shape[0], 3))   # ... on this copy of the thread
         self.tear = float(model.tissue_par[TP_TEAR])
         self.torn = np.zeros(MAX_PUNCTURES, np.bool_)   # punctures that have torn (one `tear` event each)
 
@@ -162,6 +199,7 @@ class SutureWatch:
         lateral_force(state.pun_f, 0)
         if state.x.shape[0] >= 4:
             linking(state.x, 0, 1, 2, 3)
+            solid_angles(state.x, 0, 1, 2, 3)
         warm_up_knots()
 
     def reset(self, state) -> None:
@@ -173,10 +211,12 @@ class SutureWatch:
         self.knot = self.seen = "unknot"
         self.ticks = 0
         self.reading = None
+        self.link_reading = None
         self.torn[:] = False
 
-    def check(self, state, emit) -> None:
-        """Emit (kind, **details) for what changed since the last call."""
+    def check(self, state, emit, spare: bool = True) -> None:
+        """Emit (kind, **details) for what changed since the last call. ``spare``: this tick has room for a slice
+        of a reading (the server's loop says no on the ticks it builds a `state` message on)."""
         if not self.on:
             return
         pun_i = state.pun_i
@@ -215,23 +255,28 @@ class SutureWatch:
                 self.closed = False
                 emit("gap_opened", gap=g)
         self.ticks += 1
+        if spare:
+            if self.link_reading is not None:
+                link = self.link_reading.advance(LINK_BUDGET)
+                if link is not None:
+                    self.link = link
+                    self.link_reading = None
+            elif self.reading is not None:   # the knot: its diagram, its state sum KNOT_BUDGET at a time, its name
+                kt = self.reading.advance(KNOT_BUDGET)
+                if kt is not None:
+                    self.reading = None
+                    self._read(kt, emit)
         if self.ticks % LINK_EVERY == LINK_PHASE:
             ends = strands(pun_i, state.pun_f, state.x.shape[0])
             if ends is not None:
                 lo, hi = ends
                 n = state.x.shape[0] - 1
-                self.link = float(linking(state.x, 0, lo, hi, n)) if lo >= 1 and hi <= n - 1 else 0.0
-        # the knot: the diagram drawn on one tick, its state sum added up KNOT_BUDGET at a time on the ticks after
-        if self.reading is not None:
-            kt = self.reading.advance(KNOT_BUDGET)
-            if kt is not None:
-                self.reading = None
-                self._read(kt, emit)
+                if lo >= 1 and hi <= n - 1:
+                    self.link_reading = LinkReading(state.x, lo, hi, self.link_x)
+                else:
+                    self.link, self.link_reading = 0.0, None
         if self.ticks % KNOT_EVERY == KNOT_PHASE:
-            self.reading = KnotReading(state.x)
-            if self.reading.result is not None:   # no crossing, or too many to resolve
-                self._read(self.reading.result, emit)
-                self.reading = None
+            self.reading = KnotReading(state.x)   # drawn, summed and named on the spare ticks after
 
     def _read(self, kt: KnotType, emit) -> None:
         # a knot counts once it has been read twice running: a strand sliding over another mid-reading, or a

@@ -1,5 +1,6 @@
 """solver/knot_type.py: the knot a thread is tied in, read from its Jones polynomial, on threads whose knot is
-known by construction (torus knots opened out, and two of them tied one after the other)."""
+known by construction (torus knots opened out, and two of them tied one after the other); and the strands'
+linking (solver/suture.py), read in slices as the knot is."""
 from __future__ import annotations
 
 import numpy as np
@@ -94,9 +95,10 @@ def test_a_twist_is_not_a_knot():
 
 @pytest.mark.parametrize("budget", [1, 100, 4000])
 def test_a_knot_read_in_slices_is_the_knot_read_whole(budget):
-    """KnotReading adds the state sum up budget // c states per call (solver/suture.py spreads a read over
-    ticks): the surgeon's knot, its granny and the square knot come out as knot_type reads them whole, after
-    the number of calls the slices take, and not before."""
+    """KnotReading draws the diagram on its first call, adds the state sum up budget // c states per call after
+    it and names the knot on the call after the last slice (solver/suture.py spreads a read over ticks, a call a
+    tick): the surgeon's knot, its granny and the square knot come out as knot_type reads them whole, after the
+    number of calls that takes, and not before."""
     from suturesim.solver.knot_type import KnotReading
 
     for thread in (two_knots(torus_knot(5, HERE, 0.0), mirror(torus_knot(3, THERE, np.pi))),
@@ -104,9 +106,36 @@ def test_a_knot_read_in_slices_is_the_knot_read_whole(budget):
                    two_knots(torus_knot(3, HERE, 0.0), mirror(torus_knot(3, THERE, np.pi)))):
         whole = knot_type(thread)
         reading = KnotReading(thread)
+        assert reading.crossings is None and reading.advance(budget) is None   # the diagram
         c = reading.crossings
         assert c == whole.crossings and c >= 6 and reading.result is None
-        calls = -(-(1 << c) // max(1, budget // c))
+        calls = -(-(1 << c) // max(1, budget // c)) + 1   # the slices, and the name
         for _ in range(calls - 1):
             assert reading.advance(budget) is None
         assert reading.advance(budget) == whole
+
+
+@pytest.mark.parametrize("budget", [1, 50, 10 ** 6])
+def test_a_linking_read_in_slices_is_the_linking_of_the_thread_when_it_began(budget):
+    """LinkReading adds whole rows of the first strand, about ``budget`` pairs a call, on its own copy of the
+    thread: two rings linked once (a Hopf link, each ring closed, the two joined by a connector the reading
+    leaves out) read +-1 after the rows the slices take, and not before, however the thread moves meanwhile."""
+    from suturesim.solver.suture import LinkReading, linking
+
+    t = np.linspace(0.0, 2.0 * np.pi, 41)                       # 40 segments, the ring closed
+    ring_a = np.column_stack([0.01 * np.cos(t), 0.01 * np.sin(t), 0 * t])
+    ring_b = np.column_stack([0.01 + 0.01 * np.cos(t), 0 * t, 0.01 * np.sin(t)])
+    x = np.vstack([ring_a, ring_b])
+    a1, b0 = 40, 41                                             # segment 40 -> 41 is the connector
+    whole = linking(x, 0, a1, b0, x.shape[0] - 1)
+    assert abs(abs(whole) - 1.0) < 1e-9
+    copy = np.empty_like(x)
+    reading = LinkReading(x, a1, b0, copy)
+    moved = x.copy()
+    x[:] = 0.0                                                  # the thread moves on; the reading has its copy
+    rows = max(1, budget // (x.shape[0] - 1 - b0))
+    calls = -(-a1 // rows)
+    for _ in range(calls - 1):
+        assert reading.advance(budget) is None
+    assert reading.advance(budget) == pytest.approx(whole, abs=1e-12)
+    assert np.array_equal(copy, moved)
