@@ -57,6 +57,8 @@ class MessageBuilder:
         # the pads' sizes (m) never change: one list each, sent by every `state`
         self._pad_sizes = [(2.0 * scenario.model.pads[p, PD_HALF:PD_HALF + 3]).tolist()
                            for p in range(len(scenario.model.pad_ids))]
+        # the targets' offsets from their pads' centres (m), as arrays
+        self._target_local = [np.array(tg.local, float) for tg in scenario.targets]
         # arc length (m) from the thread's first vertex to each vertex at rest: where a thread coordinate j + u is
         self._arc = np.concatenate(([0.0], np.cumsum(scenario.model.rest_length))).tolist()
         for d in dict.fromkeys(devices if devices is not None else [g.device for g in self.grasps]):
@@ -154,26 +156,28 @@ class MessageBuilder:
     def _tissue(self, state: ThreadState) -> protocol.SortedMap:
         """The `state` topic's `tissue` map (docs/PROTOCOL.md Sec. 3.1), built with its keys in sorted order."""
         m = self.scenario.model
-        pads = [protocol.SortedMap(id=pid, pos=state.pst[p, PS_X:PS_X + 3].tolist(), size=self._pad_sizes[p])
+        pst = state.pst
+        pads = [protocol.SortedMap(id=pid, pos=pst[p, PS_X:PS_X + 3].tolist(), size=self._pad_sizes[p])
                 for p, pid in enumerate(m.pad_ids)]
         punctures = []
-        pun_i, pun_f = state.pun_i, state.pun_f
-        for q in range(pun_i.shape[0]):
-            st = int(pun_i[q, PI_STATE])
+        pun_i, pun_f = state.pun_i.tolist(), state.pun_f   # Python ints: a numpy scalar costs more to read
+        for q, row in enumerate(pun_i):
+            st = row[PI_STATE]
             if st == PUN_FREE:
                 continue
-            p = int(pun_i[q, PI_PAD])
+            p = row[PI_PAD]
             punctures.append(protocol.SortedMap(
                 **({"arc": self.thread_arc(float(pun_f[q, PF_SIGMA]))} if st == PUN_ACTIVE else {}),
                 drag=float(pun_f[q, PF_DRAG]), id=q,
                 **({"lateral": float(lateral_force(pun_f, q))} if st == PUN_NEEDLE else {}),
                 on=STATE_NAMES[st], pad=m.pad_ids[p],
-                pos=(state.pst[p, PS_X:PS_X + 3] + pun_f[q, PF_LOCAL:PF_LOCAL + 3]).tolist()))
-        g = float(pad_gap(m.pads, state.pst))
+                pos=(pst[p, PS_X:PS_X + 3] + pun_f[q, PF_LOCAL:PF_LOCAL + 3]).tolist()))
+        g = float(pad_gap(m.pads, pst))
         w = self.watch
+        # a mark moves with its pad: the pad's centre plus the mark's offset, component by component
         targets = [protocol.SortedMap(id=tg.id, kind=tg.kind, pad=m.pad_ids[tg.pad],
-                                      pos=[float(state.pst[tg.pad, PS_X + i] + tg.local[i]) for i in range(3)])
-                   for tg in self.scenario.targets]
+                                      pos=(pst[tg.pad, PS_X:PS_X + 3] + self._target_local[k]).tolist())
+                   for k, tg in enumerate(self.scenario.targets)]
         # keys in sorted order (a SortedMap is packed as built): targets, when the scene marks any, before throws
         return protocol.SortedMap(gap=g if math.isfinite(g) else None, knot=w.knot, linking=w.link, pads=pads,
                                   punctures=punctures, **({"targets": targets} if targets else {}), throws=w.throws)
