@@ -695,10 +695,13 @@ def needle_thread(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, 
                        + (0.5 * (x[j, 2] + x[j + 1, 2]) - cz0) ** 2)
         if abs(dc - r) > slack:
             continue
+        # the chords' ends at the start pose: a chord's far end is the next one's near end (x and NS_Q0 stay
+        # as they are through the pushes), so each is computed once
+        a1x, a1y, a1z = arc_point(x, nst, NS_Q0, r, 0.0)
         for k in range(N_SAMPLES - 1):
             t0 = arc * k / (N_SAMPLES - 1)
             t1 = arc * (k + 1) / (N_SAMPLES - 1)
-            a0x, a0y, a0z = arc_point(x, nst, NS_Q0, r, t0)
+            a0x, a0y, a0z = a1x, a1y, a1z
             a1x, a1y, a1z = arc_point(x, nst, NS_Q0, r, t1)
             # quick reject on the start geometry: midpoints further apart than both half lengths and the margin
             reach = slack + 0.5 * math.sqrt((a1x - a0x) ** 2 + (a1y - a0y) ** 2 + (a1z - a0z) ** 2)
