@@ -33,7 +33,7 @@ import zmq
 
 from ..server import protocol
 from .bench_loop import Server
-from .trainee_bot import perturbed_practice
+from .trainee_bot import LEAD_S, perturbed_practice
 
 TARGET_P99_US = 500.0
 SEEDS_FULL = 10
@@ -154,7 +154,8 @@ def render_bot(runs: list[BotRun]) -> list[str]:
         rows.append([str(r.seed), "yes" if r.ok else "**no**", what,
                      f"{step[0]:.0f} / {step[1]:.0f} / {step[2]:.0f}", f"{tick[0]:.0f} / {tick[1]:.0f} / {tick[2]:.0f}",
                      stages,
-                     f"{r.overruns} of {r.ticks}", f"{share:.2f}", str(rep.get("late_ticks", ""))])
+                     f"{r.overruns} of {r.ticks}", f"{share:.2f}",
+                     f"{rep.get('late_ticks', '')} / {rep.get('waited_ticks', '')}"])
     done = sum(r.ok for r in runs)
     phase_rows = render_phases(runs)
     step99 = [r.pooled("step_us")[1] for r in runs if r.stats]
@@ -174,10 +175,12 @@ def render_bot(runs: list[BotRun]) -> list[str]:
            "moved toward them), the step, the suture's watch and its outputs (the forces, the state, the "
            "messages published), from the same `stats`. Bot's share: its "
            "CPU time over its wall time, of one of the machine's cores (the server's physics process has the "
-           "other to itself only if nothing else runs).", "",
+           "other to itself only if nothing else runs). Bot's late ticks: samples it sent more than a tick late; "
+           "waits: ticks its hands held still because the scene time it read lagged its plan by more than "
+           f"{LEAD_S * 1e3:.0f} ms (the server running late).", "",
            "| seed | done | what the server said | step p50 / p99 / max µs | tick p50 / p99 / max µs "
            "| tick's stages p50 µs: inputs / step / watch / outputs "
-           "| ticks > 1 ms late | bot's share of a core | bot's late ticks |",
+           "| ticks > 1 ms late | bot's share of a core | bot's late ticks / waits |",
            "|---|---|---|---|---|---|---|---|---|"]
     out += ["| " + " | ".join(row) + " |" for row in rows]
     out += ["", f"- Done in **{done} of {len(runs)}** runs.",

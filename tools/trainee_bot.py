@@ -6,9 +6,11 @@ orientations and buttons on the stylus socket at 1 kHz, in the scene frame (docs
 is scheduled on a clock: each motion starts when the one before it ends and is computed, as it starts, from what
 the bot has read (the needle's pose, the marks, where the thread's tail lies, the pose the jaw holds the needle
 in from the `grasp` event); a step that waits for the server (a jaw closing) waits for its event, and one whose
-outcome the server's events do not show (four punctures, the thread through) ends the run. The bot's own start
-poses, the point of the arc it takes the needle at, its approach and the pace of each motion are drawn from
-``--seed``.
+outcome the server's events do not show (four punctures, the thread through) ends the run. Its motions keep pace
+with the scene it sees: its plan runs at most LEAD_S ahead of the newest `state`'s scene time, so a server running
+late finds the hands holding still for it (counted in the report's ``waited_ticks``), as a person waits for a
+screen that has stopped. The bot's own start poses, the point of the arc it takes the needle at, its approach
+and the pace of each motion are drawn from ``--seed``.
 
 The suture, hand by hand (stylus0 the right hand's needle driver, stylus1 the left hand's forceps):
 
@@ -58,6 +60,9 @@ from ..server import protocol
 RIGHT, LEFT = "stylus0", "stylus1"
 GRASP = 1                          # the grasp button (first Touch button); both hands leave the clutch alone
 TICK = 1e-3                        # s: the bot sends both styluses' samples every tick
+# s: how far its plan may run ahead of the scene time it last read: states come every 10 ms, so on time it never
+# waits; a server running late (ticks over 1 ms that it does not catch up) finds the hands holding still for it
+LEAD_S = 0.05
 UNIT = np.array([1.0, 0.0, 0.0, 0.0])
 C45 = math.sqrt(0.5)
 # the needle set for the bite: its circle upright in the plane of the bite (x-z for a bite along +x), the swage at
@@ -285,6 +290,7 @@ class Trainee:
         self.done: list[str] = []         # the steps done, in order
         self.done_t: list[float] = []     # the scene time (s) of the newest state seen when each was done
         self.late_ticks = 0               # ticks the bot sent more than a tick late
+        self.waited_ticks = 0             # ticks its hands held still for a scene running late (LEAD_S)
         self.released_at: int | None = None
 
     def mark(self, step: str) -> None:
@@ -627,13 +633,20 @@ class Trainee:
         cpu0, wall0 = time.process_time(), time.monotonic()
         plan = self.plan()
         t_next = time.perf_counter()
+        scene0, steps = float(self.eyes.state["t"]), 0
         try:
             while True:
                 self.eyes.look()
-                try:
-                    next(plan)
-                except StopIteration:
-                    break
+                # a person waits for a scene that has stopped moving: the plan keeps pace with the scene time
+                # read, and the hands hold still (their samples still sent) while it lags LEAD_S behind
+                if steps * TICK > float(self.eyes.state["t"]) - scene0 + LEAD_S:
+                    self.waited_ticks += 1
+                else:
+                    try:
+                        next(plan)
+                    except StopIteration:
+                        break
+                    steps += 1
                 for hand in self.hands.values():
                     self.push.send(hand.sample(self.seq))
                 self.seq += 1
@@ -670,6 +683,7 @@ class Trainee:
             "knot_changed_after_release": [e["name"] for e in after if e["kind"] == "knot"],
             "grasps": [[e["device"], e.get("holds")] for e in ev if e["kind"] == "grasp"],
             "cpu_s": round(cpu, 3), "wall_s": round(wall, 3), "late_ticks": self.late_ticks,
+            "waited_ticks": self.waited_ticks,
         }
 
     def close(self) -> None:
