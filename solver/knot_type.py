@@ -502,7 +502,6 @@ class KnotReading:
         self._R: np.ndarray | None = _reduced(x)
         self.crossings: int | None = None
         self.result: KnotType | None = None
-        self._summed = False
 
     def advance(self, budget: int) -> KnotType | None:
         if self.result is not None:

@@ -170,10 +170,10 @@ class SutureWatch:
     """Turns a tissue scene's state into events (puncture, thread_through, puncture_closed, needle_out, tear,
     gap_closed, gap_opened, knot, throw), and keeps the knot, throws and linking that the `state` topic's
     `tissue` map reports (server/messages.py). ``check`` runs every tick; it allocates when something happened,
-    and when it reads the knot (KNOT_EVERY ticks: the diagram on that tick, its state sum KNOT_BUDGET at a time
-    on the spare ticks after, so that no tick pays for a whole 12-crossing sum). The linking is read from a copy
-    of the thread taken every LINK_EVERY ticks, LINK_BUDGET pairs of segments a spare tick; a spare tick adds to
-    one reading only, the linking's first."""
+    and when it reads the knot (KNOT_EVERY ticks: the thread closed and reduced on that tick; its diagram, its
+    state sum KNOT_BUDGET at a time and its name on the spare ticks after, so that no tick pays for a whole
+    12-crossing sum). The linking is read from a copy of the thread taken every LINK_EVERY ticks, LINK_BUDGET
+    pairs of segments a spare tick; a spare tick adds to one reading only, the linking's first."""
 
     def __init__(self, model):
         self.model = model
