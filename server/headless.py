@@ -17,7 +17,7 @@ from ..solver.model import ThreadState
 from ..solver.scenario import Scenario
 from . import protocol
 from .messages import MessageBuilder
-from .scene import SceneRunner
+from .scene import SceneRunner, state_period
 
 
 @dataclass
@@ -96,7 +96,7 @@ def run_scenario(scenario: Scenario, duration: float | None = None, record: str 
     state = scenario.new_state()
     duration = scenario.duration if duration is None else duration
     ticks = int(round(duration / model.solver.tick))
-    every = max(1, int(round(1.0 / (scenario.state_rate * model.solver.tick))))
+    every = state_period(scenario.state_rate, model.solver.tick)
     builder = MessageBuilder(scenario)
     recorder = None
     if record:

@@ -36,7 +36,7 @@ from .device import Device, DeviceTable, quat_mul_into, unit_quat_or_none
 from .jaws import (KIND_NEEDLE, KIND_THREAD, KIND_TISSUE, SHAPES, Hold, held_segments, needle_hold,
                    needle_in_reach, pad_in_reach, thread_in_reach, tissue_hold)
 from .messages import MessageBuilder
-from .scene import SceneRunner
+from .scene import SceneRunner, state_period
 from .security import SocketSecurity
 from .snapshot import Snapshot, SnapshotScene
 
@@ -319,7 +319,7 @@ class PhysicsLoop:
         builder = MessageBuilder(scenario, self.grasps, devices=devices, table=self.devices)
         # the scene's part of every tick (server/scene.py), the one sequence `suturesim run` runs too
         self.runner = SceneRunner(stepper, builder, self.publish,
-                                  max(1, int(round(1.0 / (self.cfg.loop.state_hz * self.model.solver.tick)))),
+                                  state_period(self.cfg.loop.state_hz, self.model.solver.tick),
                                   event=self.event, on_divergence=self._diverged,
                                   before_publish=None if self.link is None else self._write_tick_forces)
         self.start_scene()

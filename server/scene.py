@@ -18,6 +18,18 @@ from . import protocol
 from .messages import MessageBuilder
 
 
+def state_period(rate_hz: float, tick_s: float) -> int:
+    """The ticks between two `state` messages at ``rate_hz`` (Hz) for a tick of ``tick_s`` (s): at least 1."""
+    return max(1, int(round(1.0 / (rate_hz * tick_s))))
+
+
+def reads_on(seq: int, every: int) -> bool:
+    """Whether tick ``seq``, with a `state` message every ``every`` ticks, has room for a slice of the watch's
+    knot or linking read (SutureWatch.check's ``spare``): a tick without `state`, or every tick when every tick
+    has one."""
+    return every == 1 or seq % every != 0
+
+
 class SceneRunner:
     """One scene's tick: ``stepper`` (its model and state), ``builder`` (the messages, the safety pipelines and
     the suture's watch) and ``publish(topic, payload)`` (a socket, a sink, a recorder; None: build no message,
@@ -92,8 +104,7 @@ class SceneRunner:
                 self._broke(state)
             # punctures, the wound's gap, throws; a slice of a knot or linking read on a tick that builds no
             # `state` message, when there are such ticks
-            spare = self.publish is None or self.state_every == 1 or seq % self.state_every != 0
-            builder.watch.check(state, self.event, spare)
+            builder.watch.check(state, self.event, self.publish is None or reads_on(seq, self.state_every))
             self.watch_ns = time.monotonic_ns() - t_watch
         publish = self.publish
         if publish is None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..server.config import LoopConfig
+from ..server.scene import reads_on, state_period
 from ..solver.integrator import Stepper, step, tension_floors, warm_up
 from ..solver.scenario import load_scenario
 from ..solver.suture import KNOT_BUDGET, KNOT_EVERY, KNOT_PHASE, LINK_BUDGET, SutureWatch
@@ -60,13 +61,13 @@ def measure_tissue(quick: bool, log) -> TissueBench:
     subs = np.empty(n)
     snaps = {}
     bare_model = dataclasses.replace(model, tissue_on=False, needle_on=False)
-    # the server builds a `state` message every this many ticks, and slices no reading on those (server/scene.py)
-    state_every = max(1, int(round(1.0 / (LoopConfig().state_hz * model.solver.tick))))
+    # the server's `state` ticks, on which the watch slices no reading (server/scene.py)
+    every = state_period(LoopConfig().state_hz, model.solver.tick)
     for k in range(n):
         t0 = time.perf_counter_ns()
         subs[k] = stepper.tick()
         t1 = time.perf_counter_ns()
-        watch.check(state, _ignore, (k + 1) % state_every != 0)
+        watch.check(state, _ignore, reads_on(k + 1, every))
         t2 = time.perf_counter_ns()
         times[k] = (t2 - t0) / 1e3
         watch_us[k] = (t2 - t1) / 1e3
