@@ -10,7 +10,7 @@ import pytest
 
 from suturesim.tools.bench_contact import (DIAMETER_CONTACT, HELD_UNTIL_DIAMETER, held_knot, held_run, knot,
                                            same_tick)
-from suturesim.tools.crossings import crossings, segment_distance
+from suturesim.tools.crossings import crossings, segment_distance, substep_crossings
 from suturesim.tools.validate_contact import TracedRun
 from suturesim.solver.config import ConfigError
 from suturesim.solver.contact_response import (CP_NEAR, CP_SETTLE, CP_SIZE, CS_CONTACTS, CS_COUNT, CS_PENETRATION,
@@ -292,9 +292,7 @@ def _run(sc, seconds: float, check: bool = True, exclude: int = 1):
         x0 = st.x.copy()
         n = stepper.tick()
         if check:
-            for k in range(n):
-                found += crossings(x0, stepper.trace[k], exclude)
-                x0 = stepper.trace[k]
+            found += substep_crossings(x0, stepper.trace, n, exclude)
     return st, found
 
 

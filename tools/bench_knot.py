@@ -42,7 +42,7 @@ from ..solver.contact_response import CS_REVERTED
 from ..solver.integrator import SolverDivergence, Stepper
 from ..solver.scenario import Scenario, build_scenario
 from .bench_contact import DIAMETER_CONTACT, held_knot, high_frequency_rms
-from .crossings import crossings, segment_distance
+from .crossings import segment_distance, substep_crossings
 
 PULL_SPEED = 0.05      # m/s, each hand's speed apart while the knot tightens
 PULL_FORCE = 3.0       # N: the hands stop once both pull this (a Touch's continuous force)
@@ -200,7 +200,7 @@ def run_hold(label: str, contact: dict | None = None, solver: dict | None = None
             speed = PULL_SPEED if moving else max(-PULL_SPEED, min(PULL_SPEED, HOLD_GAIN * (PULL_FORCE - f[h])))
             st.grasp_vel[slot] = speed * a
         x_start = st.x.copy()
-        parted = st.parted.copy()   # a break is applied after the tick: its substeps ran on the whole thread
+        parted = st.parted.copy()
         t0 = time.perf_counter_ns()
         try:
             subs = stepper.tick()
@@ -225,10 +225,8 @@ def run_hold(label: str, contact: dict | None = None, solver: dict | None = None
         if subs > TRACE_ROWS:
             unchecked += 1
         else:
-            prev = x_start
-            for s in range(subs):   # the trace's rows stay as they are until the next tick
-                found += len(crossings(prev, trace[s], m.contact.exclude, parted))
-                prev = trace[s]
+            # the trace's rows stay as they are until the next tick
+            found += len(substep_crossings(x_start, trace, subs, m.contact.exclude, parted))
         if hold_from is not None:
             held_subs.append(subs)
             forces.append(f)

@@ -188,6 +188,20 @@ def crossings(x0: np.ndarray, x1: np.ndarray, exclude: int = 1,
         cap = n
     order = np.lexsort((ot[:n], oj[:n], oi[:n]))
     return [(int(oi[k]), int(oj[k]), float(ot[k])) for k in order]
+def substep_crossings(x_start: np.ndarray, trace: np.ndarray, substeps: int, exclude: int = 1,
+                      parted: np.ndarray | None = None) -> list[tuple[int, int, float]]:
+    """The crossings (as :func:`crossings`) of one tick's ``substeps`` substeps: from ``x_start`` (the positions
+    at the tick's start) through each of the stepper's ``trace`` rows in turn (Stepper.trace, the positions after
+    each substep). ``parted``: the state's at the tick's start (a break is applied after its tick, so its substeps
+    ran on the thread as it was)."""
+    found: list[tuple[int, int, float]] = []
+    prev = x_start
+    for s in range(substeps):
+        found += crossings(prev, trace[s], exclude, parted)
+        prev = trace[s]
+    return found
+
+
 def writhe(x: np.ndarray) -> float:
     """The writhe of the open polyline x (n, 3): the Gauss double integral over every pair of non-adjacent
     segments, each pair's term the signed solid angle its two segments subtend at each other over 4 pi

@@ -18,7 +18,7 @@ import numpy as np
 from ..solver.contact_response import CS_CONTACTS, CS_PENETRATION
 from ..solver.integrator import Stepper
 from ..solver.scenario import Scenario, build_scenario, load_scenario
-from .crossings import crossings, writhe
+from .crossings import substep_crossings, writhe
 from .validate import Case
 
 
@@ -42,14 +42,11 @@ class TracedRun:
         st, exclude = self.state, self.sc.model.contact.exclude
         out = []
         for k in range(int(round(seconds / self.sc.model.solver.tick))):
-            x0 = st.x.copy()
-            parted = st.parted.copy()   # a break is applied after the tick: its substeps ran on the whole thread
+            x0, parted = st.x.copy(), st.parted.copy()
             n = self.stepper.tick()
             if self.check:
-                for s in range(n):
-                    for i, j, tau in crossings(x0, self.stepper.trace[s], exclude, parted):
-                        self.crossings.append((i, j, tau, float(st.time[0])))
-                    x0 = self.stepper.trace[s]
+                for i, j, tau in substep_crossings(x0, self.stepper.trace, n, exclude, parted):
+                    self.crossings.append((i, j, tau, float(st.time[0])))
             self.max_penetration = max(self.max_penetration, float(st.contact_stats[CS_PENETRATION]))
             self.max_contacts = max(self.max_contacts, int(st.contact_stats[CS_CONTACTS]))
             if probe is not None and k % every == 0:
