@@ -31,7 +31,7 @@ from suturesim.server import protocol
 from suturesim.server.cli import build_parser, main
 from suturesim.tools import view
 from suturesim.tools.view import FrameBuffer
-from conftest import wait_for
+from conftest import free_ports, wait_for
 
 START_TIMEOUT_S = 30.0      # a subprocess importing numpy/zmq/websockets on a loaded 2-core machine
 PAGE_TIMEOUT_S = 20.0
@@ -43,9 +43,7 @@ BG_RGB = (16, 18, 22)       # tools/viewer/scene.js BG (#101216)
 
 # ------------------------------------------------------------------------------------------------ helpers
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def arc(t: float) -> np.ndarray:

@@ -28,6 +28,7 @@ import contextlib
 import math
 import multiprocessing as mp
 import os
+import random
 import re
 import signal
 import socket
@@ -172,15 +173,38 @@ def _baseline_main(seconds: int, tick_ns: int, spin_ns: int, priority: int, cpu:
 
 
 # -- the server subprocess -------------------------------------------------------------------------------
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on the loopback interface (bound together, then released)."""
-    socks = []
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands to outgoing connections (Linux's ip_local_port_range; IANA's 49152
+    elsewhere)."""
     try:
-        for _ in range(count):
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on the loopback interface, bound together to check them, then released.
+
+    They are drawn at random from below the kernel's ephemeral range: a port from inside it (what binding port 0
+    gives) can be taken, between its release here and the server's bind, as the local end of any outgoing
+    connection on the machine, such as another test's client."""
+    high = _ephemeral_low()
+    low = max(1024, high - 12000)
+    rng = random.Random(os.getpid() ^ time.perf_counter_ns())
+    socks: list[socket.socket] = []
+    try:
+        for port in rng.sample(range(low, high), high - low):
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((LOOPBACK, 0))
+            try:
+                s.bind((LOOPBACK, port))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+            if len(socks) == count:
+                return [s.getsockname()[1] for s in socks]
+        raise OSError(f"fewer than {count} free loopback ports in {low}-{high - 1}")
     finally:
         for s in socks:
             s.close()
