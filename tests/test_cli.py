@@ -173,3 +173,17 @@ def test_bench_all_out_keeps_every_sections_notes():
                                 "how"]
     assert keep_notes(out, new) == out                 # again: kept once
     assert keep_notes(new, new) == new                 # nothing to keep: unchanged
+
+
+def test_free_ports_are_distinct_bindable_and_outside_the_ephemeral_range():
+    """The ports the tests and benches give a server: none can be taken meanwhile as an outgoing connection's
+    local end, as the kernel hands those out from its ephemeral range only."""
+    import socket
+
+    from suturesim.tools.bench_loop import _ephemeral_low, free_ports
+    ports = free_ports(8)
+    assert len(set(ports)) == 8
+    assert all(1024 <= p < _ephemeral_low() for p in ports), ports
+    for p in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", p))
