@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the server's control endpoint, asked for the scenario (default tcp://127.0.0.1:5556)")
     p.add_argument("--topics", default=",".join(TOPICS), metavar="T,...",
                    help=f"topics to record (default all: {','.join(TOPICS)})")
-    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
+    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds of recording, counted from when the recorder has started (default: until Ctrl-C)")
     p.add_argument("--server-key", metavar="F",
                    help="the server's public key file (.key), for a server with CURVE; needs --key")
     p.add_argument("--key", metavar="F",
@@ -107,12 +107,12 @@ def main(argv: list[str] | None = None) -> int:
                              [TOPICS[t] for t in topics], counts, False, curve))
     stopping = StopRequest(stop, (signal.SIGINT, signal.SIGTERM))   # sets ``stop``, which the recorder reads
     proc.start()
-    t0 = time.monotonic()
     try:
         if not ready.wait(30.0):
             print("suturesim record: the recorder did not start", file=sys.stderr)
             stopping.set()
             return 1
+        t0 = time.monotonic()     # --duration counts the recording, not the recorder's start (a spawned process)
         last = -1.0
         warned = False
         while proc.is_alive() and not stopping.is_set():
