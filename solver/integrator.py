@@ -54,6 +54,10 @@ STAT_SCALED = 7         # vertices whose mass was scaled in the last tick
 STAT_MASS_FACTOR = 8    # largest mass scale factor of the last tick (1 = none)
 STAT_OMEGA_END = 9      # stability bound (rad/s) at the masses, tensions and acting contact springs the last
                         # tick ended with (Stepper's check that h * omega < 2 held)
+# a substep's residual above this (or NaN) is a divergence, not a solve short of converging: the tick is run again
+# (Stepper) or, out of retries, faults; so its remaining substeps are not run (a diverging solve takes every
+# substep to its iteration limit, and a tick retried five times at 1024 substeps would hold the loop for seconds)
+DIVERGED_RESIDUAL = 1e-3
 
 
 PAD_CRACK = 3.0      # thread radii left between two pads that meet: the thread that crosses between them
@@ -812,6 +816,8 @@ def advance(n_sub: int, h: float, t: float, scale: bool, tension_margin: float, 
             max_it = it
         if res > max_res or not math.isfinite(res):
             max_res = res
+        if not (res <= DIVERGED_RESIDUAL):
+            break
     stats = body.stats
     stats[STAT_ITERS] = it
     stats[STAT_RESIDUAL] = res
@@ -1209,7 +1215,7 @@ class Stepper:
 
     def _check_finite(self, n: int) -> None:
         r = self.state.stats[STAT_MAX_RESIDUAL]
-        if not (r <= 1e-3):  # NaN fails too; a residual this large means the multipliers did not converge
+        if not (r <= DIVERGED_RESIDUAL):  # NaN fails too
             raise SolverDivergence(
                 f"the solver diverged at t = {self.state.time[0]:.4f} s with {n} substeps per tick "
                 f"(constraint residual {r:.3g}); use automatic substeps or more substeps")

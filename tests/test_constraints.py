@@ -15,7 +15,7 @@ import pytest
 from suturesim.solver import diagnostics
 from suturesim.solver.constraints import METHOD_CONTRACTION, METHOD_NEWTON, solve_multipliers, thomas_solve
 from suturesim.solver.forces import bending_energy, constraint_force_at
-from suturesim.solver.integrator import Stepper, solve_again, step
+from suturesim.solver.integrator import SolverDivergence, Stepper, solve_again, step
 from suturesim.solver.model import SolverSettings, ThreadParams, build_model, make_state
 from suturesim.solver.stability import omega_bound
 
@@ -334,14 +334,14 @@ def test_free_twisted_thread_energy_has_no_secular_drift():
 L_GRASP = 0.2
 
 
-def _grasped_thread(fmax: float, reach_excess: float, bend: float):
+def _grasped_thread(fmax: float, reach_excess: float, bend: float, substeps: int = 0):
     """Light thread (0.2 m, 20 segments, 1e-4 kg/m, EI 1e-6), vertex 0 pinned at the origin, the last vertex
     grasped by a 1e4 N/m coupling whose target lies reach_excess (m) beyond the thread's length along +x.
     Starts bent in the x-y plane (tangent angle bend * sin(pi s / L)), at rest, zero gravity; linear drag
     settles it."""
     p = ThreadParams(name="grasp", length=L_GRASP, segments=20, linear_density=1e-4, bending_stiffness=1e-6,
                      twisting_stiffness=0.0, air_drag_linear=0.5)
-    model = build_model(p, SolverSettings(substeps=0), gravity=(0.0, 0.0, 0.0), kinematic_vertices=(0,))
+    model = build_model(p, SolverSettings(substeps=substeps), gravity=(0.0, 0.0, 0.0), kinematic_vertices=(0,))
     n = model.n_vertices
     u = np.linspace(0.0, 1.0, n)
     ang = bend * np.sin(np.pi * u[:-1])
@@ -401,6 +401,25 @@ def test_stiff_grasp_snapping_a_bent_thread_taut_stays_finite():
         stepper.tick()
     assert np.abs(state.x[:, 1:]).max() <= 1e-9
     assert np.linalg.norm(state.grasp_force[0]) == pytest.approx(k * 1e-3, rel=1e-6)
+
+
+@pytest.mark.parametrize("substeps", [0, 64])
+def test_a_diverged_substep_ends_its_tick_and_the_tick_faults(substeps):
+    """A substep whose multipliers diverge (here a vertex gone NaN) ends the run of its tick there: the substeps
+    after it are not run (each would take its solve to the iteration limit, and a tick's retries run up to 1024
+    substeps), and the tick faults (SolverDivergence), after every retry with
+    automatic substeps, at once with fixed ones."""
+    model, state, stepper = _grasped_thread(math.inf, 1e-3, 0.0, substeps)
+    for _ in range(5):
+        stepper.tick()
+    n = max(model.solver.retry_substeps, model.solver.max_substeps, substeps)
+    stepper.trace = np.zeros((n + 1, state.x.shape[0], 3))
+    state.x[5, 0] = np.nan
+    with pytest.raises(SolverDivergence):
+        stepper.tick()
+    assert np.isnan(stepper.trace[0]).any()                 # the first substep ran, and diverged
+    assert not stepper.trace[1:].any()                      # no other did, in any attempt
+    assert stepper.retries == (0 if substeps else Stepper.MAX_RETRIES)
 
 
 def test_saturated_grasp_pulls_with_its_limit():
