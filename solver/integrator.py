@@ -56,7 +56,7 @@ STAT_OMEGA_END = 9      # stability bound (rad/s) at the masses, tensions and ac
                         # tick ended with (Stepper's check that h * omega < 2 held)
 # a substep's residual above this (or NaN) is a divergence, not a solve short of converging: the tick is run again
 # (Stepper) or, out of retries, faults; so its remaining substeps are not run (a diverging solve takes every
-# substep to its iteration limit, and a tick retried five times at 1024 substeps would hold the loop for seconds)
+# substep to its iteration limit, and a tick's retries run up to retry_substeps: it would hold the loop for seconds)
 DIVERGED_RESIDUAL = 1e-3
 
 

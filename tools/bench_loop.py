@@ -192,9 +192,11 @@ def free_ports(count: int) -> list[int]:
     high = _ephemeral_low()
     low = max(1024, high - 12000)
     rng = random.Random(os.getpid() ^ time.perf_counter_ns())
+    # a kernel whose ephemeral range starts near 1024 leaves no room below it: any free port then
+    candidates = rng.sample(range(low, high), high - low) if high - low >= 1000 else [0] * count
     socks: list[socket.socket] = []
     try:
-        for port in rng.sample(range(low, high), high - low):
+        for port in candidates:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
                 s.bind((LOOPBACK, port))
@@ -204,7 +206,7 @@ def free_ports(count: int) -> list[int]:
             socks.append(s)
             if len(socks) == count:
                 return [s.getsockname()[1] for s in socks]
-        raise OSError(f"fewer than {count} free loopback ports in {low}-{high - 1}")
+        raise OSError(f"fewer than {count} free loopback ports below {high}")
     finally:
         for s in socks:
             s.close()

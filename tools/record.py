@@ -65,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the server's control endpoint, asked for the scenario (default tcp://127.0.0.1:5556)")
     p.add_argument("--topics", default=",".join(TOPICS), metavar="T,...",
                    help=f"topics to record (default all: {','.join(TOPICS)})")
-    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds of recording, counted from when the recorder has started (default: until Ctrl-C)")
+    p.add_argument("--duration", type=float, metavar="S",
+                   help="stop after S seconds of recording, counted from when the recorder has started "
+                        "(default: until Ctrl-C)")
     p.add_argument("--server-key", metavar="F",
                    help="the server's public key file (.key), for a server with CURVE; needs --key")
     p.add_argument("--key", metavar="F",
