@@ -36,6 +36,7 @@ from .device import Device, DeviceTable, quat_mul_into, unit_quat_or_none
 from .jaws import (KIND_NEEDLE, KIND_THREAD, KIND_TISSUE, SHAPES, Hold, held_segments, needle_hold,
                    needle_in_reach, pad_in_reach, thread_in_reach, tissue_hold)
 from .messages import MessageBuilder
+from .rollback import ROLLBACK_TICKS, Rollback
 from .scene import SceneRunner, state_period
 from .security import SocketSecurity
 from .snapshot import Snapshot, SnapshotScene
@@ -229,6 +230,8 @@ class PhysicsLoop:
         self.resumed_at: float | None = None    # the scene time a restarted process resumed at
         self.recording: dict = {}               # the recording a client asked for: path, state, error
         self.faults: list[int] = []             # the ticks of the latest divergences (fault_reset)
+        self.rollback: Rollback | None = None   # the running scene's state of up to ROLLBACK_TICKS ago
+        self.tick_t0 = 0.0                      # the scene time (s) this tick started at
         self.tick_ns = int(round(cfg.loop.tick_s * 1e9))
         self._tick_start_ns = 0                 # the tick's start (link forces answer it)
         self.inputs_end_ns = 0                  # when this tick's inputs were in (tick_scene)
@@ -323,18 +326,19 @@ class PhysicsLoop:
                                   event=self.event, on_divergence=self._diverged,
                                   before_publish=None if self.link is None else self._write_tick_forces)
         self.start_scene()
+        self.rollback = Rollback(self.state)
         self.initial_model = self.model   # what a reset goes back to (timeline motions of live devices removed)
         if self.supervisor is not None:
             self.new_snapshot()
 
     def reset(self) -> None:
-        """The running scene back to its start, in place (a control `reset`, a fault): the scenario's initial
-        state copied into the live state's arrays (ThreadState.copy_into), the grasps made by hand let go (no
-        `release` event, as when the scene is installed), the model as it was installed (the timeline motions of
-        the grasps a live device drives removed, and only those), the stepper's, the builder's and the watch's
-        state as new ones start, and the reset state written into the scene's snapshot at once (the same
-        segment). Computes and publishes exactly what installing the scene afresh did; allocates no state array.
-        Not on the tick path."""
+        """The running scene back to its start, in place (a control `reset`, a fault with no rollback): the
+        scenario's initial state copied into the live state's arrays (ThreadState.copy_into), the grasps made by
+        hand let go (no `release` event, as when the scene is installed), the model as it was installed (the
+        timeline motions of the grasps a live device drives removed, and only those), the stepper's, the
+        builder's and the watch's state as new ones start, the rollback's copy cleared, and the reset state
+        written into the scene's snapshot at once (the same segment). Computes and publishes exactly what
+        installing the scene afresh did; allocates no state array. Not on the tick path."""
         self.scenario.initial.copy_into(self.state)
         self.grasps[:] = self.scenario.grasps      # the builder's list too: one list
         self.holds.clear()
@@ -345,6 +349,7 @@ class PhysicsLoop:
         self.stepper.reset()
         self.builder.reset(self.state, self.all_devices([g.device for g in self.grasps]))
         self.start_scene()
+        self.rollback.clear()
         if self.snapshot is not None:
             self.snapshot.write(self.state)
 
@@ -986,14 +991,20 @@ class PhysicsLoop:
         """The scene's part of one tick, after the link's poses are read and ``seq`` counted: replayed and
         remote poses, grasps following their styluses, the solver step, each device's force (to the link and
         published) and the `state` at its rate. Returns (substeps, step time ns). A resimulation runs exactly
-        this, so it computes exactly what the daemon did."""
+        this, so it computes exactly what the daemon did, the rollback's copies too (server/rollback.py): one is
+        taken after every tick before one whose number is a multiple of ROLLBACK_TICKS, unless it faulted, before
+        any input of the next (a linked device's pose is read before this is called)."""
+        self.tick_t0 = float(self.state.time[0])
         if self.replay is not None:
             self.read_replay_poses()
         self.drain_stylus()
         self.follow_styluses()
         self._tick_start_ns = start_ns
         self.inputs_end_ns = time.monotonic_ns()   # the tick's inputs are in: the loop's stats split the tick
-        return self.runner.tick(self.seq, self.paused)
+        done = self.runner.tick(self.seq, self.paused)
+        if (self.seq + 1) % ROLLBACK_TICKS == 0 and not (self.faults and self.faults[-1] == self.seq):
+            self.rollback.take(self.state, self.seq + 1)
+        return done
 
     def _diverged(self, exc: SolverDivergence) -> None:
         self.fault_reset(str(exc))
@@ -1009,12 +1020,16 @@ class PhysicsLoop:
         self.publish(protocol.TOPIC_STATS, protocol.encode_stats(self.seq, float(self.state.time[0]), s))
 
     def fault_reset(self, reason: str) -> None:
-        """The solver diverged: forces to zero, a `fault` event, and the scene back to its initial state. A scene
-        that diverges again and again from its initial state (FAULTS_TO_PAUSE within FAULT_WINDOW_TICKS) is
-        paused instead of reset for ever; a `load`, `set` or `reset` and `resume` go on from there."""
+        """The solver diverged: forces to zero and a `fault` event; then the scene goes back to its state of up to
+        ROLLBACK_TICKS ago, the hands' grasps let go (:meth:`roll_back`), or, where it has no such state (its
+        first half second) or it diverged within FAULT_WINDOW_TICKS before, to its initial state. A scene that
+        diverges again and again (FAULTS_TO_PAUSE within FAULT_WINDOW_TICKS) is paused instead of reset for ever;
+        a `load`, `set` or `reset` and `resume` go on from there."""
         self.zero_forces()
         self.event("fault", reason=reason)
         self.faults = [k for k in self.faults if self.seq - k < FAULT_WINDOW_TICKS] + [self.seq]
+        if len(self.faults) == 1 and self.roll_back():
+            return
         self.reset()
         if len(self.faults) >= FAULTS_TO_PAUSE:
             self.paused = True
@@ -1024,6 +1039,41 @@ class PhysicsLoop:
                                        "reset and resume)")
         else:
             self.event("reset", reason="fault")
+
+    def roll_back(self) -> bool:
+        """The scene back to the rollback's copy (taken up to ROLLBACK_TICKS ago), in place: what a trainee has
+        done before it is kept. Every grasp made by hand is let go (a `release` event each; the jaws open, the
+        buttons must be pressed again), as the motion the hands were making is what diverged; the scenario's own
+        grasps stay. The scene's clock runs on from the end of the failed tick, so the time of every message
+        still rises and recorded poses are read at the same times on resimulation. A `resume` event says how much
+        was undone. False if there is no copy in this scene (nothing done): the caller resets. Not on the tick
+        path."""
+        rb = self.rollback
+        state = self.state
+        if rb is None or not rb.restore(state):
+            return False
+        state.time[0] = self.tick_t0 + self.model.solver.tick
+        state.x_ref[:] = np.inf          # the neighbour list is not in the copy: rebuilt before the next substep
+        state.grasp_vel[:] = 0.0
+        scripted = {g.id for g in self.scenario.grasps}
+        for g in [g for g in self.grasps if g.id not in scripted]:
+            self.remove_grasp(g.id)      # its slot cleared in the restored state, its hold dropped
+        kept = {g.slot for g in self.grasps}
+        for slot in range(state.grasp_vertex.shape[0]):
+            if slot not in kept:         # a grasp of the copy's time that has gone since
+                state.grasp_vertex[slot] = -1
+                state.grasp_frac[slot] = 0.0
+                state.grasp_pad[slot] = -1
+                state.grasp_force[slot] = 0.0
+        self.stepper.reset()
+        self.builder.reset(state, self.all_devices([g.device for g in self.grasps]))
+        for dev in self.devices:         # each tool placed afresh where its stylus is, as at a scene's start
+            dev.body, dev.tool_row = None, -1
+        if self.snapshot is not None:
+            self.snapshot.write(state)
+        self.event("resume", reason="rolled back after a fault", scene_t=float(state.time[0]),
+                   undone_s=float(state.time[0]) - rb.t)
+        return True
 
     def zero_forces(self) -> None:
         if self.link is not None:

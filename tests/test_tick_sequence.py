@@ -31,6 +31,17 @@ def tick(loop: PhysicsLoop, n: int) -> None:
         loop.tick_scene(0)
 
 
+def diverge_once(loop: PhysicsLoop) -> None:
+    """One tick whose solver step raises SolverDivergence, as a tick whose every run diverged does."""
+    real = loop.stepper.tick
+
+    def diverge():
+        loop.stepper.tick = real
+        raise SolverDivergence("test")
+    loop.stepper.tick = diverge
+    tick(loop, 1)
+
+
 def buffers(loop: PhysicsLoop) -> dict:
     """Every array of the live state, and the stepper's, by name."""
     st = loop.state
@@ -178,14 +189,8 @@ def test_a_fault_resets_in_place():
     try:
         tick(loop, 200)
         state, arrays = loop.state, buffers(loop)
-        real = loop.stepper.tick
-
-        def diverge():
-            loop.stepper.tick = real
-            raise SolverDivergence("test")
-        loop.stepper.tick = diverge
         out.clear()
-        tick(loop, 1)
+        diverge_once(loop)
         kinds = [protocol.decode_event(p)["kind"] for t, p in out if t == protocol.TOPIC_EVENT]
         assert kinds == ["fault", "reset"]
         assert loop.state is state and all(buffers(loop)[k] is v for k, v in arrays.items() if k != "packed")
@@ -202,6 +207,53 @@ def test_a_fault_resets_in_place():
     finally:
         fresh.close()
     assert published == [p for t, p in fresh_out if t == protocol.TOPIC_FORCE]
+
+
+def test_a_fault_goes_back_half_a_second_lets_the_hands_go_and_a_second_one_resets():
+    """A divergence after the scene's first ROLLBACK_TICKS ticks: the scene goes back, in the same buffers, to its
+    state as the last copy's tick started, the grasp made by hand let go and the scenario's kept; `fault`,
+    `release` and `resume` (no `reset`: a scorer's attempt goes on), the clock running on from the failed tick's
+    end. It ticks on from there; a second divergence within FAULT_WINDOW_TICKS resets the scene to its start."""
+    from suturesim.server.rollback import ROLLBACK_TICKS
+    from suturesim.solver.model import NEIGHBOUR_LIST, TICK_SCRATCH
+
+    loop, out = sink_loop()
+    try:
+        tick(loop, ROLLBACK_TICKS - 1)
+        copied = {f.name: getattr(loop.state, f.name).copy() for f in fields(loop.state)}
+        tick(loop, 150)
+        loop.add_grasp(60, "stylus1", "hand", 500.0, 0.5, 3.0)
+        tick(loop, 50)
+        state, arrays = loop.state, buffers(loop)
+        t_fail = float(state.time[0])
+        out.clear()
+        diverge_once(loop)
+        events = [protocol.decode_event(p) for t, p in out if t == protocol.TOPIC_EVENT]
+        assert [e["kind"] for e in events] == ["fault", "release", "resume"], events
+        assert events[1]["id"] == "hand" and [g.id for g in loop.grasps] == ["right"]
+        tick_s = loop.model.solver.tick
+        assert float(state.time[0]) == pytest.approx(t_fail + tick_s)
+        assert events[2]["scene_t"] == pytest.approx(t_fail + tick_s)
+        assert events[2]["undone_s"] == pytest.approx(201 * tick_s)
+        assert loop.state is state and all(buffers(loop)[k] is v for k, v in arrays.items() if k != "packed")
+        moved = ("time", "x_ref", "grasp_vel")
+        for name, before in copied.items():
+            if name not in TICK_SCRATCH and name not in NEIGHBOUR_LIST and name not in moved:
+                np.testing.assert_array_equal(getattr(state, name), before, err_msg=name)
+        assert np.all(state.grasp_vertex[[g.slot for g in loop.grasps]] >= 0)
+        assert (state.grasp_vertex >= 0).sum() == 1
+        out.clear()
+        tick(loop, 100)
+        assert np.all(np.isfinite(state.x)) and float(state.time[0]) == pytest.approx(t_fail + 101 * tick_s)
+        assert not [p for t, p in out if t == protocol.TOPIC_EVENT]
+
+        out.clear()
+        diverge_once(loop)
+        kinds = [protocol.decode_event(p)["kind"] for t, p in out if t == protocol.TOPIC_EVENT]
+        assert kinds == ["fault", "reset"], kinds
+        assert_initial(loop)
+    finally:
+        loop.close()
 
 
 def test_a_scene_that_diverges_again_and_again_is_paused_not_reset_for_ever():

@@ -127,7 +127,8 @@ def replay_publish(path: str, endpoint: str, speed: float = 1.0, t_from: float =
 
 
 # -- resimulate ------------------------------------------------------------------------------------------
-# what changes nothing a resimulation must follow (a fault's reset happens inside the tick itself)
+# what changes nothing a resimulation must follow (a fault's rollback or reset happens inside the tick itself; the
+# rollback's `release` events come after it, for grasps it has let go already)
 _IGNORED_EVENTS = {"start", "overrun", "shutdown", "device", "device_lost", "device_error", "record_start",
                    "record_stop", "grasp_missed", "fault", "coupling_limited"}
 # what the scene itself reports of its state (solver/suture.py SutureWatch): not inputs to follow but outputs the
