@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 from dataclasses import fields
 
+import msgpack
 import numpy as np
 import pytest
 
@@ -31,14 +32,19 @@ def tick(loop: PhysicsLoop, n: int) -> None:
         loop.tick_scene(0)
 
 
-def diverge_once(loop: PhysicsLoop) -> None:
-    """One tick whose solver step raises SolverDivergence, as a tick whose every run diverged does."""
-    real = loop.stepper.tick
+def diverge_once_in(stepper) -> None:
+    """``stepper``'s next tick raises SolverDivergence, as a tick whose every run diverged does."""
+    real = stepper.tick
 
     def diverge():
-        loop.stepper.tick = real
+        stepper.tick = real
         raise SolverDivergence("test")
-    loop.stepper.tick = diverge
+    stepper.tick = diverge
+
+
+def diverge_once(loop: PhysicsLoop) -> None:
+    """One tick of ``loop`` whose solver step diverges."""
+    diverge_once_in(loop.stepper)
     tick(loop, 1)
 
 
@@ -254,6 +260,48 @@ def test_a_fault_goes_back_half_a_second_lets_the_hands_go_and_a_second_one_rese
         assert_initial(loop)
     finally:
         loop.close()
+
+
+def test_a_session_by_hand_with_a_rollback_resimulates_exactly(tmp_path, monkeypatch):
+    """suture-practice with two remote styluses (the right jaw takes the needle, lifts it and sets it over the
+    entry mark; the left waits) whose solver faults once the needle is in the air: the scene goes back, the jaw
+    lets go, the hands move on. What the loop published, written as a recording, resimulates exactly: the same
+    fault, rollback and `release` at the same tick, and every force and state after them."""
+    from suture_by_hand import RIGHT, Hand, Scene, set_for_bite
+
+    from suturesim.server.config import server_metadata
+    from suturesim.server.headless import recording_metadata
+    from suturesim.server.recording import McapRecorder
+    from suturesim.server.rollback import ROLLBACK_TICKS
+    from suturesim.server.scene import SceneRunner
+    from suturesim.tools.replay import resimulate
+
+    fail = 2 * ROLLBACK_TICKS + 200          # the needle in the jaw, on its way over the entry mark
+    real = SceneRunner.tick
+
+    def tick_failing(self, seq, paused=False):   # the same tick diverges when the session runs and again
+        if seq == fail:
+            diverge_once_in(self.stepper)
+        return real(self, seq, paused)
+    monkeypatch.setattr(SceneRunner, "tick", tick_failing)
+
+    scene = Scene()
+    scene.tick(300)
+    set_for_bite(scene, Hand(scene, RIGHT), scene.arc / 4.0)
+    scene.tick(300)
+    events = scene.events("release") + scene.events("resume")
+    assert [e["kind"] for e in events] == ["release", "resume"] and events[0]["seq"] == fail, events
+    assert not scene.events("reset")
+    path = tmp_path / "rolled-back.mcap"
+    sc = scene.loop.scenario
+    with McapRecorder(path, metadata={**recording_metadata(sc.name, sc.file, sc.source),
+                                      "server": server_metadata(scene.loop.cfg)}) as rec:
+        for topic, payload in scene.out:
+            rec.write(topic, payload, int(msgpack.unpackb(payload)["seq"]) * 1_000_000)
+    scene.loop.close()
+    report = resimulate(str(path))
+    assert report.stopped is None and report.ticks == scene.ticks, report
+    assert report.exact, report
 
 
 def test_a_scene_that_diverges_again_and_again_is_paused_not_reset_for_ever():
