@@ -6,8 +6,9 @@
 ``force`` and ``stats`` are ignored: the state carries what the score needs at a tenth of the rate), and :meth:`Scorer.attempt` says what it saw as one :class:`Attempt`: the time of each
 phase, where the needle went in and came out against the scene's marks, how the tissue, the thread and the
 tools were handled, the knot and the wound, penalties and an FLS-style score, and a pass/fail table against
-proficiency benchmarks. It keeps running sums only (a few numbers a message), so it can follow a live stream
-as well as a recording; :func:`score_recording` feeds it a recording's messages in log order.
+proficiency benchmarks. It keeps running sums only (a few numbers a message), and copies of itself a rollback
+can go back to (MARK_S, KEEP_S), so it can follow a live stream as well as a recording; :func:`score_recording`
+feeds it a recording's messages in log order.
 
 What it reads, all from the public protocol (docs/PROTOCOL.md Sec. 3):
 
@@ -38,6 +39,7 @@ Units: SI inside; the report gives mm, s and N.
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -67,6 +69,11 @@ SECURITY_CREEP_S = 2.0            # s: the security test's last stretch, over wh
 # 1 mm, a knot that does not slip)
 FLS_TIME_S = 112.0
 FLS_DEVIATION_MM = 1.0
+# a server's solver fault takes the scene back up to half a second (a `resume` with ``undone_s``), and the score
+# goes back with it: the scorer copies itself every MARK_S s of scene time and keeps KEEP_S s of copies and of
+# the messages after the oldest, so that it can go back to where the scene did and read again what came before
+MARK_S = 0.25
+KEEP_S = 1.5
 
 
 @dataclass
@@ -229,6 +236,10 @@ class Scorer:
         self.last_gap_kind: str | None = None
         self.throws_at: dict[int, float] = {}
         self.face_z: float | None = None
+        # (scene time, the scorer as it was then, where in _log the messages after it start): what a rollback
+        # goes back to
+        self._marks: list[tuple[float, dict, int]] = []
+        self._log: list[tuple[str, dict]] = []
 
     # -- reading -----------------------------------------------------------------------------------------
     def feed_payload(self, topic: str | bytes, payload: bytes) -> None:
@@ -238,13 +249,50 @@ class Scorer:
             self.feed(name, protocol.decode(payload, name))
 
     def feed(self, topic: str, msg: dict) -> None:
-        """One decoded message of ``topic`` (``state`` or ``event``; any other is ignored)."""
+        """One decoded message of ``topic`` (``state`` or ``event``; any other is ignored). A `resume` that says
+        the scene went back (``undone_s``) takes the score back with it (:meth:`_roll_back`)."""
         t = float(msg.get("t", self.t_last))
+        if topic == "event" and msg.get("kind") == "resume" and isinstance(msg.get("undone_s"), (int, float)):
+            self._roll_back(t - float(msg["undone_s"]))
+            return
+        if topic in ("state", "event"):
+            self._mark()
+            self._log.append((topic, msg))
         self.t_last = max(self.t_last, t)
         if topic == "state":
             self._state(t, msg)
         elif topic == "event":
             self._event(t, msg)
+
+    def _mark(self) -> None:
+        """A copy of the scorer as it is (before the message about to be read) every MARK_S s of scene time; the
+        copies and messages older than KEEP_S dropped, the oldest copy kept."""
+        marks = self._marks
+        if marks and self.t_last < marks[-1][0] + MARK_S:
+            return
+        marks.append((self.t_last, copy.deepcopy({k: v for k, v in vars(self).items()
+                                                  if k not in ("_marks", "_log")}), len(self._log)))
+        while len(marks) > 1 and marks[1][0] <= self.t_last - KEEP_S:
+            marks.pop(0)
+        cut = marks[0][2]
+        if cut:
+            del self._log[:cut]
+            self._marks[:] = [(t, state, at - cut) for t, state, at in marks]
+
+    def _roll_back(self, t_back: float) -> None:
+        """The scene went back to scene time ``t_back``: the scorer as it was at its newest copy no later than
+        that, and the messages after the copy up to ``t_back`` read again. Nothing if no copy is that old (a
+        scorer that joined later)."""
+        k = next((i for i in range(len(self._marks) - 1, -1, -1) if self._marks[i][0] <= t_back), None)
+        if k is None:
+            return
+        _, state, at = self._marks[k]
+        again = [(topic, msg) for topic, msg in self._log[at:] if float(msg.get("t", t_back)) <= t_back]
+        marks, log = self._marks[:k], self._log[:at]
+        vars(self).update(copy.deepcopy(state))
+        self._marks, self._log = marks, log
+        for topic, msg in again:
+            self.feed(topic, msg)
 
     def _since(self, t: float) -> float:
         return t - (self.t0 if self.t0 is not None else 0.0)

@@ -215,6 +215,37 @@ def test_extra_holes_and_a_dropped_needle_are_counted_but_not_letting_go_at_the_
                                     - POINTS_NEEDLE_DROP)
 
 
+def test_a_rollback_after_a_fault_takes_the_score_back_with_the_scene():
+    """The entry made, then the solver faults 0.2 s later and the scene goes back 0.4 s, to before it (a
+    `resume` with ``undone_s``; the jaw let go): the entry made again, 1 mm off the mark, is the entry, not an
+    extra hole, and the score reads the stream as if the undone part had not been."""
+    s = Stream()
+    s.state()
+    s.run(1.0)
+    s.event("grasp", id="grasp0", device="stylus0", holds="needle", vertex=0)
+    s.run(4.0, {"stylus0": (0.01, 0.0, 0.0)})
+    s.punctures = [{"pad": "left", "pos": [-0.005, 0.0, 0.0], "on": "needle", "drag": 0.0}]
+    s.state(NEEDLE)
+    s.event("puncture", pad="left", side="entry", pos=[-0.005, 0.0, 0.0])
+    s.run(0.2)
+    s.event("fault", reason="the solver diverged")
+    s.event("release", id="grasp0", device="stylus0", holds="needle")
+    s.event("resume", reason="rolled back after a fault", scene_t=s.t, undone_s=0.4)
+    s.punctures = []
+    s.run(0.5)
+    s.event("grasp", id="grasp1", device="stylus0", holds="needle", vertex=0)
+    s.run(1.0)
+    s.punctures = [{"pad": "left", "pos": [-0.004, 0.0, 0.0], "on": "needle", "drag": 0.0}]
+    s.state(NEEDLE)
+    s.event("puncture", pad="left", side="entry", pos=[-0.004, 0.0, 0.0])
+    s.run(1.0)
+    a = s.scored()
+    assert (a.extra_punctures, a.needle_drops) == (0, 0)
+    assert [(p.target, round(p.offset_mm, 6)) for p in a.placements] == [("in", 1.0)]
+    assert a.phases["needle grasped"] == pytest.approx(1.0) and a.duration_s == pytest.approx(s.t)
+    assert a.tools[0].grasps == 2     # the grasp before the fault stands: it was made before the scene's copy
+
+
 def test_tool_paths_idle_time_clutches_and_peak_tension():
     s = Stream()
     s.suture()
