@@ -189,12 +189,14 @@ class BotEyes(Sight):
         self.seen = len(out)
 
 
-def trainee_in_process(seed: int = 0, overrides: dict | None = None) -> tuple[Scene, Trainee]:
-    """`suture-practice` (``overrides`` merged over it) with both devices hands, as `suturesim bench bot` runs
-    it, and the trainee bot of ``seed`` looking at it: drive its ``plan`` with :func:`run_trainee`."""
-    hands = {"devices": {RIGHT: {"tool": "hand"}, LEFT: {"tool": "hand"}}}
-    scene = Scene(overrides=hands if overrides is None else {**overrides, **hands})
-    bot = Trainee.with_eyes(BotEyes(scene), seed)
+def trainee_in_process(seed: int = 0, overrides: dict | None = None,
+                       tie: str = "instrument") -> tuple[Scene, Trainee]:
+    """`suture-practice` (``overrides`` merged over it) as `suturesim bench bot` runs it (its own tools for an
+    instrument tie, both devices hands for a hand ``tie``), and the trainee bot of ``seed`` looking at it: drive
+    its ``plan`` with :func:`run_trainee`."""
+    hands = {"devices": {RIGHT: {"tool": "hand"}, LEFT: {"tool": "hand"}}} if tie == "hand" else {}
+    scene = Scene(overrides={**(overrides or {}), **hands} or None)
+    bot = Trainee.with_eyes(BotEyes(scene), seed, tie=tie)
     scene.tick(20)
     bot.eyes.look()
     return scene, bot

@@ -1,7 +1,8 @@
 """The trainee bot (tools/trainee_bot.py) sutures `suture-practice` by hand on `suturesim serve --device remote`:
 a client of the public protocol alone, in its own process, the needle's start pose and the bot's own start poses,
 grasp point and pace perturbed by each run's seed. It takes the needle, bites through both edges, hands the
-needle over at its tip, draws the thread through, ties a surgeon's knot by hand and lets go, and watches 10 s.
+needle over at its tip, draws the thread through, ties an instrument tie with the scene's needle driver and
+forceps (a surgeon's double throw and the opposite single throw on it), lets go and watches 10 s.
 
 Timed (it needs the machine's two cores: the server's loop and the bot's own 1 kHz loop). Three seeds run here:
 in every one the server's events must show the steps up to the double throw seated (the grasps, four punctures

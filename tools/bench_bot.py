@@ -3,7 +3,8 @@
 Each run starts `suturesim serve --device remote` on `suture-practice` with the needle moved and turned as the
 run's seed draws it (trainee_bot.perturbed_practice), then the trainee bot (tools/trainee_bot.py) in its own
 process with the same seed: it picks the needle up, bites through both edges, hands it over, draws the thread
-through, ties a surgeon's knot by hand (both devices `tool: hand`), lets go and watches it 10 s. What is measured:
+through, ties an instrument tie with the scene's needle driver and forceps (a surgeon's double throw wound on the
+driver's jaw, the opposite single throw on it), lets go and watches it 10 s. What is measured:
 
 - whether the suture was done, as the server's own events say: four punctures, the knot the server read last
   (`knot` events) a surgeon's knot, the wound closed (`gap_closed`) and not opened again once both hands let go;
@@ -164,8 +165,9 @@ def render_bot(runs: list[BotRun]) -> list[str]:
            "`suturesim serve --device remote` of `suture-practice`, its needle moved and turned on the pad by each "
            "run's seed, sutured by the trainee bot (tools/trainee_bot.py: a client of the public protocol alone, "
            "in its own process, two styluses at 1 kHz) with the same seed: it takes the needle, bites through both "
-           "edges, hands the needle over at its tip, draws the thread through, ties a surgeon's knot by hand "
-           "(both devices `tool: hand`: fingers, which the thread does not collide with), lets go and watches the "
+           "edges, hands the needle over at its tip, draws the thread through, ties an instrument tie with the "
+           "scene's tools (a needle driver right, forceps left; the thread collides with both): a surgeon's double "
+           "throw wound on the driver's jaw and the opposite single throw on it, lets go and watches the "
            "knot 10 s. *Done*: four punctures, the knot the server read last a surgeon's knot, the wound closed "
            "and not opened after the hands let go, all by the server's events. Step: the "
            "solver's `Stepper.tick` with its substeps; tick: all of the server's tick (the step, the watch's "

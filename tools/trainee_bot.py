@@ -20,21 +20,29 @@ The suture, hand by hand (stylus0 the right hand's needle driver, stylus1 the le
    stylus about the needle's axis;
 2. the left hand takes the needle halfway between where it comes out and its tip, the right lets go; the left
    turns it on along its curve and draws it up and out, pulling the thread through both edges;
-3. the right hand takes the thread near its tail; the left turns the needle's arc up and draws its strand out
-   to the right, leaving a tail, while the right brings the tail across;
-4. a hand tie: a surgeon's double throw (the tail carried round the needle's strand and through the loop
-   twice), pulled along the tissue until the wound closes; then the opposite single throw, pulled with the
-   hands crossed (a surgeon's knot);
-5. both hands let go, and the bot watches the knot for ``--watch`` seconds.
+3. the tie, one of two:
 
-The throws' paths are those a person makes, set from the wound's centre (the marks' midpoint, as read) when the
-tie starts and not corrected while it runs: the needle's strand held up across the wound while the tail goes
-round it. The tie is a hand tie, so both of the bot's devices are hands (``tool: hand``, no body the thread
-meets: the tail is carried through a loop in the hand that holds it, and a needle driver's shaft would stay in
-the loop). Of an instrument tie, the thread wound round a needle driver's jaw and slid off its tip onto the
-tail, the bot has the first throw (``instrument_double_throw``, with suture-practice's own tools: a needle driver
-right, forceps left), which a long test runs in process; the opposite throw on it is not found yet, so the plan
-ties by hand (docs/HAPTICS.md Sec. 8).
+   a. an instrument tie (``--tie instrument``, the default; the scene's tools). The left hand draws the needle's
+      strand out until 30 mm of tail is left. A surgeon's double throw: the left hand winds the needle's strand
+      2.5 times round the needle driver's jaw, laid over the exit side; the jaw reaches for the tail's very end
+      and takes it; the needle hand holds the swage just past the jaw's tip while the jaw is drawn back along its
+      axis, so the wraps slide off one at a time onto the tail; each end is pulled to its own side, and the
+      driver lets go. Then the opposite single throw, grab first: the jaw takes the tail's end where it has come
+      to rest, lined up along the tail, and carries it up, over on the tail's side and down to where it lay for
+      the first throw; the needle's strand is wound 1.5 times round it the other way; the jaw is drawn back
+      through the wrap, and the ends are pulled crossed (the tail to the exit side), held and eased (a surgeon's
+      knot);
+   b. a hand tie (``--tie hand``; serve the scene with both devices ``tool: hand``): the right hand takes the
+      thread near its tail and brings it across; a surgeon's double throw (the tail carried round the needle's
+      strand and through the loop twice), pulled along the tissue until the wound closes; then the opposite
+      single throw, pulled with the hands crossed;
+4. both hands let go, and the bot watches the knot for ``--watch`` seconds.
+
+The throws' paths are those a person makes, set from the wound's centre (the marks' midpoint, as read) when each
+throw starts, and from where the tail's end lies when the jaw reaches for it. A hand tie needs hands (no body
+the thread meets: the tail is carried through a loop in the hand that holds it, and a needle driver's shaft would
+stay in the loop); an instrument tie needs the needle driver's jaw for the thread to be wound round
+(docs/HAPTICS.md Sec. 8).
 
 Run: ``python -m suturesim.tools.trainee_bot --pub tcp://127.0.0.1:5555 --stylus tcp://127.0.0.1:5557 --seed 3``;
 it prints one JSON line: what the server's events said (punctures, knots, the wound), whether each step was
@@ -60,9 +68,11 @@ from ..server import protocol
 RIGHT, LEFT = "stylus0", "stylus1"
 GRASP = 1                          # the grasp button (first Touch button); both hands leave the clutch alone
 TICK = 1e-3                        # s: the bot sends both styluses' samples every tick
-# s: how far its plan may run ahead of the scene time it last read: states come every 10 ms, so on time it never
-# waits; a server running late (ticks over 1 ms that it does not catch up) finds the hands holding still for it
-LEAD_S = 0.05
+# s: how far its plan may run ahead of the scene time it last read: states come every 10 ms, so on time it seldom
+# waits; a server running late (ticks over 1 ms that it does not catch up) finds the hands holding still for it.
+# Allowed 50 ms, the hands of seed 0 ran that far ahead of a server behind real time through the instrument's
+# wind on `serve`, and its double throw came out a half knot; at 15 ms it was done
+LEAD_S = 0.015
 UNIT = np.array([1.0, 0.0, 0.0, 0.0])
 C45 = math.sqrt(0.5)
 # the needle set for the bite: its circle upright in the plane of the bite (x-z for a bite along +x), the swage at
@@ -75,6 +85,7 @@ BITE_DEPTH = 0.0063265
 # right (body x -> world z, body y -> x, body z -> y), the strand leaving the swage downward: the tail's loops
 # round the strand below the hand pass clear of the needle
 Q_TIE = np.array([0.5, -0.5, -0.5, -0.5])
+TIES = ("instrument", "hand")    # the knot tied: an instrument tie (the scene's tools) or a hand tie (two hands)
 GRASP_WAIT = 300                   # ticks a hand waits for its `grasp` event before it gives up
 # the tie (step 4): (t s, x, y, z m) from the tie's start, relative to the wound's centre, for the point the needle
 # hand holds the strand at (the swage) and the point the tail hand holds (near the tail's end). The double throw,
@@ -115,6 +126,21 @@ IT_PAST_TIP = 0.005                # then it carries the swage this far past the
 IT_BACK = 0.040                    # the jaw drawn back along its axis, the tail's end through the wraps
 IT_CINCH = 0.047                   # each end pulled to its own side, this far from the centre, 3 mm up, over 4 s
 IT_CINCH_TICKS, IT_CINCH_HOLD = 4000, 1000
+# The opposite throw on it, grab first: the jaw takes the tail's very end and carries it to where the first
+# throw's jaw lay; the needle's strand is wound round the jaw the other way; the jaw is drawn back through the wrap;
+# the ends are pulled crossed, the tail toward the exit mark and the needle's strand toward the entry mark. Wound
+# the first throw's way, the server reads a surgeon's granny; pulled uncrossed, the wound opens in the watch.
+IT2_LIFT = 0.030                   # the driver first rises this far, clear of the thread
+IT2_REST_MM, IT2_REST_TRIES = 1.0, 20   # the tail's end at rest (moves under 1 mm in 0.1 s), 2 s at most: the
+                                        # driver's let-go leaves it standing up, and it may fall over
+IT2_APPROACH = 0.025               # the jaw lines up this far beyond the tail's end, along the tail, its axis too
+IT2_BEYOND = 0.004                 # ... and closes with its tip this far beyond the end: within its reach and
+                                   # clear of the thread (a jaw that touches the end pushes it away)
+IT2_HIGH, IT2_SIDE = 0.035, 0.015   # the end carried up this high, then over to this far on the tail's side
+IT2_FOLLOW = 1e-4                  # m a tick (0.1 m/s): the jaw follows the end onto it if it still moves
+IT2_WIND_R = 0.006                 # the needle hand circles the jaw's middle at this radius ...
+IT2_TURNS = 1.5                    # ... this many turns, from +v, turning +v toward +n: the first throw's other way
+IT2_EASE = 0.030                   # the ends eased to this far either side of the centre before both let go
 
 
 def perturbation(seed: int) -> dict:
@@ -132,17 +158,19 @@ def perturbation(seed: int) -> dict:
             "needle": {"orientation": [math.cos(yaw / 2), 0.0, 0.0, math.sin(yaw / 2)]}}
 
 
-def perturbed_practice(seed: int, out) -> None:
+def perturbed_practice(seed: int, out, tie: str = "instrument") -> None:
     """Write `suture-practice` with the perturbation of ``seed`` to the YAML file ``out``: the world the bot
-    finds. Both devices are hands (``tool: hand``): the bot ties by hand, and a hand tie carries the tail, in the
-    tool that holds it, through a loop, which a needle driver's shaft would stay inside (docs/HAPTICS.md Sec. 1)."""
+    finds. For an instrument tie its tools are the scene's (a needle driver right, forceps left); for a hand tie
+    both devices are hands (``tool: hand``): a hand tie carries the tail, in the tool that holds it, through a
+    loop, which a needle driver's shaft would stay inside (docs/HAPTICS.md Sec. 1)."""
     import yaml
 
     from ..solver.scenario import _merge, scenario_path
 
     doc = _merge(yaml.safe_load(scenario_path("suture-practice").read_text()), perturbation(seed))
     for name in (RIGHT, LEFT):
-        doc["devices"][name]["tool"] = "hand"
+        if tie == "hand":
+            doc["devices"][name]["tool"] = "hand"
     with open(out, "w") as f:
         yaml.safe_dump(doc, f, sort_keys=False)
 
@@ -184,6 +212,17 @@ def about_z(angle: float) -> np.ndarray:
 
 
 # -- what the bot sees and sends ---------------------------------------------------------------------------
+def toward(d) -> np.ndarray:
+    """A unit quaternion (w, x, y, z) turning a tool's axis (its body +z) onto the direction ``d``."""
+    d = np.asarray(d, float) / np.linalg.norm(d)
+    axis = np.cross([0.0, 0.0, 1.0], d)
+    s = float(np.linalg.norm(axis))
+    if s < 1e-9:
+        return UNIT.copy() if d[2] > 0.0 else np.array([0.0, 1.0, 0.0, 0.0])
+    half = 0.5 * math.atan2(s, float(d[2]))
+    return np.array([math.cos(half), *(math.sin(half) * axis / s)])
+
+
 class Sight:
     """What the bot has seen of the `state` and `event` topics: the newest state, and every event in order."""
 
@@ -262,25 +301,28 @@ class Hand:
 class Trainee:
     """The bot: ``plan`` is the suture as a generator that yields once a tick; ``run`` drives it at 1 kHz."""
 
-    def __init__(self, pub: str, stylus: str, seed: int, watch_s: float = 10.0):
+    def __init__(self, pub: str, stylus: str, seed: int, watch_s: float = 10.0, tie: str = "instrument"):
         self.ctx = zmq.Context()
         self.push = self.ctx.socket(zmq.PUSH)
         self.push.setsockopt(zmq.LINGER, 500)
         self.push.setsockopt(zmq.SNDHWM, 100)
         self.push.connect(stylus)
-        self._start(Eyes(self.ctx, pub), seed, watch_s)
+        self._start(Eyes(self.ctx, pub), seed, watch_s, tie)
 
     @classmethod
-    def with_eyes(cls, eyes, seed: int, watch_s: float = 10.0) -> "Trainee":
+    def with_eyes(cls, eyes, seed: int, watch_s: float = 10.0, tie: str = "instrument") -> "Trainee":
         """A bot without sockets: it reads ``eyes`` (a Sight with a ``look()`` of its own) and its caller drives
         ``plan`` a tick at a time and takes the hands' poses (tests run it so against the physics loop in
         process)."""
         bot = cls.__new__(cls)
         bot.ctx = bot.push = None
-        bot._start(eyes, seed, watch_s)
+        bot._start(eyes, seed, watch_s, tie)
         return bot
 
-    def _start(self, eyes, seed: int, watch_s: float) -> None:
+    def _start(self, eyes, seed: int, watch_s: float, tie: str) -> None:
+        if tie not in TIES:
+            raise ValueError(f"tie must be one of {', '.join(TIES)}, got {tie!r}")
+        self.tie = tie
         self.eyes = eyes
         self.rng = np.random.default_rng(seed)
         self.seed = seed
@@ -433,25 +475,10 @@ class Trainee:
             swage, _ = self.needle()
             yield from self.move_needle(left, swage + (tail - IT_TAIL) * u, Q_TIE, 600)
             yield from self.wait(200)
-        # the driver laid over the exit side: its axis a (tip to hinge), n square to it, up
-        q = qmul(about_z(yaw), [math.cos((math.pi / 2 - IT_AXIS) / 2), 0.0, math.sin((math.pi / 2 - IT_AXIS) / 2),
-                                0.0])
-        a = math.cos(IT_AXIS) * u + math.sin(IT_AXIS) * z
-        n = -math.sin(IT_AXIS) * u + math.cos(IT_AXIS) * z
-        mid = at(0.005, 0.0, 0.0) + IT_JAW_MID * n
-        tip = mid - 0.006 * a                            # half the needle driver's 12 mm jaw (server/jaws.py)
+        q, a, n, mid, tip = self.driver_pose((c, u, v, yaw))
         yield from self.move_jaw(right, tip + 0.02 * n, q, 800)
         yield from self.move_jaw(right, tip, q, 400)
-        # the wind: the needle hand round the jaw's middle
-        def circle(phi):
-            return mid + IT_WIND_R * (math.cos(phi) * n + math.sin(phi) * v)
-
-        yield from self.move_needle(left, circle(0.5 * math.pi), Q_TIE, 1000)
-        turns = int(IT_TURNS * IT_TURN_TICKS)
-        for k in range(1, turns + 1):
-            left.pos, left.quat = left.jaw_for_needle(circle(0.5 * math.pi + 2.0 * math.pi * IT_TURNS * k / turns),
-                                                      Q_TIE)
-            yield
+        yield from self.wind(mid, n, v, IT_WIND_R, IT_TURNS, 1.0, 1000)
         # the jaw reaches tip first over the tail's end, the needle hand following part of the way
         target = self.thread()[-1] + [0.0, 0.0, 0.003]
         p0, l0 = right.pos.copy(), left.pos.copy()
@@ -468,21 +495,8 @@ class Trainee:
             yield
         yield from self.close_on(right, "thread")
         yield from self.wait(50)
-        swage, _ = self.needle()
-        goal, l0 = right.pos - IT_PAST_TIP * a - IT_ASIDE * v, left.pos.copy()
-        for k in range(1, 501):                          # the swage past the jaw's tip
-            left.pos = l0 + k / 500 * (goal - swage)
-            yield
-        for _ in range(4):                               # the jaw drawn back, the tail's end through the wraps
-            yield from self.move_jaw(right, right.pos + IT_BACK * a / 4, right.quat, 200)
-        swage, _ = self.needle()
-        p0 = right.pos.copy()
-        for k in range(1, IT_CINCH_TICKS + 1):           # the cinch, each end to its own side
-            s = k / IT_CINCH_TICKS
-            right.pos = p0 + s * (at(-IT_CINCH, 0.0, 0.003) - p0)
-            left.pos, left.quat = left.jaw_for_needle(swage + s * (at(IT_CINCH, 0.0, 0.003) - swage), Q_TIE)
-            yield
-        yield from self.wait(IT_CINCH_HOLD)
+        # the wraps onto the tail, and each end pulled to its own side
+        yield from self.draw_through_and_cinch(a, -IT_ASIDE * v, at(-IT_CINCH, 0.0, 0.003), at(IT_CINCH, 0.0, 0.003))
         if not self.events("knot", name="double throw"):
             raise BotFailed(f"after the instrument's double throw the server read {self.knots()}")
         self.mark("double throw")
@@ -498,10 +512,131 @@ class Trainee:
         yield from self.move_jaw(right, right.pos + at(0.0, 0.025, 0.003) - c, right.quat, 500)
         self.mark("driver clear")
 
+    @staticmethod
+    def driver_pose(frame: tuple) -> tuple:
+        """The needle driver laid over the exit side for an instrument throw, in the wound's ``frame``
+        (:meth:`wound_frame`): (its orientation, its axis a (tip to hinge) rising IT_AXIS toward the hand, n square
+        to it and up, its jaw's middle IT_JAW_MID from the face, its tip (m))."""
+        c, u, v, yaw = frame
+        z = np.array([0.0, 0.0, 1.0])
+        q = qmul(about_z(yaw), [math.cos((math.pi / 2 - IT_AXIS) / 2), 0.0, math.sin((math.pi / 2 - IT_AXIS) / 2),
+                                0.0])
+        a = math.cos(IT_AXIS) * u + math.sin(IT_AXIS) * z
+        n = -math.sin(IT_AXIS) * u + math.cos(IT_AXIS) * z
+        mid = c + 0.005 * u + 0.0 * v + 0.0 * z + IT_JAW_MID * n
+        return q, a, n, mid, mid - 0.006 * a             # the tip: half the needle driver's 12 mm jaw (server/jaws.py)
+
+    def wind(self, mid: np.ndarray, n: np.ndarray, v: np.ndarray, radius: float, turns: float, sense: float,
+             ticks: int) -> Iterator[None]:
+        """The needle hand brings the swage over ``ticks`` to ``radius`` (m) from the jaw's middle ``mid`` on its
+        +v side, then circles it ``turns`` times in the n-v plane, IT_TURN_TICKS a turn, from +v toward -n
+        (``sense`` 1) or toward +n (-1): the needle's strand wound round the jaw."""
+        left = self.hands[LEFT]
+
+        def circle(phi):
+            return mid + radius * (math.cos(phi) * n + math.sin(phi) * v)
+
+        yield from self.move_needle(left, circle(0.5 * math.pi), Q_TIE, ticks)
+        count = int(turns * IT_TURN_TICKS)
+        for k in range(1, count + 1):
+            phi = 0.5 * math.pi + sense * (2.0 * math.pi * turns * k / count)
+            left.pos, left.quat = left.jaw_for_needle(circle(phi), Q_TIE)
+            yield
+
+    def draw_through_and_cinch(self, a: np.ndarray, aside: np.ndarray, tail_to: np.ndarray,
+                               needle_to: np.ndarray) -> Iterator[None]:
+        """An instrument throw's end: the needle hand holds the swage just past the jaw's tip (and ``aside``, m),
+        the jaw is drawn back along its axis ``a`` (tip to hinge), the tail's end in it through the wraps, so they
+        slide off its tip onto the tail one at a time; then the jaw pulls the tail to ``tail_to`` and the needle
+        hand its strand to ``needle_to`` (m) over IT_CINCH_TICKS, and both hold IT_CINCH_HOLD."""
+        right, left = self.hands[RIGHT], self.hands[LEFT]
+        swage, _ = self.needle()
+        goal, l0 = right.pos - IT_PAST_TIP * a + aside, left.pos.copy()
+        for k in range(1, 501):                          # the swage past the jaw's tip
+            left.pos = l0 + k / 500 * (goal - swage)
+            yield
+        for _ in range(4):                               # the jaw drawn back
+            yield from self.move_jaw(right, right.pos + IT_BACK * a / 4, right.quat, 200)
+        swage, _ = self.needle()
+        p0 = right.pos.copy()
+        for k in range(1, IT_CINCH_TICKS + 1):           # the cinch
+            s = k / IT_CINCH_TICKS
+            right.pos = p0 + s * (tail_to - p0)
+            left.pos, left.quat = left.jaw_for_needle(swage + s * (needle_to - swage), Q_TIE)
+            yield
+        yield from self.wait(IT_CINCH_HOLD)
+
+    def instrument_opposite_throw(self) -> Iterator[None]:
+        """After the instrument's double throw, the opposite single throw on it, grab first: the driver's jaw takes
+        the tail's very end (lined up along the tail, tip first) and carries it up, over on the tail's side of the
+        wound and down to where the first throw's jaw lay; the needle hand winds its strand 1.5 times round the
+        jaw, the other way from the first throw; the needle hand holds the swage past the jaw's tip and the jaw is
+        drawn back along its axis, the tail's end through the wrap; the ends are pulled crossed along the tissue
+        (the tail to the exit side, the needle's strand to the entry side), held and eased. The server must read a
+        surgeon's knot."""
+        right, left = self.hands[RIGHT], self.hands[LEFT]
+        c, u, v, yaw = self.wound_frame()
+        z = np.array([0.0, 0.0, 1.0])
+
+        def at(du, dv, dz):
+            return c + du * u + dv * v + dz * z
+
+        yield from self.move_jaw(right, right.pos + IT2_LIFT * z, right.quat, 400)
+        for _ in range(IT2_REST_TRIES):
+            end = self.thread()[-1].copy()
+            yield from self.wait(100)
+            if np.linalg.norm(self.thread()[-1] - end) < 1e-3 * IT2_REST_MM:
+                break
+        x = self.thread()
+        d = x[-1] - x[-3]
+        d /= np.linalg.norm(d)                           # the tail's direction at its end, outward
+        q_end = toward(d)
+        lined = x[-1] + IT2_APPROACH * d
+        yield from self.move_jaw(right, lined + 0.02 * z, q_end, 800)
+        yield from self.move_jaw(right, lined, q_end, 300)
+        for _ in range(400):                             # onto the end, following it if it still moves
+            goal = self.thread()[-1] + IT2_BEYOND * d
+            step = goal - right.pos
+            dist = float(np.linalg.norm(step))
+            right.pos = goal if dist < IT2_FOLLOW else right.pos + step * (IT2_FOLLOW / dist)
+            yield
+        yield from self.close_on(right, "thread")
+        yield from self.wait(50)
+        q, a, n, mid, tip = self.driver_pose((c, u, v, yaw))
+        # up, over to the tail's side of the wound and down onto the pose: wherever the end came to rest, the tail
+        # comes to the jaw's pose the same way round the needle's strand
+        yield from self.move_jaw(right, np.array([right.pos[0], right.pos[1], c[2] + IT2_HIGH]), right.quat, 500)
+        yield from self.move_jaw(right, at(-IT2_SIDE, 0.0, IT2_HIGH), q, 800)
+        yield from self.move_jaw(right, tip + 0.01 * n, q, 600)
+        yield from self.move_jaw(right, tip, q, 300)
+        yield from self.wind(mid, n, v, IT2_WIND_R, IT2_TURNS, -1.0, 800)
+        # the wrap onto the tail, and the ends pulled crossed
+        yield from self.draw_through_and_cinch(a, np.zeros(3), at(IT_CINCH, 0.0, 0.003), at(-IT_CINCH, 0.0, 0.003))
+        if not self.events("knot", name="surgeon's knot"):
+            raise BotFailed(f"after the instrument's opposite throw the server read {self.knots()}")
+        self.mark("second throw")
+        swage, _ = self.needle()
+        p0 = right.pos.copy()
+        for k in range(1, 1001):                         # eased
+            right.pos = p0 + k / 1000 * (at(IT2_EASE, 0.0, 0.006) - p0)
+            left.pos, left.quat = left.jaw_for_needle(swage + k / 1000 * (at(-IT2_EASE, 0.0, 0.008) - swage),
+                                                      Q_TIE)
+            yield
+
     # -- the suture ----------------------------------------------------------------------------------------
     def plan(self) -> Iterator[None]:
         yield from self.suture()
-        yield from self.hand_tie()
+        if self.tie == "hand":
+            yield from self.hand_tie()
+        else:
+            yield from self.instrument_tie()
+
+    def instrument_tie(self) -> Iterator[None]:
+        """Steps 3a and 4, an instrument tie, with the right tool a needle driver: a surgeon's double throw wound
+        on its jaw, the opposite single throw on it, both hands let go and the knot watched."""
+        yield from self.instrument_double_throw()
+        yield from self.instrument_opposite_throw()
+        yield from self.let_go_and_watch()
 
     def suture(self) -> Iterator[None]:
         """Steps 1 and 2: the needle taken, driven through both edges, handed over and the thread drawn
@@ -563,10 +698,10 @@ class Trainee:
         self.mark("drawn through")
 
     def hand_tie(self) -> Iterator[None]:
-        """Steps 3 to 5: the tail taken, a surgeon's knot tied by hand, both hands let go and the knot
+        """Steps 3b and 4: the tail taken, a surgeon's knot tied by hand, both hands let go and the knot
         watched."""
         right, left = self.hands[RIGHT], self.hands[LEFT]
-        # 3. the right hand takes the thread 2 mm from its tail's end; the left turns the needle's arc up (Q_TIE) and
+        # the right hand takes the thread 2 mm from its tail's end; the left turns the needle's arc up (Q_TIE) and
         # draws its strand out to the right, leaving a tail, while the right brings the tail across
         x = self.thread()
         tail = x[-1] + 2e-3 * (x[-2] - x[-1]) / np.linalg.norm(x[-2] - x[-1])
@@ -587,7 +722,7 @@ class Trainee:
             right.pos = p0 + s * (centre + t0 - p0)
             yield
         self.mark("tail taken")
-        # 4. the tie, both hands along their paths from the wound's centre; the needle hand keeps the needle as
+        # the tie, both hands along their paths from the wound's centre; the needle hand keeps the needle as
         # it turned it (Q_TIE)
         total = NEEDLE_TIE[-1][0]
         ticks = int(round(total / TICK))
@@ -610,7 +745,11 @@ class Trainee:
         if not self.events("knot", name="surgeon's knot"):
             raise BotFailed(f"after the second throw the server read {self.knots()}")
         self.mark("second throw")
-        # 5. both hands let go, the tail first, and step back
+        yield from self.let_go_and_watch()
+
+    def let_go_and_watch(self) -> Iterator[None]:
+        """Step 4: both hands let go, the tail's first, and step back; the knot watched ``watch_s``."""
+        right, left = self.hands[RIGHT], self.hands[LEFT]
         self.let_go(right)
         yield from self.wait(200)
         self.let_go(left)
@@ -699,8 +838,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stylus", default="tcp://127.0.0.1:5557", help="the server's stylus (PULL) endpoint")
     p.add_argument("--seed", type=int, default=0, help="draws the bot's start poses, grasp point and pace")
     p.add_argument("--watch", type=float, default=10.0, help="seconds the bot watches the knot after letting go")
+    p.add_argument("--tie", choices=TIES, default="instrument",
+                   help="instrument (default): an instrument tie with the scene's needle driver and forceps; "
+                        "hand: a hand tie (serve the scene with both devices `tool: hand`)")
     args = p.parse_args(argv)
-    bot = Trainee(args.pub, args.stylus, args.seed, args.watch)
+    bot = Trainee(args.pub, args.stylus, args.seed, args.watch, args.tie)
     try:
         report = bot.run()
     finally:
