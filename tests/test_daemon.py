@@ -47,6 +47,9 @@ def test_overruns_past_catch_up_tells_a_stall_from_a_scene_too_slow():
     assert overruns_past_catch_up([slow], [{"seq": 1100, "late_us": 50000.0, "ticks": 100}]) == 100
     # an event after the last `stats` takes the last second's
     assert overruns_past_catch_up([second], [{"seq": 2500, "late_us": 1000.0, "ticks": 5}]) == 2
+    # a second whose ticks run past long_ticks_us at p99 explains its overruns; one within it does not
+    assert overruns_past_catch_up([slow], [{"seq": 1100, "late_us": 50000.0, "ticks": 100}], 1000.0) == 0
+    assert overruns_past_catch_up([second], [{"seq": 1500, "late_us": 4000.0, "ticks": 12}], 1000.0) == 3
 
 
 # ---------------------------------------------------------------------------------------------- type checks

@@ -5,9 +5,10 @@ needle over at its tip, draws the thread through, ties an instrument tie with th
 forceps (a surgeon's double throw and the opposite single throw on it), lets go and watches 10 s.
 
 Timed (it needs the machine's two cores: the server's loop and the bot's own 1 kHz loop). Three seeds run here:
-in every one the server's events must show the steps up to the double throw seated (the grasps, four punctures
-in order, the thread through, a double throw read and the wound closed); in at least one, the whole suture (a
-surgeon's knot read, the wound still closed 10 s after both hands let go). How often the whole suture succeeds
+in every one the server's events must show the steps up to the double throw (the grasps, four punctures in
+order, the thread through, a double throw read; the instrument's double throw need not close the wound by
+itself); in at least one, the whole suture (a surgeon's knot read, the wound closed and still closed 10 s after
+both hands let go). How often the whole suture succeeds
 is measured over ten seeds by `suturesim bench bot` (docs/BENCHMARKS.md Sec. 9), not here: three runs cannot
 tell 80 % from 60 %, and ten take the suite past its time."""
 from __future__ import annotations
@@ -30,7 +31,7 @@ def test_the_trainee_bot_sutures_and_ties_a_surgeons_knot_that_holds():
         assert "double throw" in rep["done"], rep                      # its own check of the server's events
         assert rep["grasps"][:3] == [["stylus0", "needle"], ["stylus1", "needle"], ["stylus0", "thread"]], rep
         assert rep["punctures"] == [["left", "entry"], ["left", "exit"], ["right", "entry"], ["right", "exit"]], rep
-        assert "double throw" in rep["knots"] and rep["gap_closed"], rep
+        assert "double throw" in rep["knots"], rep
     done = [r for r in runs if r.ok]
     assert done, [(r.seed, r.report["failure"], r.report["knots"], r.report["knot_at_end"],
                    r.report["gap_opened_after_release"]) for r in runs]
