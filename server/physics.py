@@ -152,6 +152,21 @@ def _user_id(frame: zmq.Frame) -> str | None:
         return None
 
 
+def free_grasp_slot(state, slot: int) -> None:
+    """Grasp slot ``slot`` of ``state`` holds nothing: no vertex, point or pad, no force."""
+    state.grasp_vertex[slot] = -1
+    state.grasp_frac[slot] = 0.0
+    state.grasp_pad[slot] = -1
+    state.grasp_force[slot] = 0.0
+
+
+def free_grasp_slots(state, kept: set[int]) -> None:
+    """Every grasp slot of ``state`` but those in ``kept`` holds nothing (a state restored from a copy)."""
+    for slot in range(state.grasp_vertex.shape[0]):
+        if slot not in kept:
+            free_grasp_slot(state, slot)
+
+
 def wait_until(deadline_ns: int, spin_ns: int) -> None:
     """Return at ``deadline_ns`` (time.monotonic_ns): sleep until ``spin_ns`` before it (the OS wakes us late
     by tens of µs), then spin the rest."""
@@ -430,13 +445,7 @@ class PhysicsLoop:
         if restored:
             state.x_ref[:] = np.inf           # the neighbour list is rebuilt before the next substep
             state.grasp_vel[:] = 0.0
-            kept = {g.slot for g in scenario.grasps}
-            for slot in range(state.grasp_vertex.shape[0]):
-                if slot not in kept:
-                    state.grasp_vertex[slot] = -1
-                    state.grasp_frac[slot] = 0.0
-                    state.grasp_pad[slot] = -1   # a pad held by hand is let go too
-                    state.grasp_force[slot] = 0.0
+            free_grasp_slots(state, {g.slot for g in scenario.grasps})   # a pad held by hand is let go too
             self.resumed_at = float(state.time[0])
         self.install(scenario, state if restored else None)
 
@@ -790,10 +799,7 @@ class PhysicsLoop:
         for g in self.grasps:
             if g.id == gid:
                 st = self.state
-                st.grasp_vertex[g.slot] = -1
-                st.grasp_frac[g.slot] = 0.0
-                st.grasp_pad[g.slot] = -1
-                st.grasp_force[g.slot] = 0.0
+                free_grasp_slot(st, g.slot)
                 st.grasp_vel[g.slot] = 0.0
                 self.holds.pop(g.id, None)
                 self.grasps.remove(g)
@@ -1058,13 +1064,7 @@ class PhysicsLoop:
         scripted = {g.id for g in self.scenario.grasps}
         for g in [g for g in self.grasps if g.id not in scripted]:
             self.remove_grasp(g.id)      # its slot cleared in the restored state, its hold dropped
-        kept = {g.slot for g in self.grasps}
-        for slot in range(state.grasp_vertex.shape[0]):
-            if slot not in kept:         # a grasp of the copy's time that has gone since
-                state.grasp_vertex[slot] = -1
-                state.grasp_frac[slot] = 0.0
-                state.grasp_pad[slot] = -1
-                state.grasp_force[slot] = 0.0
+        free_grasp_slots(state, {g.slot for g in self.grasps})   # a grasp of the copy's time that has gone since
         self.stepper.reset()
         self.builder.reset(state, self.all_devices([g.device for g in self.grasps]))
         for dev in self.devices:         # each tool placed afresh where its stylus is, as at a scene's start
