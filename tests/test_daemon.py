@@ -52,6 +52,22 @@ def test_overruns_past_catch_up_tells_a_stall_from_a_scene_too_slow():
     assert overruns_past_catch_up([second], [{"seq": 1500, "late_us": 4000.0, "ticks": 12}], 1000.0) == 3
 
 
+def test_the_spin_before_a_deadline_keeps_a_realtime_loop_under_the_kernels_limit():
+    from suturesim.server.physics import DUTY_MARGIN, spin_allowed
+    tick, spin = 1_000_000, 300_000
+    # light ticks spin as configured, whatever the limit
+    assert spin_allowed(spin, tick, 100_000, 0.95) == spin
+    assert spin_allowed(spin, tick, 100_000, 1.0) == spin
+    # 0.65 ms ticks under a 95 % limit: tick and spin fill 90 % of the period, not 95 %
+    allowed = spin_allowed(spin, tick, 650_000, 0.95)
+    assert allowed < spin and abs(650_000 + allowed - (0.95 - DUTY_MARGIN) * tick) <= 1
+    # ticks past the budget: no spin (the loop sleeps to its deadline, or runs late), never a negative one
+    assert spin_allowed(spin, tick, 950_000, 0.95) == 0
+    assert spin_allowed(spin, tick, 2_000_000, 0.95) == 0
+    # a loop that is not real time is not throttled: it spins while its ticks leave room
+    assert spin_allowed(spin, tick, 800_000, 1.0) == 200_000
+
+
 # ---------------------------------------------------------------------------------------------- type checks
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
