@@ -15,9 +15,9 @@ from ..solver.instruments import CAPSULES_PER_TOOL, TC_IMPULSE
 from ..solver.integrator import STAT_MAX_ITERS, STAT_MAX_RESIDUAL, STAT_SUBSTEPS
 from ..solver.needle import NP_ARC, NP_RADIUS, NS_Q, NS_TORQUE, arc_point
 from ..solver.scenario import Scenario
-from ..solver.suture import STATE_NAMES, SutureWatch, lateral_force, pad_gap
-from ..solver.tissue import (PD_HALF, PF_DRAG, PF_LOCAL, PF_SIGMA, PI_PAD, PI_STATE, PS_X, PUN_ACTIVE, PUN_FREE,
-                             PUN_NEEDLE)
+from ..solver.suture import STATE_NAMES, SutureWatch, pad_gap
+from ..solver.tissue import (PD_HALF, PF_DRAG, PF_FORCE, PF_LOCAL, PF_SIGMA, PI_PAD, PI_STATE, PS_X, PUN_ACTIVE,
+                             PUN_FREE, PUN_NEEDLE)
 from ..solver.model import ThreadState
 from . import protocol
 from .device import Device, DeviceTable
@@ -57,8 +57,8 @@ class MessageBuilder:
         # the pads' sizes (m) never change: one list each, sent by every `state`
         self._pad_sizes = [(2.0 * scenario.model.pads[p, PD_HALF:PD_HALF + 3]).tolist()
                            for p in range(len(scenario.model.pad_ids))]
-        # the targets' offsets from their pads' centres (m), as arrays
-        self._target_local = [np.array(tg.local, float) for tg in scenario.targets]
+        # the targets' offsets from their pads' centres (m), Python floats
+        self._target_local = [[float(v) for v in tg.local] for tg in scenario.targets]
         # arc length (m) from the thread's first vertex to each vertex at rest: where a thread coordinate j + u is
         self._arc = np.concatenate(([0.0], np.cumsum(scenario.model.rest_length))).tolist()
         for d in dict.fromkeys(devices if devices is not None else [g.device for g in self.grasps]):
@@ -156,27 +156,35 @@ class MessageBuilder:
     def _tissue(self, state: ThreadState) -> protocol.SortedMap:
         """The `state` topic's `tissue` map (docs/PROTOCOL.md Sec. 3.1), built with its keys in sorted order."""
         m = self.scenario.model
-        pst = state.pst
-        pads = [protocol.SortedMap(id=pid, pos=pst[p, PS_X:PS_X + 3].tolist(), size=self._pad_sizes[p])
+        # Python floats and ints throughout: a numpy scalar costs more to read, and a sum of two Python floats is
+        # the float64 sum numpy makes, bit for bit
+        centres = [row[PS_X:PS_X + 3] for row in state.pst.tolist()]
+        pads = [protocol.SortedMap(id=pid, pos=centres[p], size=self._pad_sizes[p])
                 for p, pid in enumerate(m.pad_ids)]
         punctures = []
-        pun_i, pun_f = state.pun_i.tolist(), state.pun_f   # Python ints: a numpy scalar costs more to read
-        for q, row in enumerate(pun_i):
+        pun_f = None
+        for q, row in enumerate(state.pun_i.tolist()):
             st = row[PI_STATE]
             if st == PUN_FREE:
                 continue
+            if pun_f is None:
+                pun_f = state.pun_f.tolist()
+            f = pun_f[q]
             p = row[PI_PAD]
+            c = centres[p]
+            fx, fy, fz = f[PF_FORCE:PF_FORCE + 3]
             punctures.append(protocol.SortedMap(
-                **({"arc": self.thread_arc(float(pun_f[q, PF_SIGMA]))} if st == PUN_ACTIVE else {}),
-                drag=float(pun_f[q, PF_DRAG]), id=q,
-                **({"lateral": float(lateral_force(pun_f, q))} if st == PUN_NEEDLE else {}),
+                **({"arc": self.thread_arc(f[PF_SIGMA])} if st == PUN_ACTIVE else {}),
+                drag=f[PF_DRAG], id=q,
+                # suture.lateral_force's magnitude, in its order
+                **({"lateral": math.sqrt(fx * fx + fy * fy + fz * fz)} if st == PUN_NEEDLE else {}),
                 on=STATE_NAMES[st], pad=m.pad_ids[p],
-                pos=(pst[p, PS_X:PS_X + 3] + pun_f[q, PF_LOCAL:PF_LOCAL + 3]).tolist()))
-        g = float(pad_gap(m.pads, pst))
+                pos=[c[0] + f[PF_LOCAL], c[1] + f[PF_LOCAL + 1], c[2] + f[PF_LOCAL + 2]]))
+        g = float(pad_gap(m.pads, state.pst))
         w = self.watch
         # a mark moves with its pad: the pad's centre plus the mark's offset, component by component
         targets = [protocol.SortedMap(id=tg.id, kind=tg.kind, pad=m.pad_ids[tg.pad],
-                                      pos=(pst[tg.pad, PS_X:PS_X + 3] + self._target_local[k]).tolist())
+                                      pos=[a + b for a, b in zip(centres[tg.pad], self._target_local[k])])
                    for k, tg in enumerate(self.scenario.targets)]
         # keys in sorted order (a SortedMap is packed as built): targets, when the scene marks any, before throws
         return protocol.SortedMap(gap=g if math.isfinite(g) else None, knot=w.knot, linking=w.link, pads=pads,
@@ -219,9 +227,14 @@ class MessageBuilder:
                         if g.vertex >= 0:   # the thread's axial force where a grasp holds it (a pad has none)
                             axial = max(axial, self.axial(state, g.vertex, float(state.grasp_frac[g.slot])))
                 if dev.tool_row >= 0:
-                    for c in range(CAPSULES_PER_TOOL * dev.tool_row, CAPSULES_PER_TOOL * (dev.tool_row + 1)):
+                    # Python floats of the capsules' impulses: the same sums as element by element, in a tenth of
+                    # the time of numpy's scalar reads
+                    r = raw.tolist()
+                    for row in caps[CAPSULES_PER_TOOL * dev.tool_row:CAPSULES_PER_TOOL * (dev.tool_row + 1),
+                                    TC_IMPULSE:TC_IMPULSE + 3].tolist():
                         for d in range(3):
-                            raw[d] -= caps[c, TC_IMPULSE + d] * per_tick
+                            r[d] -= row[d] * per_tick
+                    raw[0], raw[1], raw[2] = r
             dev.flags = dev.safety.step(raw, t, t, self.tick, dev.force) | dev.driver_flags
             dev.axial = axial
 
@@ -244,7 +257,8 @@ class MessageBuilder:
             if dev.name == needle_device:
                 torque = self._torque
                 np.negative(state.nst[NS_TORQUE:NS_TORQUE + 3], out=torque)   # felt: the reaction
-                if not np.all(np.isfinite(torque)):
+                tx, ty, tz = torque.tolist()
+                if tx - tx + ty - ty + tz - tz != 0.0:   # 0 for finite components, nan otherwise
                     torque.fill(0.0)
             out.append(protocol.encode_force(seq, t, dev.name, pose, dev.force, dev.axial, dev.flags,
                                              dev.stylus if dev.has_stylus else None, torque, quat))

@@ -30,6 +30,7 @@ free-form maps -- event details and stats -- are emitted with their keys sorted)
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -77,9 +78,15 @@ class ProtocolError(ValueError):
 # encoding
 
 
+_PACKERS = threading.local()   # a Packer per thread: packb makes one a call (0.6 us of a force message's 1.7)
+
+
 def _pack(obj: dict) -> bytes:
+    packer = getattr(_PACKERS, "packer", None)
+    if packer is None:
+        packer = _PACKERS.packer = msgpack.Packer(use_bin_type=True, default=_pack_default)
     try:
-        data = msgpack.packb(obj, use_bin_type=True, default=_pack_default)
+        data = packer.pack(obj)
     except (TypeError, ValueError, OverflowError) as exc:
         raise ProtocolError(f"cannot encode payload: {exc}") from exc
     if len(data) > MAX_MESSAGE_BYTES:
