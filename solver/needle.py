@@ -37,8 +37,8 @@ from numba import njit
 
 from .contact import closest_if_near, segment_closest, segment_move
 from .tissue import (PD_HALF, PF_FORCE, PF_LOCAL, PF_OFF, PF_SIGMA, PF_SPEED, PI_MATE, PI_PAD, PI_STATE, PS_DX, PS_F, PS_X,
-                     PUN_ACTIVE, PUN_FREE, PUN_NEEDLE, SETTLED, TP_F_KINETIC, TP_F_STATIC, TP_K_LAT, TP_MU,
-                     TP_RADIUS, closest_on_thread, entry_face, face_friction, puncture_point)
+                     PUN_ACTIVE, PUN_FREE, PUN_NEEDLE, TP_F_KINETIC, TP_F_STATIC, TP_K_LAT, TP_MU, TP_RADIUS,
+                     closest_on_thread, entry_face, face_friction, puncture_point)
 
 # npar: the needle's parameters
 NP_RADIUS = 0      # m, arc radius R
@@ -670,9 +670,7 @@ def needle_thread(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, 
     along the normal between the two at the substep's start, at the closest points of then (x and the start
     pose NS_Q0), as the self-contact floor does: a segment that would pass through the wire within one
     substep shows a negative gap on the side it came from and is put back there. ``scratch`` (>= 3) and
-    ``chords`` (N_SAMPLES, 3, scratch: the chords' ends at the start pose). Returns how many pairs were pushed
-    by more than SETTLED thread radii (the rounds of the substep go on while some are: a thread resting on the
-    wire is pushed back by a hair every round, as on a pad's face, tissue.collide_pads)."""
+    ``chords`` (N_SAMPLES, 3, scratch: the chords' ends at the start pose). Returns how many pairs were pushed."""
     r = npar[NP_RADIUS]
     arc = npar[NP_ARC]
     touch = npar[NP_WIRE] + tpar[TP_RADIUS]
@@ -687,7 +685,6 @@ def needle_thread(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, 
     cy0 = x[0, 1] + oy
     cz0 = x[0, 2] + oz
     needle_move = _needle_move(h, x, xbar, nst, r)   # again after each push below, which moves the swage
-    settled = SETTLED * tpar[TP_RADIUS]
     # the chords' ends at the start pose, once: x[0] and NS_Q0 stay as they are through the pushes
     have_chords = False
     for j in range(THREAD_SKIP, m):
@@ -747,8 +744,7 @@ def needle_thread(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, 
             _push(h, x, xbar, w_eff, npar, nst, theta, -w_needle * lam * nx, -w_needle * lam * ny,
                   -w_needle * lam * nz, pst, -1, 0.0)
             needle_move = _needle_move(h, x, xbar, nst, r)
-            if touch - gap > settled:
-                pushed += 1
+            pushed += 1
     return pushed
 
 
