@@ -30,13 +30,13 @@ def thomas_solve(lo: np.ndarray, di: np.ndarray, up: np.ndarray, rhs: np.ndarray
                  out: np.ndarray, m: int) -> None:
     """Solve the tridiagonal system (lo: sub-, di: main, up: super-diagonal) of size m into ``out``.
     ``cp`` is scratch. The constraint matrix is (weakly) diagonally dominant, so no pivoting is needed."""
-    inv = 1.0 / di[0]
-    cp[0] = up[0] * inv
-    out[0] = rhs[0] * inv
+    beta = di[0]
+    cp[0] = up[0] / beta
+    out[0] = rhs[0] / beta
     for j in range(1, m):
-        inv = 1.0 / (di[j] - lo[j] * cp[j - 1])   # one division a row, the pivot's reciprocal
-        cp[j] = up[j] * inv
-        out[j] = (rhs[j] - lo[j] * out[j - 1]) * inv
+        beta = di[j] - lo[j] * cp[j - 1]
+        cp[j] = up[j] / beta
+        out[j] = (rhs[j] - lo[j] * out[j - 1]) / beta
     for j in range(m - 2, -1, -1):
         out[j] -= cp[j] * out[j + 1]
 
@@ -187,14 +187,12 @@ def solve_multipliers(xbar: np.ndarray, e: np.ndarray, elen: np.ndarray, w: np.n
                     dcomp = 2.0 * s * rest[j] * compliance[j] * elen[j] * inv_h2
                     r_j = s * s - dcomp * alpha[j] - (ex * ex + ey * ey + ez * ez)
                 l_j, d_j, u_j = _matrix_row(j, m, px, py, pz, e, wl, wr, dcomp)
-            # forward elimination of the Thomas algorithm, fused with building the row; one division a row
-            # (the pivot's reciprocal), on the sweep's serial chain
+            # forward elimination of the Thomas algorithm, fused with building the row
             if j > 0:
                 d_j -= l_j * cp[j - 1]
                 r_j -= l_j * rhs[j - 1]
-            inv = 1.0 / d_j
-            cp[j] = u_j * inv
-            rhs[j] = r_j * inv
+            cp[j] = u_j / d_j
+            rhs[j] = r_j / d_j
         if residual <= tol or iters >= max_iters or residual != residual or residual > 1e300:
             break
         # back substitution; Newton solves for the change of alpha, the contraction mapping for alpha itself
