@@ -15,9 +15,9 @@ from ..solver.instruments import CAPSULES_PER_TOOL, TC_IMPULSE
 from ..solver.integrator import STAT_MAX_ITERS, STAT_MAX_RESIDUAL, STAT_SUBSTEPS
 from ..solver.needle import NP_ARC, NP_RADIUS, NS_Q, NS_TORQUE, arc_point
 from ..solver.scenario import Scenario
-from ..solver.suture import STATE_NAMES, SutureWatch, pad_gap
-from ..solver.tissue import (PD_HALF, PF_DRAG, PF_FORCE, PF_LOCAL, PF_SIGMA, PI_PAD, PI_STATE, PS_X, PUN_ACTIVE,
-                             PUN_FREE, PUN_NEEDLE)
+from ..solver.suture import STATE_NAMES, SutureWatch, lateral_force, pad_gap
+from ..solver.tissue import (PD_HALF, PF_DRAG, PF_LOCAL, PF_SIGMA, PI_PAD, PI_STATE, PS_X, PUN_ACTIVE, PUN_FREE,
+                             PUN_NEEDLE)
 from ..solver.model import ThreadState
 from . import protocol
 from .device import Device, DeviceTable
@@ -172,12 +172,10 @@ class MessageBuilder:
             f = pun_f[q]
             p = row[PI_PAD]
             c = centres[p]
-            fx, fy, fz = f[PF_FORCE:PF_FORCE + 3]
             punctures.append(protocol.SortedMap(
                 **({"arc": self.thread_arc(f[PF_SIGMA])} if st == PUN_ACTIVE else {}),
                 drag=f[PF_DRAG], id=q,
-                # suture.lateral_force's magnitude, in its order
-                **({"lateral": math.sqrt(fx * fx + fy * fy + fz * fz)} if st == PUN_NEEDLE else {}),
+                **({"lateral": float(lateral_force(state.pun_f, q))} if st == PUN_NEEDLE else {}),
                 on=STATE_NAMES[st], pad=m.pad_ids[p],
                 pos=[c[0] + f[PF_LOCAL], c[1] + f[PF_LOCAL + 1], c[2] + f[PF_LOCAL + 2]]))
         g = float(pad_gap(m.pads, state.pst))
