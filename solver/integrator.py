@@ -269,7 +269,6 @@ class Needle(NamedTuple):
     on: bool
     par: np.ndarray             # needle.NP_*
     nst: np.ndarray             # needle.NS_*
-    chords: np.ndarray          # (needle.N_SAMPLES, 3) scratch: the arc's chord ends (needle.needle_thread)
 
 
 class Tools(NamedTuple):
@@ -630,7 +629,7 @@ def tissue_rounds(h: float, held: bool, rod: Rod, sv: Settings, body: Body, wk: 
             moved += needle_constraints(h, x, xbar, w_eff, rod.rest, nd.par, nd.nst, ts.par, ts.pads, ts.pst,
                                         ts.pun_i, ts.pun_f, held, wk.closest)
             # and against its own thread (a thread and its needle are both solid)
-            moved += needle_thread(h, x, xbar, w_eff, nd.par, nd.nst, ts.par, ts.pst, wk.closest, nd.chords)
+            moved += needle_thread(h, x, xbar, w_eff, nd.par, nd.nst, ts.par, ts.pst, wk.closest)
         if moved == 0:
             break
         it2, residual = _solve_again(h, rod, sv, body, wk)
@@ -850,7 +849,7 @@ _NO_TRACE = np.zeros((0, 0, 3))
  _FP_KEPT, _X_REF, _CONTACT_K, _CONTACT_K_ACT, _TURN, _FOLD, _CONTACT_STATS, _GRID_HEAD, _GRID_NEXT, _GRID_CELLS,
  _GRID_SCRATCH, _ALPHA_EXTRA, _OLD_J, _OLD_N, _OLD_FP, _OLD_NEXT, _SEG_HEAD, _PST, _PUN_I, _PUN_F, _NST, _FORCE,
  _TWIST_GRAD, _XBAR, _W_EFF, _EDGES, _ELEN, _NEW_EDGES, _ALPHA, _TRI_LO, _TRI_DI, _TRI_UP, _TRI_RHS, _TRI_CP,
- _AGAIN_LEN, _AGAIN_COMPLIANCE, _CLOSEST, _ARC_CHORDS, _TOOL_CAP, _PARTED, _BREAKAGE) = (
+ _AGAIN_LEN, _AGAIN_COMPLIANCE, _CLOSEST, _TOOL_CAP, _PARTED, _BREAKAGE) = (
     STATE_FIELDS.index(name) for name in (
         "x", "x_prev", "tension", "tension_in", "tension_floor", "twist", "kin_target", "ext_force", "grasp_vertex",
         "grasp_frac", "grasp_pad", "grasp_k", "grasp_c", "grasp_fmax", "grasp_target", "grasp_target_prev", "grasp_vel",
@@ -859,7 +858,7 @@ _NO_TRACE = np.zeros((0, 0, 3))
         "fold", "contact_stats", "grid_head", "grid_next", "grid_cells", "grid_scratch", "alpha_extra", "old_j",
         "old_n", "old_fp", "old_next", "seg_head", "pst", "pun_i", "pun_f", "nst", "force", "twist_grad", "xbar",
         "w_eff", "edges", "elen", "new_edges", "alpha", "tri_lo", "tri_di", "tri_up", "tri_rhs", "tri_cp", "again_len",
-        "again_compliance", "closest", "arc_chords", "tool_cap", "parted", "breakage"))
+        "again_compliance", "closest", "tool_cap", "parted", "breakage"))
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -927,7 +926,7 @@ def advance_state(n_sub: int, h: float, t: float, scale: bool, tension_margin: f
                  _vector(cf, sf, lay, _OLD_FP), _vector(ci, si, lay, _OLD_NEXT), _vector(ci, si, lay, _SEG_HEAD))
     ts = Tissue(tissue_on, tpar, pads, _matrix(cf, sf, lay, _PST), _matrix(ci, si, lay, _PUN_I),
                 _matrix(cf, sf, lay, _PUN_F))
-    nd = Needle(needle_on, npar, _vector(cf, sf, lay, _NST), _matrix(cf, sf, lay, _ARC_CHORDS))
+    nd = Needle(needle_on, npar, _vector(cf, sf, lay, _NST))
     tools = Tools(_matrix(cf, sf, lay, _TOOL_CAP), TOOL_ROUNDS)
     advance(n_sub, h, t, scale, tension_margin, trace, rod, tl, sv, body, gr, wk, ct, ts, nd, tools)
 

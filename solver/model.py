@@ -16,7 +16,7 @@ from numba import njit
 
 from .contact_response import CS_COUNT
 from .instruments import tool_capsules
-from .needle import N_SAMPLES, NP_COUNT, NS_COUNT, NS_Q, NS_QT
+from .needle import NP_COUNT, NS_COUNT, NS_Q, NS_QT
 from .tissue import MAX_PUNCTURES, PD_COUNT, PD_REST, PF_COUNT, PI_COUNT, PI_MATE, PS_COUNT, PS_X, TP_COUNT
 
 MAX_GRASPS = 4
@@ -246,7 +246,6 @@ class ThreadState:
     again_len: np.ndarray         # (n-1,) m, the target lengths of a solve again (integrator.solve_again)
     again_compliance: np.ndarray  # (n-1,) 1/N, and its compliances
     closest: np.ndarray           # (3,) the closest points of two segments (contact.segment_closest)
-    arc_chords: np.ndarray        # (needle.N_SAMPLES, 3) m, the needle's chord ends at a substep's start
 
     def __post_init__(self) -> None:
         self._carry, self._scratch, self._layout = _pack(self)
@@ -285,7 +284,7 @@ class ThreadState:
 # both, the copy is about 0.1 MB rather than 0.4 MB for 80 segments, and a quarter of the time).
 TICK_SCRATCH = frozenset(("grid_head", "grid_next", "grid_cells", "grid_scratch", "old_j", "old_n", "old_fp",
                           "old_next", "seg_head", "turn", "fold", "cand_near", "fp_kept", "again_len",
-                          "again_compliance", "closest", "arc_chords"))
+                          "again_compliance", "closest"))
 NEIGHBOUR_LIST = ("cand_i", "cand_j", "cand_s", "cand_t", "cand_d", "cand_n", "cand_f", "cand_fp", "cand_fa")
 
 
@@ -459,7 +458,7 @@ def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
         inv_mass_tick=model.inv_mass.copy(),
         force=z(n, 3), twist_grad=z(n, 3), xbar=z(n, 3), w_eff=z(n), edges=z(ns, 3), elen=z(ns),
         new_edges=z(ns, 3), alpha=z(ns), tri_lo=z(ns), tri_di=z(ns), tri_up=z(ns), tri_rhs=z(ns),
-        tri_cp=z(ns), again_len=z(ns), again_compliance=z(ns), closest=z(3), arc_chords=np.zeros((N_SAMPLES, 3)),
+        tri_cp=z(ns), again_len=z(ns), again_compliance=z(ns), closest=z(3),
         cand_i=np.zeros(cap, np.int64), cand_j=np.zeros(cap, np.int64), cand_s=z(cap), cand_t=z(cap),
         cand_d=z(cap), cand_n=z(cap, 3), cand_f=z(cap), cand_fp=z(cap), cand_fa=z(cap, 3),
         cand_near=np.zeros(cap, np.int64), fp_kept=z(cap), x_ref=np.full((n, 3), np.inf),

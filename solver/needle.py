@@ -662,15 +662,15 @@ def _needle_move(h: float, x: np.ndarray, xbar: np.ndarray, nst: np.ndarray, r: 
 
 @njit(cache=True, error_model="numpy")
 def needle_thread(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, npar: np.ndarray, nst: np.ndarray,
-                  tpar: np.ndarray, pst: np.ndarray, scratch: np.ndarray, chords: np.ndarray) -> int:
+                  tpar: np.ndarray, pst: np.ndarray, scratch: np.ndarray) -> int:
     """One round of the needle against its own thread (after a solve, xbar): every thread segment (but the
     first THREAD_SKIP, which leave the swage) closer than the needle's wire radius plus the thread's radius to a
     chord of the arc (N_SAMPLES - 1 chords) is pushed apart from it, the move shared between the segment's two
     vertices and the needle (swage and turn) by inverse mass, as `_push` shares a pad's. The gap is measured
     along the normal between the two at the substep's start, at the closest points of then (x and the start
     pose NS_Q0), as the self-contact floor does: a segment that would pass through the wire within one
-    substep shows a negative gap on the side it came from and is put back there. ``scratch`` (>= 3) and
-    ``chords`` (N_SAMPLES, 3, scratch: the chords' ends at the start pose). Returns how many pairs were pushed."""
+    substep shows a negative gap on the side it came from and is put back there. ``scratch`` (>= 3). Returns
+    how many pairs were pushed."""
     r = npar[NP_RADIUS]
     arc = npar[NP_ARC]
     touch = npar[NP_WIRE] + tpar[TP_RADIUS]
@@ -685,8 +685,6 @@ def needle_thread(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, 
     cy0 = x[0, 1] + oy
     cz0 = x[0, 2] + oz
     needle_move = _needle_move(h, x, xbar, nst, r)   # again after each push below, which moves the swage
-    # the chords' ends at the start pose, once: x[0] and NS_Q0 stay as they are through the pushes
-    have_chords = False
     for j in range(THREAD_SKIP, m):
         if w_eff[j] == 0.0 and w_eff[j + 1] == 0.0:
             continue
@@ -697,15 +695,14 @@ def needle_thread(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, 
                        + (0.5 * (x[j, 2] + x[j + 1, 2]) - cz0) ** 2)
         if abs(dc - r) > slack:
             continue
-        if not have_chords:
-            for k in range(N_SAMPLES):
-                chords[k, 0], chords[k, 1], chords[k, 2] = arc_point(x, nst, NS_Q0, r, arc * k / (N_SAMPLES - 1))
-            have_chords = True
+        # the chords' ends at the start pose: a chord's far end is the next one's near end (x and NS_Q0 stay
+        # as they are through the pushes), so each is computed once
+        a1x, a1y, a1z = arc_point(x, nst, NS_Q0, r, 0.0)
         for k in range(N_SAMPLES - 1):
             t0 = arc * k / (N_SAMPLES - 1)
             t1 = arc * (k + 1) / (N_SAMPLES - 1)
-            a0x, a0y, a0z = chords[k, 0], chords[k, 1], chords[k, 2]
-            a1x, a1y, a1z = chords[k + 1, 0], chords[k + 1, 1], chords[k + 1, 2]
+            a0x, a0y, a0z = a1x, a1y, a1z
+            a1x, a1y, a1z = arc_point(x, nst, NS_Q0, r, t1)
             # quick reject on the start geometry: midpoints further apart than both half lengths and the margin
             reach = slack + 0.5 * math.sqrt((a1x - a0x) ** 2 + (a1y - a0y) ** 2 + (a1z - a0z) ** 2)
             if not closest_if_near(x, j, a0x, a0y, a0z, a1x, a1y, a1z, reach, scratch):
