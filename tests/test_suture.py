@@ -153,7 +153,9 @@ def test_a_needle_tie_ties_the_second_throw_of_a_surgeons_knot(needle_tie):
     through a loop of the tail the other way round from the first throw, and the knot read from the thread is
     the surgeon's knot (a double throw and a single one of the opposite hand), not its granny, and it stays so.
     Under the solver's defaults (the local mass scaling, since 2026-11-27): no tick run again past the 4-substep
-    budget."""
+    budget. This is one run's ending, bit for bit: with the state moved by a unit of round-off at one tick the
+    scene ends so in 2 of 8 runs (`suturesim bench tissue`, docs/BENCHMARKS.md Sec. 7), so a change of any sum's
+    round-off in the solver can fail this without a fault of its own."""
     events, gaps, crack, stepper, _ = needle_tie
     knots = [(round(t, 2), d["name"]) for t, k, d in events if k == "knot"]
     assert [n for _, n in knots] == ["half knot", "double throw", "surgeon's knot"], knots

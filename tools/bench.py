@@ -17,7 +17,8 @@ The measurements (docs/BENCHMARKS.md shows a full run and explains the method):
    pose-to-force latency, the servo callback's time, and what the motors were given.
 6. ``contact``: self-contact (tools/bench_contact.py): tick time of a tightening 200-segment square knot, the
    contact cost against segment count and against the number of contacts, and the smoothness of the force.
-7. ``tissue``: tick time of the scripted simple interrupted suture (tools/bench_tissue.py).
+7. ``tissue``: tick time of the scripted simple interrupted suture, and how both scripted sutures end when
+   their state is moved by a unit of round-off (tools/bench_tissue.py).
 8. ``inbound``: what validating a control request or a stylus sample costs (tools/bench_inbound.py).
 9. ``bot``: the trainee bot's suture by hand on ``suturesim serve`` (tools/bench_bot.py): whether it was done,
    the server's tick through it (and by step of the suture) and the bot's share of a core.
@@ -649,7 +650,8 @@ def main(argv: list[str] | None = None) -> int:
                              "loop of `suturesim serve` (lateness, subscribers, start-up); haptics: pose-to-force "
                              "latency and servo callback time through the OpenHaptics emulator; contact: "
                              "self-contact cost and force smoothness; tissue: tick time of the scripted simple "
-                             "interrupted suture (needle, pads, punctures), whole and by phase; inbound: what "
+                             "interrupted suture (needle, pads, punctures), whole and by phase, and how both "
+                             "scripted sutures end when perturbed by a unit of round-off; inbound: what "
                              "validating a control request or stylus sample costs the tick, ordinary and hostile; "
                              "bot: the trainee bot's suture by hand on `suturesim serve` (10 perturbed runs); "
                              "knot: an overhand knot in 3-0 silk pulled to 3 N by two styluses and held, as "

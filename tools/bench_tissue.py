@@ -9,17 +9,26 @@ docs/BENCHMARKS.md).
    whose own share is reported too.
 2. The same scene with the tissue and the needle left out of the step (the thread, its grasps and self-contact
    alone on the same states), which says what the tissue adds.
+3. How the scripted sutures end (simple-interrupted-suture and needle-tie-surgeons-knot) as scripted and with
+   every vertex moved by a tiny random draw at one tick of the script: the knots the watch read and whether the
+   wound was closed at the end. The scripts are open-loop: this says whether their ending is a property of
+   the physics or of one run's exact bits.
 """
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
+import os
 import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..server.config import LoopConfig
-from ..server.scene import reads_on, state_period
+from ..server.messages import MessageBuilder
+from ..server.scene import SceneRunner, reads_on, state_period
 from ..solver.integrator import Stepper, step, tension_floors, warm_up
 from ..solver.scenario import load_scenario
 from ..solver.suture import KNOT_BUDGET, KNOT_EVERY, KNOT_PHASE, LINK_BUDGET, SutureWatch
@@ -34,6 +43,16 @@ PHASES = (("needle bite (tip in and out of both edges)", 0.0, 4.0), ("drawing th
           ("the knot holding the wound, both hands let go", 24.9, 32.0))
 TARGET_P99_US = 500.0
 
+# 3. the scripted sutures' endings: the scenes, and the times (s) of the script at which a run is perturbed (the
+# bite, the double throw being wound, cinched, and the second throw begun), taken in turn by the runs
+ENDING_SCENES = (("simple-interrupted-suture", (5.0, 9.0, 12.0, 16.0)),
+                 ("needle-tie-surgeons-knot", (5.0, 9.0, 12.0, 16.0)))
+# m, the draw's standard deviation: about one unit in the last place of a coordinate 1 cm from the origin, and
+# a picometre
+ENDING_SIGMAS = (2e-18, 1e-12)
+ENDING_RUNS, ENDING_RUNS_QUICK = 8, 1
+ENDING_KNOTS = ["half knot", "double throw", "surgeon's knot"]   # what both scripts tie, in order
+
 
 @dataclass
 class TissueBench:
@@ -43,6 +62,67 @@ class TissueBench:
     watch: np.ndarray = field(default_factory=lambda: np.zeros(0))        # us of SutureWatch.check per tick
     bare: list[tuple[str, float, float]] = field(default_factory=list)   # phase, us with tissue, us without
     contact: tuple[float, int] = (0.0, 0)                                  # the scene's contact distance (m), rounds
+    endings: list[Ending] = field(default_factory=list)                   # 3: as scripted, and perturbed
+
+
+@dataclass
+class Ending:
+    """How one run of a scripted suture ended: the knots the watch read, in order, and the wound's last event."""
+    scene: str
+    sigma: float          # m: the perturbation's standard deviation (0: as scripted)
+    seed: int
+    at_s: float           # s: the script's time of the perturbation
+    knots: list[str]
+    wound: str | None     # "gap_closed", "gap_opened" or None (no event)
+
+    @property
+    def done(self) -> bool:
+        """What the scene's tests ask: the three knots in order, and the wound closed at the end."""
+        return self.knots == ENDING_KNOTS and self.wound == "gap_closed"
+
+
+def scripted_ending(scene: str, sigma: float = 0.0, seed: int = 0, at_s: float = 0.0) -> Ending:
+    """Play ``scene`` through, tick by tick as the server does (SceneRunner, publishing nothing). With ``sigma``
+    > 0 (m), at ``at_s`` (s) every vertex but the first (the needle's swage) is moved by a normal draw of that
+    standard deviation (numpy's generator seeded with ``seed``), its previous position by the same draw, so no
+    velocity is added."""
+    sc = load_scenario(scene)
+    state = sc.new_state()
+    events: list[tuple[str, dict]] = []
+    runner = SceneRunner(Stepper(sc.model, state), MessageBuilder(sc), None, 1,
+                         event=lambda kind, **details: events.append((kind, details)))
+    tick_s = sc.model.solver.tick
+    at = int(round(at_s / tick_s))
+    for tick in range(1, int(round(sc.duration / tick_s)) + 1):
+        if tick == at and sigma > 0.0:
+            noise = np.random.default_rng(seed).normal(scale=sigma, size=state.x[1:].shape)
+            state.x[1:] += noise
+            state.x_prev[1:] += noise
+        runner.tick(tick)
+    wound = [k for k, _ in events if k in ("gap_closed", "gap_opened")]
+    return Ending(scene, sigma, seed, at_s, [d["name"] for k, d in events if k == "knot"],
+                  wound[-1] if wound else None)
+
+
+def _ending(job: tuple) -> Ending:
+    return scripted_ending(*job)
+
+
+def measure_endings(quick: bool, log) -> list[Ending]:
+    """Each scene as scripted, and ENDING_RUNS perturbed runs per sigma (ENDING_RUNS_QUICK with ``quick``), on
+    as many processes as there are CPUs, two at most: only outcomes are measured here, not time."""
+    runs = ENDING_RUNS_QUICK if quick else ENDING_RUNS
+    jobs = [(scene, 0.0, 0, 0.0) for scene, _ in ENDING_SCENES]
+    jobs += [(scene, sigma, k + 1, times[k % len(times)]) for scene, times in ENDING_SCENES
+             for sigma in ENDING_SIGMAS for k in range(runs)]
+    workers = max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        out = list(pool.map(_ending, jobs))
+    for scene, _ in ENDING_SCENES:
+        done = {sigma: sum(e.done for e in out if e.scene == scene and e.sigma == sigma)
+                for sigma in (0.0,) + ENDING_SIGMAS}
+        log(f"  {scene}: " + ", ".join(f"sigma {s:g} m: {d} done" for s, d in done.items()))
+    return out
 
 
 def measure_tissue(quick: bool, log) -> TissueBench:
@@ -92,6 +172,7 @@ def measure_tissue(quick: bool, log) -> TissueBench:
                      scale=True)
             per.append((time.perf_counter_ns() - t0) / 1e3 / 200)
         out.bare.append((label, per[0], per[1]))
+    out.endings = measure_endings(quick, log)
     return out
 
 
@@ -135,5 +216,24 @@ def render_tissue(res: TissueBench) -> list[str]:
                       "stepped with them and with `tissue_on` and `needle_on` off (µs per tick):", "",
                   "| phase | with tissue and needle | thread, grasps and contact alone |", "|---|---|---|"]
         lines += [f"| {label} | {a:.0f} | {b:.0f} |" for label, a, b in res.bare]
+    if res.endings:
+        lines += ["", "How the scripted sutures end: each scene as scripted, and runs in which, at one tick of the "
+                      "script, every vertex but the needle's swage was moved by a normal draw of standard deviation "
+                      "sigma (its previous position by the same draw: no velocity added), the run k at the k-th of "
+                      f"{', '.join(f'{t:g}' for t in ENDING_SCENES[0][1])} s in turn. *Done*: the knots read "
+                      f"{', '.join(ENDING_KNOTS)}, in that order, and the wound closed at the end (what the scenes' "
+                      "tests in tests/test_suture.py ask).", "",
+                  "| scene | sigma (m) | done | endings (runs × the knots read; the wound at the end) |",
+                  "|---|---|---|---|"]
+        for scene, _ in ENDING_SCENES:
+            for sigma in (0.0,) + ENDING_SIGMAS:
+                runs = [e for e in res.endings if e.scene == scene and e.sigma == sigma]
+                if not runs:
+                    continue
+                endings = Counter(f"{', '.join(e.knots) or 'no knot'}; "
+                                  f"{'closed' if e.wound == 'gap_closed' else 'open'}" for e in runs)
+                what = " / ".join(f"{n} × {ending}" for ending, n in endings.most_common())
+                label = "as scripted" if sigma == 0.0 else f"{sigma:g}"
+                lines.append(f"| {scene} | {label} | {sum(e.done for e in runs)} of {len(runs)} | {what} |")
     lines.append("")
     return lines
