@@ -30,6 +30,8 @@ from ..server.config import LoopConfig
 from ..server.messages import MessageBuilder
 from ..server.scene import SceneRunner, reads_on, state_period
 from ..solver.integrator import Stepper, step, tension_floors, warm_up
+from ..solver.knot_type import knot_type
+from ..solver.needle import NP_ARC, NP_RADIUS, NS_Q, arc_point
 from ..solver.scenario import load_scenario
 from ..solver.suture import KNOT_BUDGET, KNOT_EVERY, KNOT_PHASE, LINK_BUDGET, SutureWatch
 
@@ -47,6 +49,10 @@ TARGET_P99_US = 500.0
 # bite, the double throw being wound, cinched, and the second throw begun), taken in turn by the runs
 ENDING_SCENES = (("simple-interrupted-suture", (5.0, 9.0, 12.0, 16.0)),
                  ("needle-tie-surgeons-knot", (5.0, 9.0, 12.0, 16.0)))
+# s: in the needle tie, the tail wound round the wire and the needle not yet driven (its drive begins at 20.9 s):
+# the thread with the needle's arc drawn through before its swage reads the knot the drive will make
+WIND_CHECK_S = {"needle-tie-surgeons-knot": 20.85}
+WIND_ARC_POINTS = 12     # points along the arc, tip to swage, put before the thread for that reading
 # m, the draw's standard deviation: about one unit in the last place of a coordinate 1 cm from the origin, and
 # a picometre
 ENDING_SIGMAS = (2e-18, 1e-12)
@@ -74,6 +80,7 @@ class Ending:
     at_s: float           # s: the script's time of the perturbation
     knots: list[str]
     wound: str | None     # "gap_closed", "gap_opened" or None (no event)
+    wind: str | None = None   # at WIND_CHECK_S, the knot the needle's drive would make (None: no such check)
 
     @property
     def done(self) -> bool:
@@ -93,15 +100,28 @@ def scripted_ending(scene: str, sigma: float = 0.0, seed: int = 0, at_s: float =
                          event=lambda kind, **details: events.append((kind, details)))
     tick_s = sc.model.solver.tick
     at = int(round(at_s / tick_s))
+    check = int(round(WIND_CHECK_S[scene] / tick_s)) if scene in WIND_CHECK_S else -1
+    wind = None
     for tick in range(1, int(round(sc.duration / tick_s)) + 1):
         if tick == at and sigma > 0.0:
             noise = np.random.default_rng(seed).normal(scale=sigma, size=state.x[1:].shape)
             state.x[1:] += noise
             state.x_prev[1:] += noise
         runner.tick(tick)
+        if tick == check:
+            wind = drawn_through(sc.model.needle_par, state)
     wound = [k for k, _ in events if k in ("gap_closed", "gap_opened")]
     return Ending(scene, sigma, seed, at_s, [d["name"] for k, d in events if k == "knot"],
-                  wound[-1] if wound else None)
+                  wound[-1] if wound else None, wind)
+
+
+def drawn_through(needle_par: np.ndarray, state) -> str:
+    """The knot's name for the thread with the needle's arc put before its swage, tip first: the knot a drive of
+    the needle through whatever is wound round it makes (docs/PHYSICS.md Sec. 9)."""
+    r, arc = float(needle_par[NP_RADIUS]), float(needle_par[NP_ARC])
+    tip_to_swage = [arc_point(state.x, state.nst, NS_Q, r, theta)
+                    for theta in np.linspace(arc, 0.0, WIND_ARC_POINTS)[:-1]]
+    return knot_type(np.vstack([np.array(tip_to_swage), state.x])).name
 
 
 def _ending(job: tuple) -> Ending:
@@ -222,9 +242,13 @@ def render_tissue(res: TissueBench) -> list[str]:
                       "sigma (its previous position by the same draw: no velocity added), the run k at the k-th of "
                       f"{', '.join(f'{t:g}' for t in ENDING_SCENES[0][1])} s in turn. *Done*: the knots read "
                       f"{', '.join(ENDING_KNOTS)}, in that order, and the wound closed at the end (what the scenes' "
-                      "tests in tests/test_suture.py ask).", "",
-                  "| scene | sigma (m) | done | endings (runs × the knots read; the wound at the end) |",
-                  "|---|---|---|---|"]
+                      "tests in tests/test_suture.py ask). *The wind caught*: in the needle tie, at "
+                      f"{WIND_CHECK_S['needle-tie-surgeons-knot']:g} s (the tail wound round the wire, the needle "
+                      "not yet driven through), the thread with the needle's arc put before its swage, tip first, "
+                      f"reads {ENDING_KNOTS[-1]}: the knot the drive will make.", "",
+                  "| scene | sigma (m) | done | the wind round the wire caught | endings (runs × the knots read; "
+                  "the wound at the end) |",
+                  "|---|---|---|---|---|"]
         for scene, _ in ENDING_SCENES:
             for sigma in (0.0,) + ENDING_SIGMAS:
                 runs = [e for e in res.endings if e.scene == scene and e.sigma == sigma]
@@ -234,6 +258,8 @@ def render_tissue(res: TissueBench) -> list[str]:
                                   f"{'closed' if e.wound == 'gap_closed' else 'open'}" for e in runs)
                 what = " / ".join(f"{n} × {ending}" for ending, n in endings.most_common())
                 label = "as scripted" if sigma == 0.0 else f"{sigma:g}"
-                lines.append(f"| {scene} | {label} | {sum(e.done for e in runs)} of {len(runs)} | {what} |")
+                caught = "-" if runs[0].wind is None else \
+                    f"{sum(e.wind == ENDING_KNOTS[-1] for e in runs)} of {len(runs)}"
+                lines.append(f"| {scene} | {label} | {sum(e.done for e in runs)} of {len(runs)} | {caught} | {what} |")
     lines.append("")
     return lines
