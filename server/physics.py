@@ -68,6 +68,11 @@ SNAPSHOT_TICKS = 500           # the scene's state is copied to its snapshot thi
 SUPERVISOR_POLL_TICKS = 16     # what the supervisor says unasked (a failed recording) is read this often
 FAULTS_TO_PAUSE = 3            # divergences within FAULT_WINDOW_TICKS that pause the scene instead of resetting it
 FAULT_WINDOW_TICKS = 2000
+# whether a socket has a message waiting, asked with plain ints: the option as zmq.EVENTS makes pyzmq return a
+# zmq.PollEvent flag, and the flag's & is a call into enum (about 0.5 us a test, three or four tests a tick), and
+# Socket.poll builds a Poller at each call
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 
 @dataclass
@@ -854,7 +859,7 @@ class PhysicsLoop:
         sock = self.stylus
         for _ in range(STYLUS_DRAIN_PER_TICK):
             # asked first: a recv that finds nothing raises zmq.Again, which costs the tick about 3 us more
-            if not sock.get(zmq.EVENTS) & zmq.POLLIN:
+            if not sock.get(_EVENTS) & _POLLIN:
                 return
             try:
                 frame = sock.recv(zmq.NOBLOCK, copy=False)
@@ -972,7 +977,6 @@ class PhysicsLoop:
         t0 = time.monotonic_ns() + tick_ns
         k = 0
         last_start = t0
-        poller_flags = zmq.POLLIN
         pending_overruns, worst_late, last_overrun_event = 0, 0, 0
         while self.running and (stop is None or not stop.is_set()):
             deadline = t0 + k * tick_ns
@@ -1011,7 +1015,7 @@ class PhysicsLoop:
                 control.poll_supervisor()
             if control.busy():
                 control.finish_pending()
-            elif self.ctl.poll(0, poller_flags):
+            elif self.ctl.get(_EVENTS) & _POLLIN:
                 control.handle_one()
             if heartbeat is not None:
                 heartbeat[0] = k
