@@ -193,20 +193,21 @@ def test_bench_tissue_counts_a_scripted_suture_done_only_with_its_three_knots_an
     """`bench tissue`'s table of how the scripted sutures end: a run is done with the half knot, the double throw
     and the surgeon's knot read in that order and the wound closed at the end; runs that ended alike are counted
     together, the most common first; the needle tie's wind counts as caught where the drive would make the
-    surgeon's knot."""
+    surgeon's knot; the double throw's seats are given apart for the runs done and the others."""
     from suturesim.tools.bench_tissue import ENDING_KNOTS, Ending, TissueBench, render_tissue
 
     scene = "needle-tie-surgeons-knot"
-    runs = [Ending(scene, 0.0, 0, 0.0, list(ENDING_KNOTS), "gap_closed", ENDING_KNOTS[-1]),
-            Ending(scene, 1e-12, 1, 5.0, list(ENDING_KNOTS), "gap_closed", ENDING_KNOTS[-1]),
-            Ending(scene, 1e-12, 2, 9.0, ENDING_KNOTS[:2], "gap_opened", ENDING_KNOTS[1]),
-            Ending(scene, 1e-12, 3, 12.0, ENDING_KNOTS[:2], "gap_opened", ENDING_KNOTS[1]),
-            Ending(scene, 1e-12, 4, 16.0, list(ENDING_KNOTS), "gap_opened", ENDING_KNOTS[-1]),
-            Ending(scene, 1e-12, 5, 5.0, list(reversed(ENDING_KNOTS)), "gap_closed", ENDING_KNOTS[0])]
+    runs = [Ending(scene, 0.0, 0, 0.0, list(ENDING_KNOTS), "gap_closed", ENDING_KNOTS[-1], -2.6e-4),
+            Ending(scene, 1e-12, 1, 5.0, list(ENDING_KNOTS), "gap_closed", ENDING_KNOTS[-1], -3.8e-4),
+            Ending(scene, 1e-12, 2, 9.0, ENDING_KNOTS[:2], "gap_opened", ENDING_KNOTS[1], -7.9e-4),
+            Ending(scene, 1e-12, 3, 12.0, ENDING_KNOTS[:2], "gap_opened", ENDING_KNOTS[1], -6.6e-4),
+            Ending(scene, 1e-12, 4, 16.0, list(ENDING_KNOTS), "gap_opened", ENDING_KNOTS[-1], -2.6e-4),
+            Ending(scene, 1e-12, 5, 5.0, list(reversed(ENDING_KNOTS)), "gap_closed", ENDING_KNOTS[0], -7.0e-4)]
     assert [e.done for e in runs] == [True, True, False, False, False, False]
     rows = {ln.split(" | ")[1]: ln for ln in render_tissue(TissueBench(ticks=np.ones(10), substeps=np.full(10, 4.0),
                                                                    endings=runs))
             if ln.startswith(f"| {scene} |")}
     assert set(rows) == {"as scripted", "1e-12"}
-    assert "| 1 of 1 |" in rows["as scripted"]
-    assert "| 1 of 5 | 2 of 5 | 2 × half knot, double throw; open / " in rows["1e-12"]
+    assert "| 1 of 1 | 1 of 1 | -0.26 / - |" in rows["as scripted"]
+    # where the double throw sat, the runs done apart from the others
+    assert "| 1 of 5 | 2 of 5 | -0.38 / -0.79 to -0.26 | 2 × half knot, double throw; open / " in rows["1e-12"]

@@ -53,6 +53,12 @@ ENDING_SCENES = (("simple-interrupted-suture", (5.0, 9.0, 12.0, 16.0)),
 # the thread with the needle's arc drawn through before its swage reads the knot the drive will make
 WIND_CHECK_S = {"needle-tie-surgeons-knot": 20.85}
 WIND_ARC_POINTS = 12     # points along the arc, tip to swage, put before the thread for that reading
+# s: both scripts' double throw cinched and seated on the wound, both hands still, the second throw not begun;
+# where it sits is the mean x of the thread's vertices over the wound (|x| under SEAT_HALF_WIDTH_M) and low on it
+# (under SEAT_HEIGHT_M above the pads' top face, z = 0)
+SEAT_CHECK_S = 17.0
+SEAT_HALF_WIDTH_M = 0.004
+SEAT_HEIGHT_M = 0.0025
 # m, the draw's standard deviation: about one unit in the last place of a coordinate 1 cm from the origin, and
 # a picometre
 ENDING_SIGMAS = (2e-18, 1e-12)
@@ -81,6 +87,7 @@ class Ending:
     knots: list[str]
     wound: str | None     # "gap_closed", "gap_opened" or None (no event)
     wind: str | None = None   # at WIND_CHECK_S, the knot the needle's drive would make (None: no such check)
+    seat: float = float("nan")   # m: at SEAT_CHECK_S, where the double throw sits across the wound (x)
 
     @property
     def done(self) -> bool:
@@ -101,7 +108,8 @@ def scripted_ending(scene: str, sigma: float = 0.0, seed: int = 0, at_s: float =
     tick_s = sc.model.solver.tick
     at = int(round(at_s / tick_s))
     check = int(round(WIND_CHECK_S[scene] / tick_s)) if scene in WIND_CHECK_S else -1
-    wind = None
+    seat_tick = int(round(SEAT_CHECK_S / tick_s))
+    wind, seat = None, float("nan")
     for tick in range(1, int(round(sc.duration / tick_s)) + 1):
         if tick == at and sigma > 0.0:
             noise = np.random.default_rng(seed).normal(scale=sigma, size=state.x[1:].shape)
@@ -110,9 +118,13 @@ def scripted_ending(scene: str, sigma: float = 0.0, seed: int = 0, at_s: float =
         runner.tick(tick)
         if tick == check:
             wind = drawn_through(sc.model.needle_par, state)
+        if tick == seat_tick:
+            x = state.x
+            low = (np.abs(x[:, 0]) < SEAT_HALF_WIDTH_M) & (x[:, 2] < SEAT_HEIGHT_M)
+            seat = float(x[low, 0].mean()) if low.any() else float("nan")
     wound = [k for k, _ in events if k in ("gap_closed", "gap_opened")]
     return Ending(scene, sigma, seed, at_s, [d["name"] for k, d in events if k == "knot"],
-                  wound[-1] if wound else None, wind)
+                  wound[-1] if wound else None, wind, seat)
 
 
 def drawn_through(needle_par: np.ndarray, state) -> str:
@@ -200,6 +212,15 @@ def _ignore(kind: str, **details) -> None:
     """The events' sink while timing: the server sends them; the bench only pays for finding them."""
 
 
+def _span(xs: list[float]) -> str:
+    """The range of positions ``xs`` (m) in mm, '-' for none."""
+    xs = [x for x in xs if x == x]
+    if not xs:
+        return "-"
+    lo, hi = min(xs) * 1e3, max(xs) * 1e3
+    return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f} to {hi:.2f}"
+
+
 def render_tissue(res: TissueBench) -> list[str]:
     t = res.ticks
     dt = 1e-3
@@ -245,10 +266,14 @@ def render_tissue(res: TissueBench) -> list[str]:
                       "tests in tests/test_suture.py ask). *The wind caught*: in the needle tie, at "
                       f"{WIND_CHECK_S['needle-tie-surgeons-knot']:g} s (the tail wound round the wire, the needle "
                       "not yet driven through), the thread with the needle's arc put before its swage, tip first, "
-                      f"reads {ENDING_KNOTS[-1]}: the knot the drive will make.", "",
-                  "| scene | sigma (m) | done | the wind round the wire caught | endings (runs × the knots read; "
-                  "the wound at the end) |",
-                  "|---|---|---|---|---|"]
+                      f"reads {ENDING_KNOTS[-1]}: the knot the drive will make. *The seat*: at {SEAT_CHECK_S:g} s, "
+                      "the double throw cinched and both hands still, the mean x of the thread's vertices within "
+                      f"{SEAT_HALF_WIDTH_M * 1e3:g} mm of the wound's middle and {SEAT_HEIGHT_M * 1e3:g} mm of the "
+                      "pads' top: where the knot sits across the wound, for the runs done and the others.", "",
+                  "| scene | sigma (m) | done | the wind round the wire caught | the double throw's seat at "
+                  f"{SEAT_CHECK_S:g} s (x, mm): runs done / not | endings (runs × the knots read; the wound at the "
+                  "end) |",
+                  "|---|---|---|---|---|---|"]
         for scene, _ in ENDING_SCENES:
             for sigma in (0.0,) + ENDING_SIGMAS:
                 runs = [e for e in res.endings if e.scene == scene and e.sigma == sigma]
@@ -260,6 +285,8 @@ def render_tissue(res: TissueBench) -> list[str]:
                 label = "as scripted" if sigma == 0.0 else f"{sigma:g}"
                 caught = "-" if runs[0].wind is None else \
                     f"{sum(e.wind == ENDING_KNOTS[-1] for e in runs)} of {len(runs)}"
-                lines.append(f"| {scene} | {label} | {sum(e.done for e in runs)} of {len(runs)} | {caught} | {what} |")
+                seats = " / ".join(_span([e.seat for e in runs if e.done == d]) for d in (True, False))
+                lines.append(f"| {scene} | {label} | {sum(e.done for e in runs)} of {len(runs)} | {caught} | "
+                             f"{seats} | {what} |")
     lines.append("")
     return lines
