@@ -46,9 +46,10 @@ PHASES = (("needle bite (tip in and out of both edges)", 0.0, 4.0), ("drawing th
 TARGET_P99_US = 500.0
 
 # 3. the scripted sutures' endings: the scenes, and the times (s) of the script at which a run is perturbed (the
-# bite, the double throw being wound, cinched, and the second throw begun), taken in turn by the runs
-ENDING_SCENES = (("simple-interrupted-suture", (5.0, 9.0, 12.0, 16.0)),
-                 ("needle-tie-surgeons-knot", (5.0, 9.0, 12.0, 16.0)))
+# bite, the double throw being wound, cinched, and the second throw begun: both scripts move alike to 13.6 s),
+# taken in turn by the runs
+ENDING_SCENES = ("simple-interrupted-suture", "needle-tie-surgeons-knot")
+ENDING_TIMES = (5.0, 9.0, 12.0, 16.0)
 # s: in the needle tie, the tail wound round the wire and the needle not yet driven (its drive begins at 20.9 s):
 # the thread with the needle's arc drawn through before its swage reads the knot the drive will make
 WIND_CHECK_S = {"needle-tie-surgeons-knot": 20.85}
@@ -136,21 +137,17 @@ def drawn_through(needle_par: np.ndarray, state) -> str:
     return knot_type(np.vstack([np.array(tip_to_swage), state.x])).name
 
 
-def _ending(job: tuple) -> Ending:
-    return scripted_ending(*job)
-
-
 def measure_endings(quick: bool, log) -> list[Ending]:
     """Each scene as scripted, and ENDING_RUNS perturbed runs per sigma (ENDING_RUNS_QUICK with ``quick``), on
     as many processes as there are CPUs, two at most: only outcomes are measured here, not time."""
     runs = ENDING_RUNS_QUICK if quick else ENDING_RUNS
-    jobs = [(scene, 0.0, 0, 0.0) for scene, _ in ENDING_SCENES]
-    jobs += [(scene, sigma, k + 1, times[k % len(times)]) for scene, times in ENDING_SCENES
+    jobs = [(scene, 0.0, 0, 0.0) for scene in ENDING_SCENES]
+    jobs += [(scene, sigma, k + 1, ENDING_TIMES[k % len(ENDING_TIMES)]) for scene in ENDING_SCENES
              for sigma in ENDING_SIGMAS for k in range(runs)]
     workers = max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        out = list(pool.map(_ending, jobs))
-    for scene, _ in ENDING_SCENES:
+        out = list(pool.map(scripted_ending, *zip(*jobs)))
+    for scene in ENDING_SCENES:
         done = {sigma: sum(e.done for e in out if e.scene == scene and e.sigma == sigma)
                 for sigma in (0.0,) + ENDING_SIGMAS}
         log(f"  {scene}: " + ", ".join(f"sigma {s:g} m: {d} done" for s, d in done.items()))
@@ -261,7 +258,7 @@ def render_tissue(res: TissueBench) -> list[str]:
         lines += ["", "How the scripted sutures end: each scene as scripted, and runs in which, at one tick of the "
                       "script, every vertex but the needle's swage was moved by a normal draw of standard deviation "
                       "sigma (its previous position by the same draw: no velocity added), the run k at the k-th of "
-                      f"{', '.join(f'{t:g}' for t in ENDING_SCENES[0][1])} s in turn. *Done*: the knots read "
+                      f"{', '.join(f'{t:g}' for t in ENDING_TIMES)} s in turn. *Done*: the knots read "
                       f"{', '.join(ENDING_KNOTS)}, in that order, and the wound closed at the end (what the scenes' "
                       "tests in tests/test_suture.py ask). *The wind caught*: in the needle tie, at "
                       f"{WIND_CHECK_S['needle-tie-surgeons-knot']:g} s (the tail wound round the wire, the needle "
@@ -274,7 +271,7 @@ def render_tissue(res: TissueBench) -> list[str]:
                   f"{SEAT_CHECK_S:g} s (x, mm): runs done / not | endings (runs × the knots read; the wound at the "
                   "end) |",
                   "|---|---|---|---|---|---|"]
-        for scene, _ in ENDING_SCENES:
+        for scene in ENDING_SCENES:
             for sigma in (0.0,) + ENDING_SIGMAS:
                 runs = [e for e in res.endings if e.scene == scene and e.sigma == sigma]
                 if not runs:
