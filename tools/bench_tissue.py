@@ -46,10 +46,10 @@ PHASES = (("needle bite (tip in and out of both edges)", 0.0, 4.0), ("drawing th
 TARGET_P99_US = 500.0
 
 # 3. the scripted sutures' endings: the scenes, and the times (s) of the script at which a run is perturbed (the
-# bite, the double throw being wound, cinched, and the second throw begun: both scripts move alike to 13.6 s),
-# taken in turn by the runs
+# bite, the thread drawn through, the double throw being wound, cinched, and the cinch eased: both scripts move
+# alike to 13.6 s), taken in turn by the runs
 ENDING_SCENES = ("simple-interrupted-suture", "needle-tie-surgeons-knot")
-ENDING_TIMES = (5.0, 9.0, 12.0, 16.0)
+ENDING_TIMES = (3.0, 5.0, 7.0, 9.0, 11.0, 12.0, 16.0, 16.5)
 # s: in the needle tie, the tail wound round the wire and the needle not yet driven (its drive begins at 20.9 s):
 # the thread with the needle's arc drawn through before its swage reads the knot the drive will make
 WIND_CHECK_S = {"needle-tie-surgeons-knot": 20.85}
