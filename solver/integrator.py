@@ -33,8 +33,11 @@ from .contact_response import (CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECT
                                FLOOR_MARGIN, apply_friction, enforce_min_gap, floor_pairs, floor_reach,
                                guard_crossings, largest_step, neighbours_stale, penalty_forces, rebuild_neighbours)
 from .forces import accumulate_forces, edge_vectors
-from .model import BUF_CARRIED_B, BUF_CARRIED_F, BUF_CARRIED_I, STATE_FIELDS, ThreadModel, ThreadState, TickCopy
+from .model import (BUF_CARRIED_B, BUF_CARRIED_F, BUF_CARRIED_I, STAT_SLOTS, STATE_FIELDS, ThreadModel, ThreadState,
+                    TickCopy)
 from .motion import apply_motions
+from .timers import (N_TIMERS, TM_COMMIT, TM_CONTACT, TM_DRIVE, TM_FORCES, TM_MASSES, TM_NEIGHBOURS, TM_PREDICT,
+                     TM_SOLVE, TM_TISSUE, TM_TOOLS, cycles)
 from .stability import omega_bound, scale_masses, substeps_for
 from .instruments import SH_COUNT, TC_IMPULSE, TC_PUSHES, move_tools, place_capsules, tool_contact
 from .needle import (NP_WIRE, needle_constraints, needle_finish, needle_forces_clear, needle_held, needle_pierce,
@@ -54,6 +57,7 @@ STAT_SCALED = 7         # vertices whose mass was scaled in the last tick
 STAT_MASS_FACTOR = 8    # largest mass scale factor of the last tick (1 = none)
 STAT_OMEGA_END = 9      # stability bound (rad/s) at the masses, tensions and acting contact springs the last
                         # tick ended with (Stepper's check that h * omega < 2 held)
+STAT_TIMERS = STAT_SLOTS  # from here, N_TIMERS slots: the last tick's cycles in each stage (solver/timers.py)
 # a substep's residual above this (or NaN) is a divergence, not a solve short of converging: the tick is run again
 # (Stepper) or, out of retries, faults; so its remaining substeps are not run (a diverging solve takes every
 # substep to its iteration limit, and a tick's retries run up to retry_substeps: it would hold the loop for seconds)
@@ -722,19 +726,36 @@ def substep(h: float, t: float, split: bool, n_cand: int, rod: Rod, tl: Timeline
     the tissue on, the pads move, the punctures act and the thread is kept out of the pads (solver/tissue.py);
     with the needle on, vertex 0 is a needle's swage (solver/needle.py); the thread is kept out of the tools
     (solver/instruments.py)."""
+    tm = body.stats[STAT_TIMERS:]   # each stage's cycles, summed over the tick (solver/timers.py)
+    c0 = cycles()
     held, n_tools = drive(h, t, rod, tl, body, gr, ts, nd, tools)
+    c1 = cycles()
+    tm[TM_DRIVE] += c1 - c0
     add_forces(h, n_cand, rod, body, wk, ct)
+    c0 = cycles()
+    tm[TM_FORCES] += c0 - c1
     predict(h, rod, body, wk, ts, nd)
     couple_grasps(h, rod, body, gr, wk)
+    c1 = cycles()
+    tm[TM_PREDICT] += c1 - c0
     iters, residual = solve(h, split, n_cand, rod, sv, body, wk, ct)
+    c0 = cycles()
+    tm[TM_SOLVE] += c0 - c1
     reverted = 0
     if ct.on:
         reverted, iters, residual = contact_rounds(h, n_cand, rod, sv, body, wk, ct, iters, residual)
+    c1 = cycles()
+    tm[TM_CONTACT] += c1 - c0
     if n_tools > 0:
         iters, residual = tool_rounds(h, rod, sv, body, wk, tools, iters, residual)
+    c0 = cycles()
+    tm[TM_TOOLS] += c0 - c1
     if ts.on:
         iters, residual = tissue_rounds(h, held, rod, sv, body, wk, ts, nd, iters, residual)
+    c1 = cycles()
+    tm[TM_TISSUE] += c1 - c0
     commit(h, reverted, rod, body, gr, wk, ts, nd)
+    tm[TM_COMMIT] += cycles() - c1
     return iters, residual
 
 
@@ -790,13 +811,19 @@ def advance(n_sub: int, h: float, t: float, scale: bool, tension_margin: float, 
     worst = 1.0
     n_cand = int(cstats[CS_COUNT])
     split = scale and sv.local
+    tm = body.stats[STAT_TIMERS:]
+    for k in range(N_TIMERS):
+        tm[k] = 0.0
     for c in range(tools.caps.shape[0]):
         tools.caps[c, TC_PUSHES] = 0.0
         for d in range(3):
             tools.caps[c, TC_IMPULSE + d] = 0.0
     for s in range(n_sub):
+        c0 = cycles()
         if ct.on:
             n_cand = refresh_neighbours(n_cand, body, ct)
+        c1 = cycles()
+        tm[TM_NEIGHBOURS] += c1 - c0
         if scale:
             # the hinges' fold is read every substep: they can fold within a tick (a whip), and stiffen fast
             ns, f = scale_masses(rod.mass, rod.base_inv_mass, rod.bend_gersh, rod.rest, body.tension,
@@ -806,6 +833,7 @@ def advance(n_sub: int, h: float, t: float, scale: bool, tension_margin: float, 
                 n_scaled = ns
             if f > worst:
                 worst = f
+        tm[TM_MASSES] += cycles() - c1
         it, res = substep(h, t + s * h, split, n_cand, rod, tl, sv, body, gr, wk, ct, ts, nd, tools)
         if trace.shape[0] > s:
             for i in range(x.shape[0]):

@@ -17,9 +17,11 @@ from numba import njit
 from .contact_response import CS_COUNT
 from .instruments import tool_capsules
 from .needle import NP_COUNT, NS_COUNT, NS_Q, NS_QT
+from .timers import N_TIMERS
 from .tissue import MAX_PUNCTURES, PD_COUNT, PD_REST, PF_COUNT, PI_COUNT, PI_MATE, PS_COUNT, PS_X, TP_COUNT
 
 MAX_GRASPS = 4
+STAT_SLOTS = 10   # state.stats: solver/integrator.py's STAT_* slots, then its stage timers from STAT_TIMERS
 
 
 @dataclass(frozen=True)
@@ -187,7 +189,7 @@ class ThreadState:
     grasp_vel: np.ndarray         # (G,3) m/s, target velocity set by a live device (ramps a pose across a tick)
     grasp_force: np.ndarray       # (G,3) N, force the coupling applies to the thread
     grasp_sat: np.ndarray         # (G,) int8, 1 while the coupling force is at its limit
-    stats: np.ndarray             # (10,) see STAT_* in solver/integrator.py
+    stats: np.ndarray             # (STAT_SLOTS + N_TIMERS,) see STAT_* in solver/integrator.py
     inv_mass_tick: np.ndarray     # (n,) 1/kg, the inverse masses of the current tick (mass-scaled if needed)
     # self-contact (solver/contact_response.py): the neighbour list and what each pair carries between kernels
     cand_i: np.ndarray            # (P,) int64, first segment of each candidate pair
@@ -454,7 +456,7 @@ def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
         grasp_c=z(MAX_GRASPS),
         grasp_fmax=np.full(MAX_GRASPS, np.inf), grasp_target=z(MAX_GRASPS, 3),
         grasp_target_prev=z(MAX_GRASPS, 3), grasp_vel=z(MAX_GRASPS, 3), grasp_force=z(MAX_GRASPS, 3),
-        grasp_sat=np.zeros(MAX_GRASPS, np.int8), stats=z(10),
+        grasp_sat=np.zeros(MAX_GRASPS, np.int8), stats=z(STAT_SLOTS + N_TIMERS),
         inv_mass_tick=model.inv_mass.copy(),
         force=z(n, 3), twist_grad=z(n, 3), xbar=z(n, 3), w_eff=z(n), edges=z(ns, 3), elen=z(ns),
         new_edges=z(ns, 3), alpha=z(ns), tri_lo=z(ns), tri_di=z(ns), tri_up=z(ns), tri_rhs=z(ns),
