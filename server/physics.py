@@ -21,10 +21,11 @@ import zmq
 
 from ..haptics.link import DeviceLink
 from ..solver.breakage import rating
-from ..solver.integrator import SolverDivergence, Stepper, warm_up
+from ..solver.integrator import STAT_TIMERS, SolverDivergence, Stepper, warm_up
 from ..solver.instruments import CAPSULES_PER_TOOL, MAX_TOOLS, place_capsules
 from ..solver.motion import MOTION_GRASP, MOTION_SPIN
 from ..solver.needle import NS_Q, NS_QT, NS_WT
+from ..solver.timers import N_TIMERS, STAGES, seconds_per_cycle
 from ..solver.tissue import PS_X
 from ..solver.model import MAX_GRASPS
 from ..solver.scenario import (MAX_GRASP_DAMPING, MAX_GRASP_FORCE, MAX_GRASP_STIFFNESS, GraspSpec, Scenario,
@@ -89,6 +90,8 @@ class LoopStats:
         self.watch = np.zeros(self.capacity)
         self.outputs = np.zeros(self.capacity)
         self.substeps = np.zeros(self.capacity)
+        self.stages = np.zeros((self.capacity, N_TIMERS))   # the step's stage timers (solver/timers.py), cycles
+        self._us_per_cycle = seconds_per_cycle() * 1e6      # measured here, before any tick: 0 if no counter
         self.count = 0
         self.overruns = 0
         self.ticks = 0
@@ -97,12 +100,18 @@ class LoopStats:
         self.control_errors = 0
 
     def add(self, lateness_us: float, period_us: float, step_us: float, substeps: int, tick_us: float,
-            inputs_us: float = 0.0, watch_us: float = 0.0, outputs_us: float = 0.0) -> None:
+            inputs_us: float = 0.0, watch_us: float = 0.0, outputs_us: float = 0.0,
+            stages: np.ndarray | None = None) -> None:
         """One tick: how late it started and since the last one (µs), its solver step (µs) and substeps, all of
         it (µs), and its stages besides the step (µs): the inputs (the devices' poses read, the remote samples
         taken, the grasps and tools moved toward them), the suture's watch, the outputs (the forces, the state,
-        what was published)."""
+        what was published); ``stages``, the step's own stage timers (state.stats from STAT_TIMERS, cycles), if
+        it stepped."""
         i = self.count % self.capacity
+        if stages is not None and substeps > 0:
+            self.stages[i] = stages
+        else:
+            self.stages[i] = 0.0
         self.lateness[i] = lateness_us
         self.period[i] = period_us
         self.step[i] = step_us
@@ -137,6 +146,9 @@ class LoopStats:
             out[key] = {"p50": pct[k][0], "p99": pct[k][1], **({"p999": pct[k][2]} if k < 2 else {}),
                         "max": top[k]}
         out["substeps"] = {"mean": float(sub.mean()), "max": int(sub.max())}
+        if self._us_per_cycle > 0.0:
+            mean = (self.stages[:n].mean(axis=0) * self._us_per_cycle).tolist()
+            out["step_stages_us"] = {name: mean[k] for k, name in enumerate(STAGES)}
         self.count = 0
         return out
 
@@ -1022,10 +1034,11 @@ class PhysicsLoop:
             if self.snapshot is not None and k % SNAPSHOT_TICKS == 0:
                 self.snapshot.write(self.state)
             inputs_ns, watch_ns = self.inputs_end_ns - start, self.runner.watch_ns
+            timers = self.state.stats[STAT_TIMERS:]   # the step's stages (a view: the state may be a new scene's)
             end = time.monotonic_ns()
             self.stats.add(late / 1000.0, (start - last_start) / 1000.0, step_ns / 1000.0, substeps,
                            (end - start) / 1000.0, inputs_ns / 1000.0, watch_ns / 1000.0,
-                           (scene_end - self.inputs_end_ns - step_ns - watch_ns) / 1000.0)
+                           (scene_end - self.inputs_end_ns - step_ns - watch_ns) / 1000.0, timers)
             busy_ns += (end - start - busy_ns) >> BUSY_AVERAGE_SHIFT
             last_start = start
             if self.stats.count >= stats_every:

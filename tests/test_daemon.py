@@ -30,6 +30,7 @@ import zmq
 from suturesim.server import protocol
 from suturesim.server.recording import read_messages, read_metadata
 from suturesim.solver.scenario import load_scenario
+from suturesim.solver.timers import HAS_COUNTER, STAGES
 
 # the harness lives in conftest.py; its names stay importable from here
 from conftest import (_CTX, DEVICE, REPLY_TIMEOUT_S, START_TIMEOUT_S, STOP_TIMEOUT_S, Daemon,  # noqa: F401
@@ -113,6 +114,11 @@ def check_raw_types(topic: bytes, raw: dict) -> None:
         assert _is_int(raw["retries_past_budget"]) and raw["retries_past_budget"] <= raw["retries"]
         assert isinstance(raw["substeps"]["mean"], float) and _is_int(raw["substeps"]["max"])
         assert isinstance(raw["realtime"], bool) and _is_int(raw["cpu"])
+        if HAS_COUNTER:
+            # the step's stages, each a part of its ticks' steps: their means add up to no more than its largest
+            stages = raw["step_stages_us"]
+            assert set(stages) == set(STAGES) and all(isinstance(v, float) and v >= 0.0 for v in stages.values())
+            assert sum(stages.values()) <= raw["step_us"]["max"], raw
     elif topic == protocol.TOPIC_EVENT:
         assert isinstance(raw["kind"], str)
     else:
