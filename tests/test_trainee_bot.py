@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import pytest
 
-from suturesim.tools.bench_bot import BotRun, render_bot, render_phases, run_bot
+from suturesim.solver.timers import STAGES
+from suturesim.tools.bench_bot import BotRun, render_bot, render_phases, render_step_stages, run_bot
 
 SEEDS = (0, 1, 2)
 
@@ -62,3 +63,22 @@ def test_bench_bot_splits_the_servers_seconds_by_the_step_the_bot_was_working_to
     assert "| watched | 2 | 410 / 840 | 510 / 950 | 10 / 410 / 10 / 10 |" in table
     # a run whose bot reported no step times (it failed before the first) adds no row
     assert render_phases([BotRun(1, report={"done": []}, stats=[_second(1.0, 1.0, 1.0)])]) == []
+
+
+def test_bench_bot_says_where_the_step_goes_by_the_step_the_bot_was_working_toward():
+    """The server's `step_stages_us` (each stage's mean µs a tick over a second), averaged over the seconds of each
+    step of the suture, every run pooled; no table from a server that reported none."""
+    def second(t: float, contact: float) -> dict:
+        m = _second(t, 100.0, 300.0)
+        m["step_stages_us"] = {name: (contact if name == "contact" else 1.0) for name in STAGES}
+        return m
+    run = BotRun(0, report={"done": ["bite", "watched"], "done_t": [2.5, 6.0]},
+                 stats=[second(1.0, 10.0), second(2.0, 30.0), second(4.0, 100.0), second(5.0, 200.0)])
+    rows = render_step_stages([run, run])
+    ones = ["1"] * (len(STAGES) - 1)
+    at = STAGES.index("contact")
+    assert rows == [["bite"] + ones[:at] + ["20"] + ones[at:] + ["29"],
+                    ["watched"] + ones[:at] + ["150"] + ones[at:] + ["159"]]
+    assert "| watched | " + " | ".join(ones[:at] + ["150"] + ones[at:]) + " | 159 |" in render_bot([run])
+    bare = BotRun(0, report=run.report, stats=[_second(1.0, 100.0, 300.0)])
+    assert render_step_stages([bare]) == [] and not any("step_stages_us" in line for line in render_bot([bare]))

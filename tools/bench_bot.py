@@ -34,6 +34,7 @@ import zmq
 
 from ..server import protocol
 from .bench_loop import Server
+from ..solver.timers import STAGES
 from .trainee_bot import LEAD_S, perturbed_practice
 
 TARGET_P99_US = 500.0
@@ -200,7 +201,38 @@ def render_bot(runs: list[BotRun]) -> list[str]:
                 "|---|---|---|---|---|"]
         out += ["| " + " | ".join(row) + " |" for row in phase_rows]
         out.append("")
+    stage_rows = render_step_stages(runs)
+    if stage_rows:
+        out += ["Where the step goes, by the same steps of the suture: the solver's stage timers (solver/timers.py) "
+                "as the server's `stats` report them (`step_stages_us`: each stage's time in a tick, its mean over "
+                "a second's ticks), the mean over the seconds, µs. *Drive*: the pads, tools and needle moved; "
+                "*forces*: bending, drag, gravity and self-contact's penalty; *predict*: the prediction and the "
+                "grasps' couplings; *solve*: friction on the prediction and the multipliers; *contact*: the rounds "
+                "of the no-crossing floor, friction and the constraints solved again; *tools*: the thread kept out "
+                "of the jaws and shafts, each round followed by a solve; *tissue*: the needle's pierce, the thread "
+                "out of the pads and off the needle, each round followed by a solve, and the punctures' forces; "
+                "*commit*: the tensions and the grasps' forces; *neighbours*: the self-contact list kept fresh; "
+                "*masses*: the mass scaling.", "",
+                "| the bot working toward | " + " | ".join(STAGES) + " | all |",
+                "|---|" + "---|" * (len(STAGES) + 1)]
+        out += ["| " + " | ".join(row) + " |" for row in stage_rows]
+        out.append("")
     return out
+
+
+def render_step_stages(runs: list[BotRun]) -> list[list[str]]:
+    """One row per step of the bot's plan: the mean over its seconds (every run pooled) of each stage's mean µs
+    a tick; none if the server reported no stage timers."""
+    pooled: dict[str, list[dict]] = {}
+    for r in runs:
+        for name, seconds in r.phases():
+            pooled.setdefault(name, []).extend(m["step_stages_us"] for m in seconds if "step_stages_us" in m)
+    rows = []
+    for name, seconds in pooled.items():
+        if seconds:
+            mean = [float(np.mean([m.get(k, 0.0) for m in seconds])) for k in STAGES]
+            rows.append([name] + [f"{v:.0f}" for v in mean] + [f"{sum(mean):.0f}"])
+    return rows
 
 
 def render_phases(runs: list[BotRun]) -> list[list[str]]:

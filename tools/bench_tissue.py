@@ -6,7 +6,7 @@ docs/BENCHMARKS.md).
    and over each of its phases: the needle's bite, drawing the thread through, the double throw, cinching it,
    the second throw, cinching the surgeon's knot, the knot holding alone. A tick is what the server's loop
    runs: `Stepper.tick` and `SutureWatch.check` (the events and the knot read from the thread's topology),
-   whose own share is reported too.
+   whose own share is reported too; and where the step's time goes, stage by stage (solver/timers.py).
 2. The same scene with the tissue and the needle left out of the step (the thread, its grasps and self-contact
    alone on the same states), which says what the tissue adds.
 3. How the scripted sutures end (simple-interrupted-suture and needle-tie-surgeons-knot) as scripted and with
@@ -29,11 +29,12 @@ import numpy as np
 from ..server.config import LoopConfig
 from ..server.messages import MessageBuilder
 from ..server.scene import SceneRunner, reads_on, state_period
-from ..solver.integrator import Stepper, step, tension_floors, warm_up
+from ..solver.integrator import STAT_TIMERS, Stepper, step, tension_floors, warm_up
 from ..solver.knot_type import knot_type
 from ..solver.needle import NP_ARC, NP_RADIUS, NS_Q, arc_point
 from ..solver.scenario import load_scenario
 from ..solver.suture import KNOT_BUDGET, KNOT_EVERY, KNOT_PHASE, LINK_BUDGET, SutureWatch
+from ..solver.timers import N_TIMERS, STAGES, seconds_per_cycle
 
 SCENE = "simple-interrupted-suture"
 # the scene's phases, by its timeline (s)
@@ -73,6 +74,7 @@ class TissueBench:
     substeps: np.ndarray = field(default_factory=lambda: np.zeros(0))
     retries: int = 0
     watch: np.ndarray = field(default_factory=lambda: np.zeros(0))        # us of SutureWatch.check per tick
+    stages: np.ndarray = field(default_factory=lambda: np.zeros((0, N_TIMERS)))   # us per tick in each stage
     bare: list[tuple[str, float, float]] = field(default_factory=list)   # phase, us with tissue, us without
     contact: tuple[float, int] = (0.0, 0)                                  # the scene's contact distance (m), rounds
     endings: list[Ending] = field(default_factory=list)                   # 3: as scripted, and perturbed
@@ -168,6 +170,7 @@ def measure_tissue(quick: bool, log) -> TissueBench:
     times = np.empty(n)
     watch_us = np.empty(n)
     subs = np.empty(n)
+    stages = np.empty((n, N_TIMERS))
     snaps = {}
     bare_model = dataclasses.replace(model, tissue_on=False, needle_on=False)
     # the server's `state` ticks, on which the watch slices no reading (server/scene.py)
@@ -180,10 +183,12 @@ def measure_tissue(quick: bool, log) -> TissueBench:
         t2 = time.perf_counter_ns()
         times[k] = (t2 - t0) / 1e3
         watch_us[k] = (t2 - t1) / 1e3
+        stages[k] = state.stats[STAT_TIMERS:]
         for label, a, b in PHASES:
             if abs((k + 1) * model.solver.tick - 0.5 * (a + b)) < 0.5 * model.solver.tick:
                 snaps[label] = state.copy()
     out = TissueBench(ticks=times, substeps=subs, retries=stepper.retries, watch=watch_us,
+                      stages=stages * (seconds_per_cycle() * 1e6),
                       contact=(model.contact.distance, model.contact.rounds))
     log(f"  {SCENE}: {seconds:g} s, tick p50 {np.percentile(times, 50):.0f} us, p99 {np.percentile(times, 99):.0f} us")
     # what the tissue adds: 200 ticks from each phase's middle, with and without it
@@ -249,6 +254,26 @@ def render_tissue(res: TissueBench) -> list[str]:
                       f"{np.median(reads):.0f} µs median; its diagram, its state sum {KNOT_BUDGET} crossings x "
                       f"states at a time and its name on the ticks after; the linking {LINK_BUDGET} pairs of "
                       f"segments a tick)."]
+    if len(res.stages) and res.stages.any():
+        lines += ["", "Where the step goes: each stage's time summed over a tick's substeps (the solver's stage "
+                      "timers, solver/timers.py: the CPU's time-stamp counter read between the stages), its mean "
+                      "over each phase's ticks, µs. *Drive*: the timeline and the pads moved; *forces*: bending, "
+                      "drag, gravity and self-contact's penalty; *predict*: the prediction and the grasps' "
+                      "couplings; *solve*: friction on the prediction and the multipliers; *contact*: the rounds of "
+                      "the no-crossing floor, friction and the constraints solved again; *tools*: the thread kept "
+                      "out of the tools (none in this scene); *tissue*: the needle's pierce, the thread out of the "
+                      "pads and off the needle, each followed by a solve, and the punctures' forces; *commit*: the "
+                      "tensions and the grasps' forces; *neighbours*: the self-contact list kept fresh; *masses*: "
+                      "the mass scaling.", "",
+                  "| part of the scene | " + " | ".join(STAGES) + " | all |",
+                  "|---|" + "---|" * (len(STAGES) + 1)]
+        spans = [(f"whole scene ({len(t) * dt:g} s)", 0.0, len(t) * dt)] + [(f"{lab}, {a:g}-{b:g} s", a, b)
+                                                                          for lab, a, b in PHASES]
+        for label, a, b in spans:
+            seg = res.stages[int(a / dt):int(b / dt)]
+            if len(seg):
+                mean = seg.mean(axis=0)
+                lines.append(f"| {label} | " + " | ".join(f"{v:.0f}" for v in mean) + f" | {mean.sum():.0f} |")
     if res.bare:
         lines += ["", "What the tissue and needle add: 200 ticks from the middle of each phase, the same states "
                       "stepped with them and with `tissue_on` and `needle_on` off (µs per tick):", "",
