@@ -377,6 +377,7 @@ class PhysicsLoop:
         self.scenario = scenario
         self.model = scenario.model
         self.state = scenario.new_state() if state is None else state
+        self.timers = self.state.stats[STAT_TIMERS:]   # the step's stage timers, read by the loop's stats each tick
         stepper = Stepper(self.model, self.state)
         self.grasps: list[GraspSpec] = list(scenario.grasps)
         self.holds = {}
@@ -1034,11 +1035,10 @@ class PhysicsLoop:
             if self.snapshot is not None and k % SNAPSHOT_TICKS == 0:
                 self.snapshot.write(self.state)
             inputs_ns, watch_ns = self.inputs_end_ns - start, self.runner.watch_ns
-            timers = self.state.stats[STAT_TIMERS:]   # the step's stages (a view: the state may be a new scene's)
             end = time.monotonic_ns()
             self.stats.add(late / 1000.0, (start - last_start) / 1000.0, step_ns / 1000.0, substeps,
                            (end - start) / 1000.0, inputs_ns / 1000.0, watch_ns / 1000.0,
-                           (scene_end - self.inputs_end_ns - step_ns - watch_ns) / 1000.0, timers)
+                           (scene_end - self.inputs_end_ns - step_ns - watch_ns) / 1000.0, self.timers)
             busy_ns += (end - start - busy_ns) >> BUSY_AVERAGE_SHIFT
             last_start = start
             if self.stats.count >= stats_every:

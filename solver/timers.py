@@ -42,11 +42,6 @@ else:
         return 0
 
 
-@njit(cache=True)
-def _read() -> int:
-    return cycles()
-
-
 _SECONDS_PER_CYCLE: float | None = None
 
 
@@ -56,11 +51,11 @@ def seconds_per_cycle() -> float:
     if _SECONDS_PER_CYCLE is None:
         _SECONDS_PER_CYCLE = 0.0
         if HAS_COUNTER:
-            _read()
-            c0, t0 = _read(), time.perf_counter_ns()
+            cycles()
+            c0, t0 = cycles(), time.perf_counter_ns()
             while time.perf_counter_ns() - t0 < 20_000_000:
                 pass
-            c1, t1 = _read(), time.perf_counter_ns()
+            c1, t1 = cycles(), time.perf_counter_ns()
             if c1 > c0:
                 _SECONDS_PER_CYCLE = (t1 - t0) * 1e-9 / (c1 - c0)
     return _SECONDS_PER_CYCLE
