@@ -70,13 +70,18 @@ CS_OVERFLOW = 5     # 1 if the neighbour list was too small for every candidate 
 CS_STICKING = 6     # pairs in static friction in the last substep
 CS_REVERTED = 7     # vertices the last-resort guard put back to the start of their substep in the last tick
 CS_SKIN = 8         # m, the skin the neighbour list was built with
+# the rounds of floor, friction and solve (integrator.contact_rounds) in the last tick, and why they went on
+CS_ROUNDS = 9       # rounds run
+CS_ROUNDS_RAISED = 10   # of them, rounds whose floor raised a gap
+CS_ROUNDS_SLID = 11     # of them, rounds whose friction changed a contact point by more than it settles within
+CS_ROUNDS_OUT = 12      # substeps whose rounds ran out before the floor and friction settled
 
 # how far ahead of touching a pair one segment past the excluded ones (j, j + exclude + 1) counts for the
 # stability bound: its present approach per substep times REACH_SUBSTEPS (the substep budget's default), but at
 # least REACH_MIN and at most half of the skin (every other pair: half of the skin)
 REACH_SUBSTEPS = 32.0
 REACH_MIN = 0.1
-CS_SIZE = 9
+CS_SIZE = 13
 
 GUARD = 0.25        # fraction of min_gap below which a gap left after the floor's rounds is unsafe
 GAP_TOL = 0.01      # fraction of min_gap a gap may fall short of the floor before it is projected (rounds end)

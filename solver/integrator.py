@@ -29,7 +29,8 @@ from numba import njit
 from .breakage import BK_PARTED, find_break, part
 from .constraints import inertial_tension, solve_multipliers
 from .contact_response import (CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS, CS_REBUILDS,
-                               CS_REVERTED, CS_SKIN, CS_STICKING, CP_MIN_GAP, CP_ROUNDS, CP_SETTLE, CP_SKIN,
+                               CS_REVERTED, CS_ROUNDS, CS_ROUNDS_OUT, CS_ROUNDS_RAISED, CS_ROUNDS_SLID, CS_SKIN,
+                               CS_STICKING, CP_MIN_GAP, CP_ROUNDS, CP_SETTLE, CP_SKIN,
                                FLOOR_MARGIN, apply_friction, enforce_min_gap, floor_pairs, floor_reach,
                                guard_crossings, largest_step, neighbours_stale, penalty_forces, rebuild_neighbours)
 from .forces import accumulate_forces, edge_vectors
@@ -246,7 +247,7 @@ class Contact(NamedTuple):
     k: np.ndarray               # (n,) N/m, springs that may act this tick
     k_act: np.ndarray           # (n,) N/m, springs that acted in the last substep
     turn: np.ndarray            # (n,) rad
-    stats: np.ndarray           # (9,) CS_*
+    stats: np.ndarray           # (CS_SIZE,) CS_*
     grid_head: np.ndarray       # a rebuild's scratch (contact_response.rebuild_neighbours)
     grid_next: np.ndarray
     grid_cells: np.ndarray
@@ -584,7 +585,8 @@ def contact_rounds(h: float, n_cand: int, rod: Rod, sv: Settings, body: Body, wk
     # the floor in a held knot, not the ~280 listed (docs/PHYSICS.md Sec. 9)
     reach = -1.0
     n_near = 0
-    for _ in range(rounds):
+    stats = ct.stats
+    for r in range(rounds):
         step = largest_step(xbar, x)
         if 2.0 * step + FLOOR_MARGIN * min_gap > reach:
             reach = floor_reach(step, min_gap)
@@ -594,9 +596,16 @@ def contact_rounds(h: float, n_cand: int, rod: Rod, sv: Settings, body: Body, wk
         # friction again after each solve: the solve's slide along the edges is slip
         _, slid = apply_friction(x, xbar, w_eff, h, ct.par, n_cand, ct.cand_i, ct.cand_j, ct.cand_s, ct.cand_t,
                                  ct.cand_n, ct.cand_f, ct.cand_fa)
+        stats[CS_ROUNDS] += 1.0
+        if raised > 0:
+            stats[CS_ROUNDS_RAISED] += 1.0
+        if slid > settled:
+            stats[CS_ROUNDS_SLID] += 1.0
         if raised == 0 and slid <= settled:
             break
-        ct.stats[CS_PROJECTIONS] += raised
+        if r == rounds - 1:
+            stats[CS_ROUNDS_OUT] += 1.0
+        stats[CS_PROJECTIONS] += raised
         it2, residual = _solve_again(h, rod, sv, body, wk)
         iters += it2
     reverted = 0
@@ -802,6 +811,10 @@ def advance(n_sub: int, h: float, t: float, scale: bool, tension_margin: float, 
         cstats[CS_PENETRATION] = 0.0
         cstats[CS_PROJECTIONS] = 0.0
         cstats[CS_REVERTED] = 0.0
+        cstats[CS_ROUNDS] = 0.0
+        cstats[CS_ROUNDS_RAISED] = 0.0
+        cstats[CS_ROUNDS_SLID] = 0.0
+        cstats[CS_ROUNDS_OUT] = 0.0
     max_it = 0
     max_res = 0.0
     total = 0

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 from numba import njit
 
-from .contact_response import CS_COUNT
+from .contact_response import CS_COUNT, CS_SIZE
 from .instruments import tool_capsules
 from .needle import NP_COUNT, NS_COUNT, NS_Q, NS_QT
 from .timers import N_TIMERS
@@ -211,7 +211,7 @@ class ThreadState:
     contact_k_act: np.ndarray     # (n,) N/m, the same for the springs that acted in the last substep (the check after it)
     turn: np.ndarray              # (n,) rad, the thread's turn at each vertex this substep (polygon friction)
     fold: np.ndarray              # (n,) each hinge's stiffening factor (stability.hinge_factors, scratch)
-    contact_stats: np.ndarray     # (9,) see CS_* in solver/contact_response.py
+    contact_stats: np.ndarray     # (CS_SIZE,) see CS_* in solver/contact_response.py
     grid_head: np.ndarray
     grid_next: np.ndarray
     grid_cells: np.ndarray
@@ -464,7 +464,7 @@ def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
         cand_i=np.zeros(cap, np.int64), cand_j=np.zeros(cap, np.int64), cand_s=z(cap), cand_t=z(cap),
         cand_d=z(cap), cand_n=z(cap, 3), cand_f=z(cap), cand_fp=z(cap), cand_fa=z(cap, 3),
         cand_near=np.zeros(cap, np.int64), fp_kept=z(cap), x_ref=np.full((n, 3), np.inf),
-        contact_k=z(n), contact_k_act=z(n), turn=z(n), fold=z(n), contact_stats=z(9), grid_head=np.zeros(2 * ns + 1, np.int64),
+        contact_k=z(n), contact_k_act=z(n), turn=z(n), fold=z(n), contact_stats=z(CS_SIZE), grid_head=np.zeros(2 * ns + 1, np.int64),
         grid_next=np.zeros(ns, np.int64), grid_cells=np.zeros((ns, 3), np.int64), grid_scratch=z(3),
         alpha_extra=z(ns), old_j=np.zeros(cap, np.int64), old_n=z(cap, 3), old_fp=z(cap),
         old_next=np.zeros(cap, np.int64), seg_head=np.zeros(ns, np.int64),

@@ -14,7 +14,8 @@ from suturesim.tools.crossings import crossings, segment_distance, substep_cross
 from suturesim.tools.validate_contact import TracedRun
 from suturesim.solver.config import ConfigError
 from suturesim.solver.contact_response import (CP_NEAR, CP_SETTLE, CP_SIZE, CS_CONTACTS, CS_COUNT, CS_PENETRATION,
-                                               CS_PROJECTIONS, CS_REBUILDS, CS_REVERTED, CP_MIN_GAP,
+                                               CS_PROJECTIONS, CS_REBUILDS, CS_REVERTED, CS_ROUNDS, CS_ROUNDS_OUT,
+                                               CS_ROUNDS_RAISED, CS_ROUNDS_SLID, CP_MIN_GAP,
                                                apply_friction, enforce_min_gap, floor_pairs, floor_reach,
                                                largest_step, penalty_forces)
 from suturesim.solver.integrator import Stepper, friction_rounds
@@ -354,6 +355,38 @@ def test_neighbour_list_follows_the_motion():
     assert st.contact_stats[CS_COUNT] >= 1
     # 2 m/s is 2 mm per tick, far more than half the skin: the list was rebuilt within ticks
     assert st.contact_stats[CS_REBUILDS] >= 1
+
+
+def _counted_rounds(sc, ticks: int) -> np.ndarray:
+    """Run ``sc`` for ``ticks``, checking contact_stats' round counters each tick: the rounds run (one at least
+    in every substep, at most the budget), those in which the floor raised a gap (one at least where it projected
+    any) and in which friction had not settled, and the substeps that ran out of rounds (each one ran the whole
+    budget). Returns the four summed."""
+    st = sc.new_state()
+    stepper = Stepper(sc.model, st)
+    c = sc.model.contact
+    seen = np.zeros(4)
+    for _ in range(ticks):
+        n = stepper.tick()
+        budget = friction_rounds(c.rounds, c.min_gap, c.settle, sc.model.solver.tick / n)[0]
+        cs = st.contact_stats
+        run, raised, slid, out = cs[CS_ROUNDS], cs[CS_ROUNDS_RAISED], cs[CS_ROUNDS_SLID], cs[CS_ROUNDS_OUT]
+        assert n <= run <= n * budget, (n, run, budget)
+        assert raised <= run and slid <= run and out <= n
+        assert raised >= 1 or cs[CS_PROJECTIONS] == 0
+        assert run >= out * budget + (n - out)
+        seen += (run, raised, slid, out)
+    return seen
+
+
+def test_the_rounds_are_counted_with_what_kept_them_going():
+    # an overhand knot pulled tight by two hands, then held: friction keeps the rounds going (the floor's force
+    # is warm-started from the substep before, so it seldom has a gap to raise), and substeps run out of rounds
+    run, _, slid, out = _counted_rounds(held_knot(seconds=2.5), 2500)
+    assert run > 2500 * 4 and slid > 0 and out > 0
+    # a strand dragged through another at 2 m/s: the floor raises gaps
+    _, raised, _, _ = _counted_rounds(build_scenario(_drag_through(2.0, contact=True), "drag-through"), 20)
+    assert raised > 0
 
 
 def test_square_knot_tightens_without_tunnelling():

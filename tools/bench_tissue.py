@@ -29,6 +29,7 @@ import numpy as np
 from ..server.config import LoopConfig
 from ..server.messages import MessageBuilder
 from ..server.scene import SceneRunner, reads_on, state_period
+from ..solver.contact_response import CS_ROUNDS, CS_ROUNDS_OUT, CS_ROUNDS_RAISED, CS_ROUNDS_SLID
 from ..solver.integrator import STAT_TIMERS, Stepper, step, tension_floors, warm_up
 from ..solver.knot_type import knot_type
 from ..solver.needle import NP_ARC, NP_RADIUS, NS_Q, arc_point
@@ -45,6 +46,7 @@ PHASES = (("needle bite (tip in and out of both edges)", 0.0, 4.0), ("drawing th
           ("cinching the surgeon's knot (3 N in each hand)", 22.9, 24.9),
           ("the knot holding the wound, both hands let go", 24.9, 32.0))
 TARGET_P99_US = 500.0
+ROUND_SLOTS = [CS_ROUNDS, CS_ROUNDS_RAISED, CS_ROUNDS_SLID, CS_ROUNDS_OUT]
 
 # 3. the scripted sutures' endings: the scenes, and the times (s) of the script at which a run is perturbed (the
 # bite, the thread drawn through, the double throw being wound, cinched, and the cinch eased: both scripts move
@@ -75,9 +77,23 @@ class TissueBench:
     retries: int = 0
     watch: np.ndarray = field(default_factory=lambda: np.zeros(0))        # us of SutureWatch.check per tick
     stages: np.ndarray = field(default_factory=lambda: np.zeros((0, N_TIMERS)))   # us per tick in each stage
+    # per tick: self-contact's rounds run, those whose floor raised a gap, those whose friction had not settled,
+    # and the substeps that ran out of rounds (contact_response.CS_ROUNDS..CS_ROUNDS_OUT)
+    rounds: np.ndarray = field(default_factory=lambda: np.zeros((0, len(ROUND_SLOTS))))
     bare: list[tuple[str, float, float]] = field(default_factory=list)   # phase, us with tissue, us without
     contact: tuple[float, int] = (0.0, 0)                                  # the scene's contact distance (m), rounds
     endings: list[Ending] = field(default_factory=list)                   # 3: as scripted, and perturbed
+
+
+def _rounds_row(label: str, rounds: np.ndarray, substeps: np.ndarray) -> str:
+    """A row of the rounds table: ``rounds`` (ticks, ROUND_SLOTS) and ``substeps`` (ticks,) of one part of the
+    scene."""
+    run, raised, slid, out = rounds.sum(axis=0) if len(rounds) else (0.0, 0.0, 0.0, 0.0)
+    subs = float(substeps.sum())
+    if run == 0.0 or subs == 0.0:
+        return f"| {label} | 0 | | | |"
+    return (f"| {label} | {run / subs:.2f} | {100.0 * raised / run:.0f} % | {100.0 * slid / run:.0f} % | "
+            f"{100.0 * out / subs:.0f} % |")
 
 
 @dataclass
@@ -171,6 +187,7 @@ def measure_tissue(quick: bool, log) -> TissueBench:
     watch_us = np.empty(n)
     subs = np.empty(n)
     stages = np.empty((n, N_TIMERS))
+    rounds = np.empty((n, len(ROUND_SLOTS)))
     snaps = {}
     bare_model = dataclasses.replace(model, tissue_on=False, needle_on=False)
     # the server's `state` ticks, on which the watch slices no reading (server/scene.py)
@@ -184,11 +201,12 @@ def measure_tissue(quick: bool, log) -> TissueBench:
         times[k] = (t2 - t0) / 1e3
         watch_us[k] = (t2 - t1) / 1e3
         stages[k] = state.stats[STAT_TIMERS:]
+        rounds[k] = state.contact_stats[ROUND_SLOTS]
         for label, a, b in PHASES:
             if abs((k + 1) * model.solver.tick - 0.5 * (a + b)) < 0.5 * model.solver.tick:
                 snaps[label] = state.copy()
     out = TissueBench(ticks=times, substeps=subs, retries=stepper.retries, watch=watch_us,
-                      stages=stages * (seconds_per_cycle() * 1e6),
+                      stages=stages * (seconds_per_cycle() * 1e6), rounds=rounds,
                       contact=(model.contact.distance, model.contact.rounds))
     log(f"  {SCENE}: {seconds:g} s, tick p50 {np.percentile(times, 50):.0f} us, p99 {np.percentile(times, 99):.0f} us")
     # what the tissue adds: 200 ticks from each phase's middle, with and without it
@@ -254,6 +272,8 @@ def render_tissue(res: TissueBench) -> list[str]:
                       f"{np.median(reads):.0f} µs median; its diagram, its state sum {KNOT_BUDGET} crossings x "
                       f"states at a time and its name on the ticks after; the linking {LINK_BUDGET} pairs of "
                       f"segments a tick)."]
+    spans = [(f"whole scene ({len(t) * dt:g} s)", 0.0, len(t) * dt)] + [(f"{lab}, {a:g}-{b:g} s", a, b)
+                                                                      for lab, a, b in PHASES]
     if len(res.stages) and res.stages.any():
         lines += ["", "Where the step goes: each stage's time summed over a tick's substeps (the solver's stage "
                       "timers, solver/timers.py: the CPU's time-stamp counter read between the stages), its mean "
@@ -267,13 +287,22 @@ def render_tissue(res: TissueBench) -> list[str]:
                       "the mass scaling.", "",
                   "| part of the scene | " + " | ".join(STAGES) + " | all |",
                   "|---|" + "---|" * (len(STAGES) + 1)]
-        spans = [(f"whole scene ({len(t) * dt:g} s)", 0.0, len(t) * dt)] + [(f"{lab}, {a:g}-{b:g} s", a, b)
-                                                                          for lab, a, b in PHASES]
         for label, a, b in spans:
             seg = res.stages[int(a / dt):int(b / dt)]
             if len(seg):
                 mean = seg.mean(axis=0)
                 lines.append(f"| {label} | " + " | ".join(f"{v:.0f}" for v in mean) + f" | {mean.sum():.0f} |")
+    if len(res.rounds) and res.rounds[:, 0].any():
+        lines += ["", "Self-contact's rounds (the *contact* stage: the no-crossing floor, friction, and the constraints "
+                      f"solved again if either acted, at most {res.contact[1]} a substep of 0.25 ms; contact_response.CS_ROUNDS "
+                      "and after), over each phase's substeps: rounds run a substep; of the rounds, the share in "
+                      "which the floor raised a gap and the share in which friction moved a contact point by more "
+                      "than it settles within (either keeps the rounds going); and the share of substeps that ran "
+                      "out of rounds with the floor or friction still acting.", "",
+                  "| part of the scene | rounds a substep | rounds whose floor raised a gap | rounds whose friction "
+                  "had not settled | substeps out of rounds |", "|---|---|---|---|---|"]
+        lines += [_rounds_row(label, res.rounds[int(a / dt):int(b / dt)], res.substeps[int(a / dt):int(b / dt)])
+                  for label, a, b in spans if len(res.rounds[int(a / dt):int(b / dt)])]
     if res.bare:
         lines += ["", "What the tissue and needle add: 200 ticks from the middle of each phase, the same states "
                       "stepped with them and with `tissue_on` and `needle_on` off (µs per tick):", "",
