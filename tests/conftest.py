@@ -394,7 +394,7 @@ def pose_msg(pos, device: str = DEVICE, seq: int = 0) -> bytes:
 
 # The step's p99 over its p50 in a second past which the CPU, not the loop, is taken to have run slow. Idle, the
 # default scene's seconds ran 1.8 to 2.4; in the seconds of runs of slow ticks on this VM (every stage 5 to 10
-# times slower, at different ticks in identical runs) 6.5 to 7.1, with the bare wait loop on the other CPU
+# times slower, at different ticks in identical runs) 4.3 to 7.1, with the bare wait loop on the other CPU
 # unaffected and no steal on the loop's own
 SLOW_STEP = 4.0
 

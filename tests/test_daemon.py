@@ -287,7 +287,6 @@ class TestSharedDaemon:
     def _fuzz(shared, rng: random.Random, before: dict) -> tuple[dict, int]:
         """Malformed control requests and stylus messages, every one answered or counted: the stats after, and
         how many stylus messages were sent."""
-
         # -- control: malformed, truncated, wrong-typed, unknown; never a valid state-changing request ------
         valid = [msgpack.packb(r) for r in ({"cmd": "status"}, {"cmd": "grasp", "vertex": 50, "stiffness": 200.0},
                                             {"cmd": "release", "id": "right"}, {"cmd": "load", "scenario": "x"})]
