@@ -58,6 +58,12 @@ STAT_SCALED = 7         # vertices whose mass was scaled in the last tick
 STAT_MASS_FACTOR = 8    # largest mass scale factor of the last tick (1 = none)
 STAT_OMEGA_END = 9      # stability bound (rad/s) at the masses, tensions and acting contact springs the last
                         # tick ended with (Stepper's check that h * omega < 2 held)
+# the tissue's rounds (tissue_rounds) in the last tick, and which of its pushes kept them going
+STAT_TISSUE_ROUNDS = 10   # rounds run
+STAT_TISSUE_PADS = 11     # of them, rounds in which a vertex was put back out of a pad
+STAT_TISSUE_NEEDLE = 12   # of them, rounds in which the needle was held by the tissue or the pads
+STAT_TISSUE_THREAD = 13   # of them, rounds in which the thread was kept off its needle
+STAT_TISSUE_OUT = 14      # substeps whose rounds ran out with a push still made
 STAT_TIMERS = STAT_SLOTS  # from here, N_TIMERS slots: the last tick's cycles in each stage (solver/timers.py)
 # a substep's residual above this (or NaN) is a divergence, not a solve short of converging: the tick is run again
 # (Stepper) or, out of retries, faults; so its remaining substeps are not run (a diverging solve takes every
@@ -636,15 +642,28 @@ def tissue_rounds(h: float, held: bool, rod: Rod, sv: Settings, body: Body, wk: 
     if nd.on:
         needle_pierce(xbar, nd.par, nd.nst, ts.pads, ts.pst, ts.pun_i, ts.pun_f, held)
         needle_forces_clear(ts.pun_i, ts.pun_f)
-    for _ in range(int(ts.par[TP_ROUNDS])):
-        moved = collide_pads(h, x, xbar, w_eff, rod.rest, ts.par, ts.pads, ts.pst, ts.pun_i, ts.pun_f, with_needle)
+    stats = body.stats
+    rounds = int(ts.par[TP_ROUNDS])
+    for r in range(rounds):
+        pads = collide_pads(h, x, xbar, w_eff, rod.rest, ts.par, ts.pads, ts.pst, ts.pun_i, ts.pun_f, with_needle)
+        needle = 0
+        thread = 0
         if nd.on:
-            moved += needle_constraints(h, x, xbar, w_eff, rod.rest, nd.par, nd.nst, ts.par, ts.pads, ts.pst,
+            needle = needle_constraints(h, x, xbar, w_eff, rod.rest, nd.par, nd.nst, ts.par, ts.pads, ts.pst,
                                         ts.pun_i, ts.pun_f, held, wk.closest)
             # and against its own thread (a thread and its needle are both solid)
-            moved += needle_thread(h, x, xbar, w_eff, nd.par, nd.nst, ts.par, ts.pst, wk.closest)
-        if moved == 0:
+            thread = needle_thread(h, x, xbar, w_eff, nd.par, nd.nst, ts.par, ts.pst, wk.closest)
+        stats[STAT_TISSUE_ROUNDS] += 1.0
+        if pads > 0:
+            stats[STAT_TISSUE_PADS] += 1.0
+        if needle > 0:
+            stats[STAT_TISSUE_NEEDLE] += 1.0
+        if thread > 0:
+            stats[STAT_TISSUE_THREAD] += 1.0
+        if pads + needle + thread == 0:
             break
+        if r == rounds - 1:
+            stats[STAT_TISSUE_OUT] += 1.0
         it2, residual = _solve_again(h, rod, sv, body, wk)
         iters += it2
     if nd.on:
@@ -827,6 +846,8 @@ def advance(n_sub: int, h: float, t: float, scale: bool, tension_margin: float, 
     tm = body.stats[STAT_TIMERS:]
     for k in range(N_TIMERS):
         tm[k] = 0.0
+    for k in range(STAT_TISSUE_ROUNDS, STAT_TISSUE_OUT + 1):
+        body.stats[k] = 0.0
     for c in range(tools.caps.shape[0]):
         tools.caps[c, TC_PUSHES] = 0.0
         for d in range(3):

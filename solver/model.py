@@ -21,7 +21,7 @@ from .timers import N_TIMERS
 from .tissue import MAX_PUNCTURES, PD_COUNT, PD_REST, PF_COUNT, PI_COUNT, PI_MATE, PS_COUNT, PS_X, TP_COUNT
 
 MAX_GRASPS = 4
-STAT_SLOTS = 10   # state.stats: solver/integrator.py's STAT_* slots, then its stage timers from STAT_TIMERS
+STAT_SLOTS = 15   # state.stats: solver/integrator.py's STAT_* slots, then its stage timers from STAT_TIMERS
 
 
 @dataclass(frozen=True)

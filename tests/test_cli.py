@@ -213,8 +213,8 @@ def test_bench_tissue_counts_a_scripted_suture_done_only_with_its_three_knots_an
     assert "| 1 of 5 | 2 of 5 | -0.38 / -0.79 to -0.26 | 2 × half knot, double throw; open / " in rows["1e-12"]
 
 
-def test_bench_tissue_splits_self_contacts_rounds_by_what_kept_them_going():
-    """`bench tissue`'s rounds table: rounds a substep, the shares of the rounds in which the floor raised a gap
+def test_bench_tissue_splits_the_rounds_by_what_kept_them_going():
+    """`bench tissue`'s rounds tables, self-contact's and the tissue's: rounds a substep, the shares of the rounds in which the floor raised a gap
     and in which friction had not settled, and the share of substeps that ran out, for the whole scene and each
     phase that has ticks."""
     from suturesim.tools.bench_tissue import PHASES, TissueBench, render_tissue
@@ -225,11 +225,22 @@ def test_bench_tissue_splits_self_contacts_rounds_by_what_kept_them_going():
     rounds[4000:] = [24.0, 6.0, 18.0, 4.0]        # then six rounds a substep, out of rounds every substep
     lines = render_tissue(TissueBench(ticks=np.ones(n), substeps=np.full(n, 4.0), rounds=rounds,
                                       contact=(0.001, 6)))
-    rows = [ln for ln in lines if ln.endswith("% |")]
+    rows = [ln for ln in lines if ln.endswith("% |")]   # no tissue rounds: the contact's table alone
     # 16000 + 24000 rounds in 20000 substeps; 6000 and 18000 of them in the second phase's 4000 substeps
     assert rows == ["| whole scene (5 s) | 2.00 | 15 % | 45 % | 20 % |",
                     f"| {PHASES[0][0]}, 0-4 s | 1.00 | 0 % | 0 % | 0 % |",
                     f"| {PHASES[1][0]}, 4-6.5 s | 6.00 | 25 % | 75 % | 100 % |"]
-    # no self-contact: no table
+    # the tissue's: five columns, the three pushes' shares between the rounds and the substeps out of rounds
+    tissue = np.zeros((n, 5))
+    tissue[:4000] = [16.0, 8.0, 16.0, 4.0, 4.0]   # the bite: four rounds a substep, the last one out
+    tissue[4000:] = [4.0, 0.0, 0.0, 0.0, 0.0]
+    lines = render_tissue(TissueBench(ticks=np.ones(n), substeps=np.full(n, 4.0), rounds=rounds,
+                                      tissue_rounds=tissue, contact=(0.001, 6)))
+    at = lines.index(next(ln for ln in lines if ln.startswith("| part of the scene | rounds a substep | rounds the "
+                                                                "pads pushed in")))
+    assert lines[at + 2:at + 5] == ["| whole scene (5 s) | 3.40 | 47 % | 94 % | 24 % | 80 % |",
+                                    f"| {PHASES[0][0]}, 0-4 s | 4.00 | 50 % | 100 % | 25 % | 100 % |",
+                                    f"| {PHASES[1][0]}, 4-6.5 s | 1.00 | 0 % | 0 % | 0 % | 0 % |"]
+    # no self-contact and no tissue: no table
     assert not any("rounds a substep" in ln for ln in render_tissue(TissueBench(ticks=np.ones(10),
                                                                                 substeps=np.full(10, 4.0))))

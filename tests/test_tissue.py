@@ -13,7 +13,7 @@ from suturesim.solver.integrator import Stepper
 from suturesim.solver.scenario import build_scenario
 from suturesim.solver.tissue import (PD_C, PD_COUNT, PD_HALF, PD_INV_MASS, PD_K, PD_REST, PF_DRAG, PF_SIGMA, PI_STATE,
                                      PS_COUNT, PS_F, PS_V, PS_X, PUN_ACTIVE, PUN_FREE, PUN_PASSED, TP_EDGE_MU, TP_RADIUS,
-                                     count_inside, step_pads)
+                                     TP_ROUNDS, count_inside, step_pads)
 
 F_S, F_K, C_V = 0.3, 0.2, 1.0   # N, N, N*s/m
 
@@ -282,3 +282,29 @@ def test_polyline_shape_puts_a_vertex_on_every_corner():
         shape(0.03, 2)
     with pytest.raises(ConfigError, match=r"shape.points: the polyline is 0.02 m long but the thread only 0.01 m"):
         shape(0.01, 4)
+
+
+def test_the_tissues_rounds_are_counted_with_what_kept_them_going():
+    """state.stats' tissue round counters, each tick of the scripted suture's bite: the rounds run (one at least in
+    every substep, at most the tissue's budget), those in which the pads, the needle's hold and the needle against
+    its thread pushed, and the substeps that ran out (each ran the whole budget, the others one at least)."""
+    from suturesim.solver.integrator import (STAT_TISSUE_NEEDLE, STAT_TISSUE_OUT, STAT_TISSUE_PADS,
+                                             STAT_TISSUE_ROUNDS, STAT_TISSUE_THREAD)
+    from suturesim.solver.scenario import load_scenario
+
+    sc = load_scenario("simple-interrupted-suture")
+    st = sc.new_state()
+    stepper = Stepper(sc.model, st)
+    budget = int(sc.model.tissue_par[TP_ROUNDS])
+    seen = np.zeros(5)
+    for _ in range(3000):    # the tip into and out of the first edge, and into the second
+        n = stepper.tick()
+        run, pads, needle, thread, out = (st.stats[k] for k in (STAT_TISSUE_ROUNDS, STAT_TISSUE_PADS,
+                                                                STAT_TISSUE_NEEDLE, STAT_TISSUE_THREAD,
+                                                                STAT_TISSUE_OUT))
+        assert n <= run <= n * budget, (n, run, budget)
+        assert max(pads, needle, thread) <= run and out <= n
+        assert run >= out * budget + (n - out)
+        seen += (run, pads, needle, thread, out)
+    # the needle's bite: the tissue holds the needle in most rounds, and the rounds run out
+    assert seen[2] > 0.5 * seen[0] and seen[4] > 0, seen

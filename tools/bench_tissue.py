@@ -30,7 +30,8 @@ from ..server.config import LoopConfig
 from ..server.messages import MessageBuilder
 from ..server.scene import SceneRunner, reads_on, state_period
 from ..solver.contact_response import CS_ROUNDS, CS_ROUNDS_OUT, CS_ROUNDS_RAISED, CS_ROUNDS_SLID
-from ..solver.integrator import STAT_TIMERS, Stepper, step, tension_floors, warm_up
+from ..solver.integrator import (STAT_TIMERS, STAT_TISSUE_NEEDLE, STAT_TISSUE_OUT, STAT_TISSUE_PADS,
+                                 STAT_TISSUE_ROUNDS, STAT_TISSUE_THREAD, Stepper, step, tension_floors, warm_up)
 from ..solver.knot_type import knot_type
 from ..solver.needle import NP_ARC, NP_RADIUS, NS_Q, arc_point
 from ..solver.scenario import load_scenario
@@ -46,7 +47,9 @@ PHASES = (("needle bite (tip in and out of both edges)", 0.0, 4.0), ("drawing th
           ("cinching the surgeon's knot (3 N in each hand)", 22.9, 24.9),
           ("the knot holding the wound, both hands let go", 24.9, 32.0))
 TARGET_P99_US = 500.0
-ROUND_SLOTS = [CS_ROUNDS, CS_ROUNDS_RAISED, CS_ROUNDS_SLID, CS_ROUNDS_OUT]
+ROUND_SLOTS = [CS_ROUNDS, CS_ROUNDS_RAISED, CS_ROUNDS_SLID, CS_ROUNDS_OUT]           # in state.contact_stats
+TISSUE_ROUND_SLOTS = [STAT_TISSUE_ROUNDS, STAT_TISSUE_PADS, STAT_TISSUE_NEEDLE, STAT_TISSUE_THREAD,
+                      STAT_TISSUE_OUT]                                                  # in state.stats
 
 # 3. the scripted sutures' endings: the scenes, and the times (s) of the script at which a run is perturbed (the
 # bite, the thread drawn through, the double throw being wound, cinched, and the cinch eased: both scripts move
@@ -80,20 +83,25 @@ class TissueBench:
     # per tick: self-contact's rounds run, those whose floor raised a gap, those whose friction had not settled,
     # and the substeps that ran out of rounds (contact_response.CS_ROUNDS..CS_ROUNDS_OUT)
     rounds: np.ndarray = field(default_factory=lambda: np.zeros((0, len(ROUND_SLOTS))))
+    # per tick: the tissue's rounds run, those in which the pads, the needle's hold and the needle against its
+    # thread pushed, and the substeps that ran out (integrator.STAT_TISSUE_ROUNDS..STAT_TISSUE_OUT)
+    tissue_rounds: np.ndarray = field(default_factory=lambda: np.zeros((0, len(TISSUE_ROUND_SLOTS))))
     bare: list[tuple[str, float, float]] = field(default_factory=list)   # phase, us with tissue, us without
     contact: tuple[float, int] = (0.0, 0)                                  # the scene's contact distance (m), rounds
     endings: list[Ending] = field(default_factory=list)                   # 3: as scripted, and perturbed
 
 
 def _rounds_row(label: str, rounds: np.ndarray, substeps: np.ndarray) -> str:
-    """A row of the rounds table: ``rounds`` (ticks, ROUND_SLOTS) and ``substeps`` (ticks,) of one part of the
-    scene."""
-    run, raised, slid, out = rounds.sum(axis=0) if len(rounds) else (0.0, 0.0, 0.0, 0.0)
+    """A row of a rounds table: ``rounds`` (ticks, k): per tick the rounds run, k - 2 counts of rounds in which
+    something acted, and the substeps that ran out of rounds; ``substeps`` (ticks,), of one part of the scene.
+    The rounds a substep, each count's share of the rounds, and the share of substeps that ran out."""
+    sums = rounds.sum(axis=0)
+    run, acted, out = sums[0], sums[1:-1], sums[-1]
     subs = float(substeps.sum())
     if run == 0.0 or subs == 0.0:
-        return f"| {label} | 0 | | | |"
-    return (f"| {label} | {run / subs:.2f} | {100.0 * raised / run:.0f} % | {100.0 * slid / run:.0f} % | "
-            f"{100.0 * out / subs:.0f} % |")
+        return f"| {label} | 0 |" + " |" * (len(sums) - 1)
+    return (f"| {label} | {run / subs:.2f} | " + " | ".join(f"{100.0 * a / run:.0f} %" for a in acted)
+            + f" | {100.0 * out / subs:.0f} % |")
 
 
 @dataclass
@@ -188,6 +196,7 @@ def measure_tissue(quick: bool, log) -> TissueBench:
     subs = np.empty(n)
     stages = np.empty((n, N_TIMERS))
     rounds = np.empty((n, len(ROUND_SLOTS)))
+    tissue_rounds = np.empty((n, len(TISSUE_ROUND_SLOTS)))
     snaps = {}
     bare_model = dataclasses.replace(model, tissue_on=False, needle_on=False)
     # the server's `state` ticks, on which the watch slices no reading (server/scene.py)
@@ -202,11 +211,13 @@ def measure_tissue(quick: bool, log) -> TissueBench:
         watch_us[k] = (t2 - t1) / 1e3
         stages[k] = state.stats[STAT_TIMERS:]
         rounds[k] = state.contact_stats[ROUND_SLOTS]
+        tissue_rounds[k] = state.stats[TISSUE_ROUND_SLOTS]
         for label, a, b in PHASES:
             if abs((k + 1) * model.solver.tick - 0.5 * (a + b)) < 0.5 * model.solver.tick:
                 snaps[label] = state.copy()
     out = TissueBench(ticks=times, substeps=subs, retries=stepper.retries, watch=watch_us,
                       stages=stages * (seconds_per_cycle() * 1e6), rounds=rounds,
+                      tissue_rounds=tissue_rounds,
                       contact=(model.contact.distance, model.contact.rounds))
     log(f"  {SCENE}: {seconds:g} s, tick p50 {np.percentile(times, 50):.0f} us, p99 {np.percentile(times, 99):.0f} us")
     # what the tissue adds: 200 ticks from each phase's middle, with and without it
@@ -303,6 +314,19 @@ def render_tissue(res: TissueBench) -> list[str]:
                   "had not settled | substeps out of rounds |", "|---|---|---|---|---|"]
         lines += [_rounds_row(label, res.rounds[int(a / dt):int(b / dt)], res.substeps[int(a / dt):int(b / dt)])
                   for label, a, b in spans if len(res.rounds[int(a / dt):int(b / dt)])]
+    if len(res.tissue_rounds) and res.tissue_rounds[:, 0].any():
+        lines += ["", "The tissue's rounds (the *tissue* stage: the thread put back out of the pads, the needle held "
+                      "by the tissue and the pads, the thread kept off its needle, and the constraints solved again "
+                      "if any of them pushed, at most the tissue's `rounds` a substep; integrator.STAT_TISSUE_ROUNDS "
+                      "and after), over each phase's substeps: rounds run a substep; of the rounds, the share in "
+                      "which each pushed (any keeps the rounds going); and the share of substeps that ran out of "
+                      "rounds with a push still made.", "",
+                  "| part of the scene | rounds a substep | rounds the pads pushed in | rounds the needle's hold "
+                  "pushed in | rounds the needle and its thread pushed in | substeps out of rounds |",
+                  "|---|---|---|---|---|---|"]
+        lines += [_rounds_row(label, res.tissue_rounds[int(a / dt):int(b / dt)],
+                              res.substeps[int(a / dt):int(b / dt)])
+                  for label, a, b in spans if len(res.tissue_rounds[int(a / dt):int(b / dt)])]
     if res.bare:
         lines += ["", "What the tissue and needle add: 200 ticks from the middle of each phase, the same states "
                       "stepped with them and with `tissue_on` and `needle_on` off (µs per tick):", "",
