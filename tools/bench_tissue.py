@@ -91,6 +91,24 @@ class TissueBench:
     endings: list[Ending] = field(default_factory=list)                   # 3: as scripted, and perturbed
 
 
+def _rounds_table(intro: str, columns: list[str], rounds: np.ndarray, substeps: np.ndarray,
+                  spans: list[tuple[str, float, float]], dt: float) -> list[str]:
+    """A rounds table under ``intro``, a row for each span (label, from s, to s; ticks of ``dt`` s) with ticks.
+    ``rounds`` (ticks, k) holds per tick the rounds run, k - 2 counts of rounds in which something acted
+    (``columns``, their headers) and the substeps that ran out of rounds; ``substeps`` (ticks,). Each row: the
+    rounds a substep, each count's share of the rounds and the share of substeps that ran out. Nothing where no
+    round ran."""
+    if not (len(rounds) and rounds[:, 0].any()):
+        return []
+    lines = ["", intro, "", "| part of the scene | rounds a substep | " + " | ".join(columns)
+             + " | substeps out of rounds |", "|---|" + "---|" * (len(columns) + 2)]
+    for label, a, b in spans:
+        i, j = int(a / dt), int(b / dt)
+        if len(rounds[i:j]):
+            lines.append(_rounds_row(label, rounds[i:j], substeps[i:j]))
+    return lines
+
+
 def _rounds_row(label: str, rounds: np.ndarray, substeps: np.ndarray) -> str:
     """A row of a rounds table: ``rounds`` (ticks, k): per tick the rounds run, k - 2 counts of rounds in which
     something acted, and the substeps that ran out of rounds; ``substeps`` (ticks,), of one part of the scene.
@@ -303,30 +321,22 @@ def render_tissue(res: TissueBench) -> list[str]:
             if len(seg):
                 mean = seg.mean(axis=0)
                 lines.append(f"| {label} | " + " | ".join(f"{v:.0f}" for v in mean) + f" | {mean.sum():.0f} |")
-    if len(res.rounds) and res.rounds[:, 0].any():
-        lines += ["", "Self-contact's rounds (the *contact* stage: the no-crossing floor, friction, and the constraints "
-                      f"solved again if either acted, at most {res.contact[1]} a substep of 0.25 ms; contact_response.CS_ROUNDS "
-                      "and after), over each phase's substeps: rounds run a substep; of the rounds, the share in "
-                      "which the floor raised a gap and the share in which friction moved a contact point by more "
-                      "than it settles within (either keeps the rounds going); and the share of substeps that ran "
-                      "out of rounds with the floor or friction still acting.", "",
-                  "| part of the scene | rounds a substep | rounds whose floor raised a gap | rounds whose friction "
-                  "had not settled | substeps out of rounds |", "|---|---|---|---|---|"]
-        lines += [_rounds_row(label, res.rounds[int(a / dt):int(b / dt)], res.substeps[int(a / dt):int(b / dt)])
-                  for label, a, b in spans if len(res.rounds[int(a / dt):int(b / dt)])]
-    if len(res.tissue_rounds) and res.tissue_rounds[:, 0].any():
-        lines += ["", "The tissue's rounds (the *tissue* stage: the thread put back out of the pads, the needle held "
-                      "by the tissue and the pads, the thread kept off its needle, and the constraints solved again "
-                      "if any of them pushed, at most the tissue's `rounds` a substep; integrator.STAT_TISSUE_ROUNDS "
-                      "and after), over each phase's substeps: rounds run a substep; of the rounds, the share in "
-                      "which each pushed (any keeps the rounds going); and the share of substeps that ran out of "
-                      "rounds with a push still made.", "",
-                  "| part of the scene | rounds a substep | rounds the pads pushed in | rounds the needle's hold "
-                  "pushed in | rounds the needle and its thread pushed in | substeps out of rounds |",
-                  "|---|---|---|---|---|---|"]
-        lines += [_rounds_row(label, res.tissue_rounds[int(a / dt):int(b / dt)],
-                              res.substeps[int(a / dt):int(b / dt)])
-                  for label, a, b in spans if len(res.tissue_rounds[int(a / dt):int(b / dt)])]
+    lines += _rounds_table(
+        "Self-contact's rounds (the *contact* stage: the no-crossing floor, friction, and the constraints solved "
+        f"again if either acted, at most {res.contact[1]} a substep of 0.25 ms; contact_response.CS_ROUNDS and "
+        "after), over each phase's substeps: rounds run a substep; of the rounds, the share in which the floor "
+        "raised a gap and the share in which friction moved a contact point by more than it settles within (either "
+        "keeps the rounds going); and the share of substeps that ran out of rounds with the floor or friction still "
+        "acting.", ["rounds whose floor raised a gap", "rounds whose friction had not settled"],
+        res.rounds, res.substeps, spans, dt)
+    lines += _rounds_table(
+        "The tissue's rounds (the *tissue* stage: the thread put back out of the pads, the needle held by the tissue "
+        "and the pads, the thread kept off its needle, and the constraints solved again if any of them pushed, at "
+        "most the tissue's `rounds` a substep; integrator.STAT_TISSUE_ROUNDS and after), over each phase's "
+        "substeps: rounds run a substep; of the rounds, the share in which each pushed (any keeps the rounds going); "
+        "and the share of substeps that ran out of rounds with a push still made.",
+        ["rounds the pads pushed in", "rounds the needle's hold pushed in",
+         "rounds the needle and its thread pushed in"], res.tissue_rounds, res.substeps, spans, dt)
     if res.bare:
         lines += ["", "What the tissue and needle add: 200 ticks from the middle of each phase, the same states "
                       "stepped with them and with `tissue_on` and `needle_on` off (µs per tick):", "",
