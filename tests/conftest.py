@@ -425,9 +425,16 @@ def overruns_past_catch_up(stats: list[dict], overruns: list[dict], long_ticks_u
         if slow_step is not None and second["step_us"]["p99"] > slow_step * second["step_us"]["p50"]:
             continue
         c = second["tick_us"]["p50"] / 1000.0
-        explained = math.ceil(e["late_us"] / 1000.0 / (1.0 - c)) + 1 if c < 1.0 else 0
+        explained = catch_up_ticks(e["late_us"] / 1000.0, c) + 1 if c < 1.0 else 0
         unexplained += max(0, e["ticks"] - explained)
     return unexplained
+
+
+def catch_up_ticks(stall_ms: float, tick_ms: float) -> int:
+    """The ticks a 1 kHz loop starts more than a tick late after a stall of ``stall_ms``, its ticks taking
+    ``tick_ms`` each and so gaining 1 - tick_ms on the schedule: stall / (1 - tick_ms), rounded up; 0 for ticks
+    that do not fit (they never catch up: no lateness is the stall's)."""
+    return math.ceil(stall_ms / (1.0 - tick_ms)) if tick_ms < 1.0 else 0
 
 
 def median_tick_ms(stats: list[dict]) -> float:
@@ -544,13 +551,11 @@ class MachineLateness:
             if self._proc.is_alive():
                 self._proc.kill()
 
-    def late_ticks(self, tick_ms: float) -> int:
-        """The ticks of a 1 kHz loop whose ticks take ``tick_ms`` (ms, its median) that this machine alone may
-        start more than 1 ms late over the window: the bare loop's late wake-ups, or, if more, the ticks that
-        catch up after the time stolen from the loop's CPU (each gains 1 - tick_ms on the schedule, as in
-        :func:`overruns_past_catch_up`)."""
-        stolen = math.ceil(self.stolen_ms / (1.0 - tick_ms)) if tick_ms < 1.0 else 0
-        return max(self.late, stolen)
+    def late_ticks(self, stats: list[dict]) -> int:
+        """The ticks of the server's loop that this machine alone may have started more than 1 ms late over the
+        window, its `stats` seconds ``stats`` giving the loop's median tick time: the bare loop's late wake-ups,
+        or, if more, the ticks that catch up after the time stolen from the loop's CPU (:func:`catch_up_ticks`)."""
+        return max(self.late, catch_up_ticks(self.stolen_ms, median_tick_ms(stats)))
 
     def __str__(self) -> str:
         stolen = f", {self.stolen_ms:.0f} ms stolen from CPU {self.cpu}" if self.cpu >= 0 else ""

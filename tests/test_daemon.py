@@ -34,8 +34,8 @@ from suturesim.solver.timers import HAS_COUNTER, STAGES
 
 # the harness lives in conftest.py; its names stay importable from here
 from conftest import (_CTX, DEVICE, REPLY_TIMEOUT_S, START_TIMEOUT_S, STOP_TIMEOUT_S, Daemon,  # noqa: F401
-                      LoopTiming, MachineLateness, Sub, find_link, free_ports, median_tick_ms, overruns_past_catch_up,
-                      pose_msg, push_socket, serving_daemon, wait_for)
+                      LoopTiming, MachineLateness, Sub, find_link, free_ports, overruns_past_catch_up, pose_msg,
+                      push_socket, serving_daemon, wait_for)
 
 
 def test_overruns_past_catch_up_tells_a_stall_from_a_scene_too_slow():
@@ -275,7 +275,7 @@ class TestSharedDaemon:
         # CI once saw an event of 77 ticks after a 12 ms stall), so the loop is also allowed what the machine alone
         # made late over the same window (MachineLateness.late_ticks), as the next test is
         p99 = [(s["lateness_us"]["p99"], s["overruns"] - b["overruns"]) for b, s in zip([before] + during, during)]
-        assert ticks > 1000 and past < 0.01 * ticks + machine.late_ticks(median_tick_ms(during)), \
+        assert ticks > 1000 and past < 0.01 * ticks + machine.late_ticks(during), \
             (f"{overruns} overruns in {ticks} ticks during the fuzz, {past} past catching up ({machine}): "
              f"{overrun_events}")
         assert max((p for p, n in p99 if n == 0), default=0.0) < 500.0, \
@@ -421,7 +421,7 @@ class TestSharedDaemon:
                 assert shared.request(req)["ok"] is False
             ticks = shared.status()["stats"]["ticks"] - before["ticks"]   # the requests' ticks, not the wait after
             _, overruns, past, during, overrun_events = timing.finish()
-        assert past < 0.01 * ticks + machine.late_ticks(median_tick_ms(during)), \
+        assert past < 0.01 * ticks + machine.late_ticks(during), \
             (f"{overruns} overruns in {ticks} ticks for 60 rejected requests, {past} past catching up "
              f"({machine}): {overrun_events}")
 
