@@ -18,7 +18,8 @@ from __future__ import annotations
 import pytest
 
 from suturesim.solver.timers import STAGES
-from suturesim.tools.bench_bot import BotRun, render_bot, render_phases, render_step_stages, run_bot
+from suturesim.tools.bench_bot import (BotBench, BotRun, render_bot, render_phases, render_step_stages,
+                                       run_bot)
 
 SEEDS = (0, 1, 2)
 
@@ -64,7 +65,7 @@ def test_bench_bot_splits_the_servers_seconds_by_the_step_the_bot_was_working_to
     assert rows == [["needle taken", "2", "100 / 200", "200 / 300", "10 / 100 / 10 / 10"],
                     ["bite", "4", "250 / 600", "350 / 500", "10 / 250 / 10 / 10"],
                     ["watched", "4", "410 / 840", "510 / 950", "10 / 410 / 10 / 10"]]
-    table = render_bot([run])
+    table = render_bot(BotBench([run]))
     assert "| watched | 2 | 410 / 840 | 510 / 950 | 10 / 410 / 10 / 10 |" in table
     # a run whose bot reported no step times (it failed before the first) adds no row
     assert render_phases([BotRun(1, report={"done": []}, stats=[_second(1.0, 1.0, 1.0)])]) == []
@@ -84,6 +85,7 @@ def test_bench_bot_says_where_the_step_goes_by_the_step_the_bot_was_working_towa
     at = STAGES.index("contact")
     assert rows == [["bite"] + ones[:at] + ["20"] + ones[at:] + ["29"],
                     ["watched"] + ones[:at] + ["150"] + ones[at:] + ["159"]]
-    assert "| watched | " + " | ".join(ones[:at] + ["150"] + ones[at:]) + " | 159 |" in render_bot([run])
+    assert "| watched | " + " | ".join(ones[:at] + ["150"] + ones[at:]) + " | 159 |" in render_bot(BotBench([run]))
     bare = BotRun(0, report=run.report, stats=[_second(1.0, 100.0, 300.0)])
-    assert render_step_stages([bare]) == [] and not any("step_stages_us" in line for line in render_bot([bare]))
+    assert render_step_stages([bare]) == []
+    assert not any("step_stages_us" in line for line in render_bot(BotBench([bare])))

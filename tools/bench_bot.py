@@ -15,7 +15,10 @@ driver's jaw, the opposite single throw on it), lets go and watches it 10 s. Wha
   stages (`inputs_us`, `watch_us`, `outputs_us`); the ticks more than 1 ms late;
 - the bot's own CPU time over its wall time: its share of one of the machine's cores, taken from the server's;
 - the same seconds split by the step of the suture the bot was working toward when each ended (the bot marks
-  each step with the scene time of the newest `state` it saw), every run pooled: where the tick's budget goes.
+  each step with the scene time of the newest `state` it saw), every run pooled: where the tick's budget goes;
+- before the runs, the machine alone (tools/machine_probe.py): a fixed computation of about the step's median,
+  once a tick in the server loop's wait, priority and CPU, nothing else running: the spread this machine gives a
+  tick whatever it computes.
 """
 from __future__ import annotations
 
@@ -33,7 +36,9 @@ import numpy as np
 import zmq
 
 from ..server import protocol
+from ..server.config import LoopConfig
 from .bench_loop import Server
+from .machine_probe import SLOW_FACTOR, MachineFloor, measure_floor
 from ..solver.timers import STAGES
 from .trainee_bot import LEAD_S, perturbed_practice
 
@@ -41,6 +46,9 @@ TARGET_P99_US = 500.0
 SEEDS_FULL = 10
 SEEDS_QUICK = 2
 BOT_TIMEOUT_S = 150.0
+PROBE_WORK_US = 300.0   # the probe's fixed work a tick: about the solver step's median through the bot's suture
+PROBE_S_FULL = 60.0
+PROBE_S_QUICK = 5.0
 
 
 def pool(seconds: list[dict], key: str) -> tuple[float, float, float]:
@@ -139,11 +147,40 @@ def run_bot(seed: int, log: Callable[[str], None]) -> BotRun:
     return run
 
 
-def measure_bot(quick: bool, log: Callable[[str], None]) -> list[BotRun]:
-    return [run_bot(seed, log) for seed in range(SEEDS_QUICK if quick else SEEDS_FULL)]
+@dataclass
+class BotBench:
+    runs: list[BotRun]
+    machine: MachineFloor | None = None   # the probe's fixed work, before the runs
 
 
-def render_bot(runs: list[BotRun]) -> list[str]:
+def measure_bot(quick: bool, log: Callable[[str], None]) -> BotBench:
+    loop = LoopConfig()
+    seconds = PROBE_S_QUICK if quick else PROBE_S_FULL
+    log(f"  the machine alone: {PROBE_WORK_US:.0f} µs of fixed work a tick for {seconds:.0f} s")
+    machine = measure_floor(seconds, PROBE_WORK_US, loop.priority if loop.realtime else 0, loop.cpu,
+                            int(round(loop.tick_s * 1e9)), int(round(loop.spin_us * 1000)))
+    log(f"  fixed work p50 {machine.p50_us:.0f} µs, p99 {machine.p99_us:.0f} µs, p99.9 {machine.p999_us:.0f} µs")
+    return BotBench([run_bot(seed, log) for seed in range(SEEDS_QUICK if quick else SEEDS_FULL)], machine)
+
+
+def render_machine(m: MachineFloor) -> list[str]:
+    """The probe's paragraph and row: what this machine gives a tick of fixed work."""
+    return ["The machine alone, before the runs (tools/machine_probe.py): one process with the server loop's "
+            f"wait, priority and CPU ({'SCHED_FIFO' if m.realtime else 'normal scheduling'}, CPU {m.cpu}) ran "
+            f"the same computation once a tick for {m.seconds:.0f} s, sized to about {PROBE_WORK_US:.0f} µs "
+            "(the step's median here), nothing else running. The computation never changes, so its spread is "
+            "the machine's: the host taking the CPU away or running it slow. A tick of that work cannot have "
+            "a p99 below this one's on this machine.", "",
+            "| fixed work a tick | ticks | p50 µs | p99 µs | p99.9 µs | max µs | p99 over p50 "
+            f"| ticks over {SLOW_FACTOR:g} × p50 | ticks over 1 ms |",
+            "|---|---|---|---|---|---|---|---|---|",
+            f"| about {PROBE_WORK_US:.0f} µs | {m.ticks} | {m.p50_us:.0f} | {m.p99_us:.0f} | {m.p999_us:.0f} "
+            f"| {m.max_us:.0f} | {m.p99_over_p50:.2f} | {m.slowed} ({100.0 * m.slowed / m.ticks:.2f} %) "
+            f"| {m.over_tick} ({100.0 * m.over_tick / m.ticks:.2f} %) |", ""]
+
+
+def render_bot(bench: BotBench) -> list[str]:
+    runs = bench.runs
     rows = []
     for r in runs:
         rep = r.report
@@ -191,6 +228,8 @@ def render_bot(runs: list[BotRun]) -> list[str]:
             f"(target: p99 ≤ {TARGET_P99_US:.0f} µs): "
             f"{'meets' if max(tick99, default=1e9) <= TARGET_P99_US else '**misses**'}." if step99 else
             "- No stats were received.", ""]
+    if bench.machine is not None:
+        out += render_machine(bench.machine)
     if phase_rows:
         out += ["Where the tick goes, step by step of the suture (every run pooled): the server's seconds split by "
                 "the step the bot was working toward when each second ended (the bot marks each step with the "
