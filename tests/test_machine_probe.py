@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from suturesim.server.config import LoopConfig
 from suturesim.tools.bench_bot import PROBE_WORK_US, BotBench, BotRun, render_bot
 from suturesim.tools.machine_probe import MachineFloor, fixed_work, measure_floor
 
@@ -23,7 +24,7 @@ def test_the_fixed_work_is_the_same_arithmetic_every_call():
 
 @pytest.mark.timed   # the work is sized by timing it, on a machine running nothing else
 def test_the_probe_sizes_its_work_and_counts_every_tick():
-    m = measure_floor(1.0, 200.0, priority=0)
+    m = measure_floor(1.0, 200.0, LoopConfig(realtime=False))
     assert m.ticks == 1000 and not m.realtime and m.cpu == -1
     # sized from the median of its own timed runs: the ticks' median lands near the work asked for
     assert 100.0 <= m.p50_us <= 400.0, m

@@ -154,11 +154,9 @@ class BotBench:
 
 
 def measure_bot(quick: bool, log: Callable[[str], None]) -> BotBench:
-    loop = LoopConfig()
     seconds = PROBE_S_QUICK if quick else PROBE_S_FULL
     log(f"  the machine alone: {PROBE_WORK_US:.0f} µs of fixed work a tick for {seconds:.0f} s")
-    machine = measure_floor(seconds, PROBE_WORK_US, loop.priority if loop.realtime else 0, loop.cpu,
-                            int(round(loop.tick_s * 1e9)), int(round(loop.spin_us * 1000)))
+    machine = measure_floor(seconds, PROBE_WORK_US, LoopConfig())
     log(f"  fixed work p50 {machine.p50_us:.0f} µs, p99 {machine.p99_us:.0f} µs, p99.9 {machine.p999_us:.0f} µs")
     return BotBench([run_bot(seed, log) for seed in range(SEEDS_QUICK if quick else SEEDS_FULL)], machine)
 

@@ -144,7 +144,7 @@ def _baseline_main(seconds: int, tick_ns: int, spin_ns: int, priority: int, cpu:
     else in the loop, same scheduling and CPU. One summary a second, shaped like the server's `stats`."""
     import gc
 
-    from ..server.physics import set_realtime, wait_until
+    from ..server.physics import CATCH_UP_TICKS, set_realtime, wait_until
 
     realtime, pinned, _ = set_realtime(priority, cpu) if priority > 0 else (False, -1, [])
     gc.disable()
@@ -160,7 +160,7 @@ def _baseline_main(seconds: int, tick_ns: int, spin_ns: int, priority: int, cpu:
             lateness = time.monotonic_ns() - deadline
             if lateness > tick_ns:
                 overruns += 1
-                if lateness > 50 * tick_ns:  # as the server: re-anchor when too far behind
+                if lateness > CATCH_UP_TICKS * tick_ns:  # as the server: re-anchor when too far behind
                     t0 = time.monotonic_ns() - k * tick_ns
             late[i] = lateness / 1000.0
             k += 1

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from ..server.config import LoopConfig
+
 PROBE_CELLS = 1024          # the kernel's array: 8 KB, in L1 like a thread's positions
 CALIBRATION_RUNS = 200      # runs timed to size the work
 SLOW_FACTOR = 2.0           # a tick whose work took more than this times its median was slowed by the machine
@@ -70,7 +72,8 @@ def _repeats_for(work_us: float, a: np.ndarray, out: np.ndarray) -> int:
 
 def _probe_main(seconds: float, work_us: float, tick_ns: int, spin_ns: int, priority: int, cpu: int,
                 results) -> None:
-    from ..server.physics import BUSY_AVERAGE_SHIFT, rt_duty_limit, set_realtime, spin_allowed, wait_until
+    from ..server.physics import (BUSY_AVERAGE_SHIFT, CATCH_UP_TICKS, rt_duty_limit, set_realtime, spin_allowed,
+                                  wait_until)
 
     realtime, pinned, _ = set_realtime(priority, cpu) if priority > 0 else (False, -1, [])
     a = np.linspace(0.0, 1.0, PROBE_CELLS)
@@ -88,7 +91,7 @@ def _probe_main(seconds: float, work_us: float, tick_ns: int, spin_ns: int, prio
         deadline = t0 + k * tick_ns
         wait_until(deadline, spin_allowed(spin_ns, tick_ns, busy_ns, duty))
         start = time.monotonic_ns()
-        if start - deadline > 50 * tick_ns:   # as the server: re-anchor a schedule too far behind
+        if start - deadline > CATCH_UP_TICKS * tick_ns:   # as the server: re-anchor a schedule too far behind
             t0 = start - k * tick_ns
         fixed_work(a, repeats, out)
         end = time.monotonic_ns()
@@ -102,15 +105,16 @@ def _probe_main(seconds: float, work_us: float, tick_ns: int, spin_ns: int, prio
                      realtime=realtime, cpu=pinned))
 
 
-def measure_floor(seconds: float, work_us: float, priority: int, cpu: int = -1, tick_ns: int = 1_000_000,
-                  spin_ns: int = 300_000) -> MachineFloor:
-    """Run the probe for ``seconds`` (s) with a fixed work of about ``work_us`` (µs) a tick, at SCHED_FIFO
-    ``priority`` (0: normal scheduling) pinned to ``cpu`` (-1: the last CPU, as the server's loop picks), in a
-    process of its own. Blocks until it reports."""
+def measure_floor(seconds: float, work_us: float, loop: LoopConfig) -> MachineFloor:
+    """Run the probe for ``seconds`` (s) with a fixed work of about ``work_us`` (µs) a tick, in a process of its
+    own scheduled as ``loop`` schedules the server's loop: its tick and spin, SCHED_FIFO at its priority if it is
+    real time (else normal scheduling), pinned to its CPU (-1: the last, as the loop picks). Blocks until it
+    reports."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    proc = ctx.Process(target=_probe_main, args=(seconds, work_us, tick_ns, spin_ns, priority, cpu, results),
-                       name="machine-probe", daemon=True)
+    args = (seconds, work_us, int(round(loop.tick_s * 1e9)), int(round(loop.spin_us * 1000)),
+            loop.priority if loop.realtime else 0, loop.cpu, results)
+    proc = ctx.Process(target=_probe_main, args=args, name="machine-probe", daemon=True)
     proc.start()
     try:
         return MachineFloor(**results.get(timeout=seconds + 120.0))
