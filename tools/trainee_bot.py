@@ -38,6 +38,11 @@ The suture, hand by hand (stylus0 the right hand's needle driver, stylus1 the le
       single throw, pulled with the hands crossed;
 4. both hands let go, and the bot watches the knot for ``--watch`` seconds.
 
+An instrument throw the server does not read is thrown again, as a person who sees it slip off the jaw does, up to
+THROW_TRIES times in all: the driver lets go of the tail and rises clear, the thread settles, and if the knot the
+server then reads allows it (the double throw over no knot, the opposite throw over the double throw alone) the
+throw starts over from where the thread lies. The report's ``redone`` lists each throw thrown again and why.
+
 The throws' paths are those a person makes, set from the wound's centre (the marks' midpoint, as read) when each
 throw starts, and from where the tail's end lies when the jaw reaches for it. A hand tie needs hands (no body
 the thread meets: the tail is carried through a loop in the hand that holds it, and a needle driver's shaft would
@@ -141,6 +146,12 @@ IT2_FOLLOW = 1e-4                  # m a tick (0.1 m/s): the jaw follows the end
 IT2_WIND_R = 0.006                 # the needle hand circles the jaw's middle at this radius ...
 IT2_TURNS = 1.5                    # ... this many turns, from +v, turning +v toward +n: the first throw's other way
 IT2_EASE = 0.030                   # the ends eased to this far either side of the centre before both let go
+# A throw that does not catch is thrown again, as a person who sees it on the screen does: the driver lets go of
+# the tail, rises clear, and once the thread has settled starts the throw over from where the thread lies. Only if
+# what the server then reads allows it: the double throw over no knot, the opposite throw over the double throw.
+THROW_TRIES = 3                    # each throw at most this many times in all
+REDO_RISE = 0.030                  # the driver rises this far after letting go of the tail ...
+REDO_SETTLE = 500                  # ... and the thread is left this many ticks to come to rest
 
 
 def perturbation(seed: int) -> dict:
@@ -334,6 +345,7 @@ class Trainee:
         self.late_ticks = 0               # ticks the bot sent more than a tick late
         self.waited_ticks = 0             # ticks its hands held still for a scene running late (LEAD_S)
         self.released_at: int | None = None
+        self.redone: list[str] = []       # the throws thrown again, and why (Trainee.thrown)
 
     def mark(self, step: str) -> None:
         """``step`` done, at the scene time the bot last saw (`suturesim bench bot` splits the server's stats by
@@ -367,11 +379,14 @@ class Trainee:
         centre, _, _, yaw = self.wound_frame()
         return centre + [0.0, 0.0, BITE_DEPTH], qmul(about_z(yaw), Q_BITE)
 
-    def knots(self) -> list[str]:
-        return [e["name"] for e in self.eyes.events if e["kind"] == "knot"]
+    def knots(self, since: int = 0) -> list[str]:
+        """The knots the server has read, in order, from its ``since``-th event on."""
+        return [e["name"] for e in self.eyes.events[since:] if e["kind"] == "knot"]
 
-    def events(self, kind: str, **details) -> list[dict]:
-        return [e for e in self.eyes.events if e["kind"] == kind and all(e.get(k) == v for k, v in details.items())]
+    def events(self, kind: str, since: int = 0, **details) -> list[dict]:
+        """The server's ``kind`` events from its ``since``-th on whose fields match ``details``."""
+        return [e for e in self.eyes.events[since:]
+                if e["kind"] == kind and all(e.get(k) == v for k, v in details.items())]
 
     # -- moving ------------------------------------------------------------------------------------------
     def pace(self, ticks: float) -> int:
@@ -454,6 +469,31 @@ class Trainee:
         k = int(np.argmin(np.linalg.norm(x - self.marks()[0], axis=1)))
         return float(np.linalg.norm(np.diff(x[k:], axis=0), axis=1).sum())
 
+    def knot_now(self) -> str:
+        """The knot the server reads now (`state`'s ``tissue.knot``; "unknot" before it reads one)."""
+        return (self.st.get("tissue") or {}).get("knot") or "unknot"
+
+    def thrown(self, step: str, throw, may_redo) -> Iterator[None]:
+        """Run ``throw`` (a generator function: one throw of the tie). If it fails (BotFailed), the driver lets go
+        of what it holds and rises clear and the thread settles, as a person steps back to look; if ``may_redo()``
+        then says the knot the server reads lets the throw be thrown again, it starts over from where the thread
+        lies, THROW_TRIES times in all. Each throw done again is noted in ``redone`` with why."""
+        right = self.hands[RIGHT]
+        for attempt in range(1, THROW_TRIES + 1):
+            try:
+                yield from throw()
+                return
+            except BotFailed as exc:
+                if attempt == THROW_TRIES:
+                    raise
+                failure = str(exc)
+            self.let_go(right)
+            yield from self.move_jaw(right, right.pos + [0.0, 0.0, REDO_RISE], right.quat, 400)
+            yield from self.wait(REDO_SETTLE)
+            if not may_redo():
+                raise BotFailed(f"{failure}; let go, it reads {self.knot_now()}")
+            self.redone.append(f"{step}: {failure}")
+
     def instrument_double_throw(self) -> Iterator[None]:
         """After step 2, with the right tool a needle driver: a surgeon's double throw tied on it. The left hand
         leaves a 30 mm tail and winds the needle's strand round the driver's jaw 2.5 times; the jaw takes the
@@ -462,6 +502,7 @@ class Trainee:
         right, left = self.hands[RIGHT], self.hands[LEFT]
         c, u, v, yaw = self.wound_frame()
         z = np.array([0.0, 0.0, 1.0])
+        seen = len(self.eyes.events)
 
         def at(du, dv, dz):
             return c + du * u + dv * v + dz * z
@@ -497,8 +538,8 @@ class Trainee:
         yield from self.wait(50)
         # the wraps onto the tail, and each end pulled to its own side
         yield from self.draw_through_and_cinch(a, -IT_ASIDE * v, at(-IT_CINCH, 0.0, 0.003), at(IT_CINCH, 0.0, 0.003))
-        if not self.events("knot", name="double throw"):
-            raise BotFailed(f"after the instrument's double throw the server read {self.knots()}")
+        if not self.events("knot", since=seen, name="double throw"):
+            raise BotFailed(f"after the instrument's double throw the server read {self.knots(seen)}")
         self.mark("double throw")
         swage, _ = self.needle()
         p0 = right.pos.copy()
@@ -577,6 +618,7 @@ class Trainee:
         right, left = self.hands[RIGHT], self.hands[LEFT]
         c, u, v, yaw = self.wound_frame()
         z = np.array([0.0, 0.0, 1.0])
+        seen = len(self.eyes.events)
 
         def at(du, dv, dz):
             return c + du * u + dv * v + dz * z
@@ -612,8 +654,8 @@ class Trainee:
         yield from self.wind(mid, n, v, IT2_WIND_R, IT2_TURNS, -1.0, 800)
         # the wrap onto the tail, and the ends pulled crossed
         yield from self.draw_through_and_cinch(a, np.zeros(3), at(IT_CINCH, 0.0, 0.003), at(-IT_CINCH, 0.0, 0.003))
-        if not self.events("knot", name="surgeon's knot"):
-            raise BotFailed(f"after the instrument's opposite throw the server read {self.knots()}")
+        if not self.events("knot", since=seen, name="surgeon's knot"):
+            raise BotFailed(f"after the instrument's opposite throw the server read {self.knots(seen)}")
         self.mark("second throw")
         swage, _ = self.needle()
         p0 = right.pos.copy()
@@ -634,8 +676,10 @@ class Trainee:
     def instrument_tie(self) -> Iterator[None]:
         """Steps 3a and 4, an instrument tie, with the right tool a needle driver: a surgeon's double throw wound
         on its jaw, the opposite single throw on it, both hands let go and the knot watched."""
-        yield from self.instrument_double_throw()
-        yield from self.instrument_opposite_throw()
+        yield from self.thrown("double throw", self.instrument_double_throw,
+                               lambda: self.knot_now() == "unknot")
+        yield from self.thrown("opposite throw", self.instrument_opposite_throw,
+                               lambda: self.knot_now() == "double throw")
         yield from self.let_go_and_watch()
 
     def suture(self) -> Iterator[None]:
@@ -822,7 +866,7 @@ class Trainee:
             "knot_changed_after_release": [e["name"] for e in after if e["kind"] == "knot"],
             "grasps": [[e["device"], e.get("holds")] for e in ev if e["kind"] == "grasp"],
             "cpu_s": round(cpu, 3), "wall_s": round(wall, 3), "late_ticks": self.late_ticks,
-            "waited_ticks": self.waited_ticks,
+            "waited_ticks": self.waited_ticks, "redone": self.redone,
         }
 
     def close(self) -> None:
