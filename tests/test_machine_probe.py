@@ -37,11 +37,16 @@ def test_the_probe_sizes_its_work_and_counts_every_tick():
 
 
 def test_bench_bot_prints_the_machines_floor_beside_the_servers_tick():
-    machine = MachineFloor(seconds=60.0, ticks=60000, p50_us=301.0, p99_us=640.0, p999_us=2600.0, max_us=9000.0,
-                           slowed=1100, over_tick=120, realtime=True, cpu=1)
+    """One row a size of fixed work, in the order measured, under the loop's scheduling as the probe ran it."""
+    floors = tuple(MachineFloor(work_us=w, seconds=20.0, ticks=20000, p50_us=w + 1.0, p99_us=640.0 + w,
+                                p999_us=2600.0, max_us=9000.0, slowed=1100, over_tick=120, realtime=True, cpu=1)
+                   for w in PROBE_WORK_US)
     run = BotRun(0, report={"done": []}, stats=[])
-    table = render_bot(BotBench([run], machine))
-    assert (f"| about {PROBE_WORK_US:.0f} µs | 60000 | 301 | 640 | 2600 | 9000 | 2.13 | 1100 (1.83 %) "
-            "| 120 (0.20 %) |") in table
+    table = render_bot(BotBench([run], floors))
+    rows = [line for line in table if line.startswith("| about ")]
+    assert rows[-1] == (f"| about {PROBE_WORK_US[-1]:.0f} µs | 20000 | {PROBE_WORK_US[-1] + 1:.0f} "
+                        f"| {640 + PROBE_WORK_US[-1]:.0f} | 2600 | 9000 | "
+                        f"{(640 + PROBE_WORK_US[-1]) / (PROBE_WORK_US[-1] + 1):.2f} | 1100 (5.50 %) | 120 (0.60 %) |")
+    assert [r.split(" | ")[0] for r in rows] == [f"| about {w:.0f} µs" for w in PROBE_WORK_US]
     assert any("SCHED_FIFO, CPU 1" in line for line in table)
     assert not any("fixed work a tick" in line for line in render_bot(BotBench([run])))

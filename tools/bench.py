@@ -22,8 +22,8 @@ The measurements (docs/BENCHMARKS.md shows a full run and explains the method):
 8. ``inbound``: what validating a control request or a stylus sample costs (tools/bench_inbound.py).
 9. ``bot``: the trainee bot's suture by hand on ``suturesim serve`` (tools/bench_bot.py): whether it was done,
    the server's tick through it (and by step of the suture) and the bot's share of a core; before the runs, a
-   fixed computation once a tick in the loop's wait, priority and CPU (tools/machine_probe.py): the machine's own
-   spread under a tick.
+   fixed computation once a tick in the loop's wait, priority and CPU at three sizes, from less than the tick's
+   Python stages to the step's median (tools/machine_probe.py): the machine's own spread under a tick.
 10. ``knot``: an overhand knot in 3-0 silk pulled to 3 N by two styluses and held, as shipped and at the
     thread's own diameter (tools/bench_knot.py): tick time, frozen ticks, crossings, whether the thread broke,
     tension against the pull,
@@ -656,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
                              "scripted sutures end when perturbed by a unit of round-off; inbound: what "
                              "validating a control request or stylus sample costs the tick, ordinary and hostile; "
                              "bot: the trainee bot's suture by hand on `suturesim serve` (10 perturbed runs), "
-                             "beside a fixed computation a tick in the loop's wait (the machine's own spread); "
+                             "beside a fixed computation a tick in the loop's wait at three sizes (the machine's own spread); "
                              "knot: an overhand knot in 3-0 silk pulled to 3 N by two styluses and held, as "
                              "shipped and at the thread's own diameter; all: every one")
     parser.add_argument("--quick", action="store_true", help="short measurements (a smoke test)")

@@ -16,9 +16,10 @@ driver's jaw, the opposite single throw on it), lets go and watches it 10 s. Wha
 - the bot's own CPU time over its wall time: its share of one of the machine's cores, taken from the server's;
 - the same seconds split by the step of the suture the bot was working toward when each ended (the bot marks
   each step with the scene time of the newest `state` it saw), every run pooled: where the tick's budget goes;
-- before the runs, the machine alone (tools/machine_probe.py): a fixed computation of about the step's median,
-  once a tick in the server loop's wait, priority and CPU, nothing else running: the spread this machine gives a
-  tick whatever it computes.
+- before the runs, the machine alone (tools/machine_probe.py): a fixed computation once a tick in the server
+  loop's wait, priority and CPU, nothing else running, sized in turn from a small tick's work to the step's median
+  (PROBE_WORK_US): the spread this machine gives a tick whatever it computes, and so the smallest p99 a tick of
+  that work can have here.
 """
 from __future__ import annotations
 
@@ -46,9 +47,11 @@ TARGET_P99_US = 500.0
 SEEDS_FULL = 10
 SEEDS_QUICK = 2
 BOT_TIMEOUT_S = 150.0
-PROBE_WORK_US = 300.0   # the probe's fixed work a tick: about the solver step's median through the bot's suture
+# the probe's fixed work a tick (µs), each for a third of its time: a tick of the loop's Python stages alone, about
+# half the step's median, and about the solver step's median through the bot's suture
+PROBE_WORK_US = (50.0, 150.0, 300.0)
 PROBE_S_FULL = 60.0
-PROBE_S_QUICK = 5.0
+PROBE_S_QUICK = 6.0
 
 
 def pool(seconds: list[dict], key: str) -> tuple[float, float, float]:
@@ -150,31 +153,36 @@ def run_bot(seed: int, log: Callable[[str], None]) -> BotRun:
 @dataclass
 class BotBench:
     runs: list[BotRun]
-    machine: MachineFloor | None = None   # the probe's fixed work, before the runs
+    machine: tuple[MachineFloor, ...] = ()   # the probe's fixed work, one a size (PROBE_WORK_US), before the runs
 
 
 def measure_bot(quick: bool, log: Callable[[str], None]) -> BotBench:
-    seconds = PROBE_S_QUICK if quick else PROBE_S_FULL
-    log(f"  the machine alone: {PROBE_WORK_US:.0f} µs of fixed work a tick for {seconds:.0f} s")
-    machine = measure_floor(seconds, PROBE_WORK_US, LoopConfig())
-    log(f"  fixed work p50 {machine.p50_us:.0f} µs, p99 {machine.p99_us:.0f} µs, p99.9 {machine.p999_us:.0f} µs")
-    return BotBench([run_bot(seed, log) for seed in range(SEEDS_QUICK if quick else SEEDS_FULL)], machine)
+    seconds = (PROBE_S_QUICK if quick else PROBE_S_FULL) / len(PROBE_WORK_US)
+    machine = []
+    for work in PROBE_WORK_US:
+        log(f"  the machine alone: {work:.0f} µs of fixed work a tick for {seconds:.0f} s")
+        m = measure_floor(seconds, work, LoopConfig())
+        log(f"  fixed work p50 {m.p50_us:.0f} µs, p99 {m.p99_us:.0f} µs, p99.9 {m.p999_us:.0f} µs")
+        machine.append(m)
+    return BotBench([run_bot(seed, log) for seed in range(SEEDS_QUICK if quick else SEEDS_FULL)], tuple(machine))
 
 
-def render_machine(m: MachineFloor) -> list[str]:
-    """The probe's paragraph and row: what this machine gives a tick of fixed work."""
+def render_machine(floors: tuple[MachineFloor, ...]) -> list[str]:
+    """The probe's paragraph and rows: what this machine gives a tick of fixed work, one row a size."""
+    m = floors[0]
+    rows = [f"| about {f.work_us:.0f} µs | {f.ticks} | {f.p50_us:.0f} | {f.p99_us:.0f} | {f.p999_us:.0f} "
+            f"| {f.max_us:.0f} | {f.p99_over_p50:.2f} | {f.slowed} ({100.0 * f.slowed / f.ticks:.2f} %) "
+            f"| {f.over_tick} ({100.0 * f.over_tick / f.ticks:.2f} %) |" for f in floors]
     return ["The machine alone, before the runs (tools/machine_probe.py): one process with the server loop's "
             f"wait, priority and CPU ({'SCHED_FIFO' if m.realtime else 'normal scheduling'}, CPU {m.cpu}) ran "
-            f"the same computation once a tick for {m.seconds:.0f} s, sized to about {PROBE_WORK_US:.0f} µs "
-            "(the step's median here), nothing else running. The computation never changes, so its spread is "
+            f"the same computation once a tick, {m.seconds:.0f} s at each size, nothing else running: the smallest "
+            f"about {PROBE_WORK_US[0]:.0f} µs (the loop's own Python stages, no step), the largest about "
+            f"{PROBE_WORK_US[-1]:.0f} µs (the step's median here). The computation never changes, so its spread is "
             "the machine's: the host taking the CPU away or running it slow. A tick of that work cannot have "
-            "a p99 below this one's on this machine.", "",
+            "a p99 below its row's on this machine.", "",
             "| fixed work a tick | ticks | p50 µs | p99 µs | p99.9 µs | max µs | p99 over p50 "
             f"| ticks over {SLOW_FACTOR:g} × p50 | ticks over 1 ms |",
-            "|---|---|---|---|---|---|---|---|---|",
-            f"| about {PROBE_WORK_US:.0f} µs | {m.ticks} | {m.p50_us:.0f} | {m.p99_us:.0f} | {m.p999_us:.0f} "
-            f"| {m.max_us:.0f} | {m.p99_over_p50:.2f} | {m.slowed} ({100.0 * m.slowed / m.ticks:.2f} %) "
-            f"| {m.over_tick} ({100.0 * m.over_tick / m.ticks:.2f} %) |", ""]
+            "|---|---|---|---|---|---|---|---|---|"] + rows + [""]
 
 
 def render_bot(bench: BotBench) -> list[str]:
@@ -187,6 +195,9 @@ def render_bot(bench: BotBench) -> list[str]:
         what = r.error or rep.get("failure") or (
             f"{rep.get('knot_at_end')}; wound {'closed' if rep.get('gap_closed') else 'open'}"
             f"{', opened after the hands let go' if rep.get('gap_opened_after_release') else ''}")
+        redone = rep.get("redone") or []
+        if redone:   # a throw that did not catch, thrown again (tools/trainee_bot.py Trainee.thrown)
+            what += "; thrown again: " + "; ".join(redone)
         stages = " / ".join(f"{r.pooled(k)[0]:.0f}" for k in ("inputs_us", "step_us", "watch_us", "outputs_us"))
         rows.append([str(r.seed), "yes" if r.ok else "**no**", what,
                      f"{step[0]:.0f} / {step[1]:.0f} / {step[2]:.0f}", f"{tick[0]:.0f} / {tick[1]:.0f} / {tick[2]:.0f}",
@@ -203,8 +214,9 @@ def render_bot(bench: BotBench) -> list[str]:
            "in its own process, two styluses at 1 kHz) with the same seed: it takes the needle, bites through both "
            "edges, hands the needle over at its tip, draws the thread through, ties an instrument tie with the "
            "scene's tools (a needle driver right, forceps left; the thread collides with both): a surgeon's double "
-           "throw wound on the driver's jaw and the opposite single throw on it, lets go and watches the "
-           "knot 10 s. *Done*: four punctures, the knot the server read last a surgeon's knot, the wound closed "
+           "throw wound on the driver's jaw and the opposite single throw on it (a throw the server does not read "
+           "is thrown again, up to three times in all, while the knot it reads allows: the double throw over no "
+           "knot, the opposite throw over the double throw), lets go and watches the knot 10 s. *Done*: four punctures, the knot the server read last a surgeon's knot, the wound closed "
            "and not opened after the hands let go, all by the server's events. Step: the "
            "solver's `Stepper.tick` with its substeps; tick: all of the server's tick (the step, the watch's "
            "events and knot reading, the styluses, the forces and the state published); both µs, the median of "
@@ -221,12 +233,13 @@ def render_bot(bench: BotBench) -> list[str]:
            "| ticks > 1 ms late | bot's share of a core | bot's late ticks / waits |",
            "|---|---|---|---|---|---|---|---|---|"]
     out += ["| " + " | ".join(row) + " |" for row in rows]
-    out += ["", f"- Done in **{done} of {len(runs)}** runs.",
+    redone = sum(bool(r.report.get("redone")) for r in runs)
+    out += ["", f"- Done in **{done} of {len(runs)}** runs; a throw was thrown again in {redone} of them.",
             f"- Step p99 over the runs: largest {max(step99):.0f} µs; tick p99: largest {max(tick99):.0f} µs "
             f"(target: p99 ≤ {TARGET_P99_US:.0f} µs): "
             f"{'meets' if max(tick99, default=1e9) <= TARGET_P99_US else '**misses**'}." if step99 else
             "- No stats were received.", ""]
-    if bench.machine is not None:
+    if bench.machine:
         out += render_machine(bench.machine)
     if phase_rows:
         out += ["Where the tick goes, step by step of the suture (every run pooled): the server's seconds split by "
