@@ -10,10 +10,9 @@ drawn through); in two at least, the instrument's double throw read as one (it n
 itself); in one at least, the whole suture (a surgeon's knot read, the wound closed and still closed 10 s after
 both hands let go). A wound throw that does not catch is the closed loop's failure to expect now and then, not a
 broken bot: `suturesim bench bot` has seen it at the double throw in 2 of 10 runs and CI in 2 of 6 (one seed in
-each of two tries), on physics that did the whole suture in 8 to 10 of 10 in other runs. The bot throws a throw
-again when what the server reads after it lets go allows (no knot before the double throw, the double throw
-alone before the opposite one); a throw that leaves a half knot or another knot cannot be thrown again. How often the whole
-suture succeeds is measured over ten seeds by `suturesim bench bot` (docs/BENCHMARKS.md Sec. 9), not here: three
+each of two tries), on physics that did the whole suture in 8 to 10 of 10 in other runs. The bot ties looking at
+what the server reads, so a throw that failed is followed by the one the knot then read calls for; a throw that
+leaves a half knot or another knot ends the run. How often the whole suture succeeds is measured over ten seeds by `suturesim bench bot` (docs/BENCHMARKS.md Sec. 9), not here: three
 runs cannot tell 80 % from 60 %, and ten take the suite past its time."""
 from __future__ import annotations
 
@@ -103,42 +102,80 @@ class _Still:
         pass
 
 
-def _thrown(knot: str, fails: int):
-    """Run Trainee.thrown on a throw that fails ``fails`` times before it catches; returns (the bot, tries,
-    the failure or None, the ticks it took)."""
+def _tie(outcomes: list[str | None]):
+    """Run Trainee.instrument_tie against a sight whose knot each throw sets, from ``outcomes`` in turn (the knot
+    read once the throw's cinch is held; None: its jaw missed, the knot unchanged). A throw fails (BotFailed, as
+    the bot's own checks do) unless the knot read is the one it makes. Returns (the bot, the throws in order, the
+    run's failure or None, whether the hands let go and watched, the driver's heights as each throw began)."""
     from suturesim.tools.trainee_bot import BotFailed, Trainee
 
-    bot = Trainee.with_eyes(_Still(knot), 0)
-    bot.hands["stylus0"].buttons = 1
-    tries = []
+    bot = Trainee.with_eyes(_Still("unknot"), 0)
+    right = bot.hands["stylus0"]
+    thrown, heights, watched = [], [], []
+    makes = {"double throw": "double throw", "opposite throw": "surgeon's knot"}
 
-    def throw():
-        tries.append(bot.hands["stylus0"].pos.copy())
+    def throw_of(step):
+        def throw():
+            thrown.append(step)
+            heights.append(float(right.pos[2]))
+            right.buttons = 1   # the jaw holds the tail
+            yield
+            out = outcomes[len(thrown) - 1]
+            if out is not None:
+                bot.eyes.state["tissue"]["knot"] = out
+            if out != makes[step]:
+                raise BotFailed(f"reads {bot.knot_now()}")
+        return throw
+
+    def watch():
+        watched.append(True)
         yield
-        if len(tries) <= fails:
-            raise BotFailed("the server read []")
 
-    ticks = 0
+    bot.instrument_double_throw = throw_of("double throw")
+    bot.instrument_opposite_throw = throw_of("opposite throw")
+    bot.let_go_and_watch = watch
+    failure = None
     try:
-        for _ in bot.thrown("opposite throw", throw, lambda: bot.knot_now() == "double throw"):
-            ticks += 1
+        for _ in bot.instrument_tie():
+            pass
     except BotFailed as exc:
-        return bot, tries, str(exc), ticks
-    return bot, tries, None, ticks
+        failure = str(exc)
+    return bot, thrown, failure, bool(watched), heights
 
 
-def test_a_throw_that_does_not_catch_is_thrown_again_while_the_knot_read_allows():
-    from suturesim.tools.trainee_bot import REDO_RISE, REDO_SETTLE, THROW_TRIES
+def test_the_instrument_tie_throws_what_the_knot_read_calls_for():
+    from suturesim.tools.trainee_bot import REDO_RISE, TIE_THROWS
 
-    # caught the second time: the driver let go of the tail and rose clear before it started over
-    bot, tries, failure, ticks = _thrown("double throw", 1)
-    assert failure is None and len(tries) == 2 and bot.redone == ["opposite throw: the server read []"]
-    assert bot.hands["stylus0"].buttons == 0
-    assert tries[1][2] - tries[0][2] == pytest.approx(REDO_RISE)
-    assert ticks == 2 + 400 + REDO_SETTLE
-    # never caught: THROW_TRIES in all, then the last failure ends the run
-    bot, tries, failure, _ = _thrown("double throw", THROW_TRIES)
-    assert len(tries) == THROW_TRIES and failure == "the server read []" and len(bot.redone) == THROW_TRIES - 1
-    # what the server reads once the driver has let go rules the throw out: no second try, and the failure says why
-    bot, tries, failure, _ = _thrown("other", 1)
-    assert len(tries) == 1 and not bot.redone and failure == "the server read []; let go, it reads other"
+    bot, thrown, failure, watched, _ = _tie(["double throw", "surgeon's knot"])
+    assert thrown == ["double throw", "opposite throw"] and failure is None and watched and not bot.redone
+    # the opposite throw missed, the double throw still read: the opposite throw again, the driver having let go
+    # of the tail and risen clear first
+    bot, thrown, failure, watched, heights = _tie(["double throw", None, "surgeon's knot"])
+    assert thrown == ["double throw", "opposite throw", "opposite throw"] and failure is None and watched
+    assert bot.redone == ["opposite throw: reads double throw"]
+    assert heights[2] - heights[1] == pytest.approx(REDO_RISE) and bot.hands["stylus0"].buttons == 1
+    # the opposite throw's cinch undid the double throw too: the tie from the start
+    bot, thrown, failure, watched, _ = _tie(["double throw", "unknot", "double throw", "surgeon's knot"])
+    assert thrown == ["double throw", "opposite throw", "double throw", "opposite throw"] and watched
+    assert bot.redone == ["opposite throw: reads unknot"]
+    # a half knot no throw mends: the run ends, saying so, and the hands do not let go to watch
+    bot, thrown, failure, watched, _ = _tie(["double throw", "half knot"])
+    assert thrown == ["double throw", "opposite throw"] and not watched and not bot.redone
+    assert failure == "opposite throw: reads half knot; let go, it reads half knot"
+    # never caught: TIE_THROWS throws, then the run ends
+    bot, thrown, failure, watched, _ = _tie(["unknot"] * TIE_THROWS)
+    assert thrown == ["double throw"] * TIE_THROWS and not watched and len(bot.redone) == TIE_THROWS - 1
+    assert failure == f"double throw: reads unknot: {TIE_THROWS} throws, and the server reads unknot"
+
+
+def test_a_suture_is_done_only_with_the_wound_closed_at_the_end():
+    """A wound that closed under the cinch and opened again before the hands let go is not a suture done."""
+    done = {"failure": None, "punctures": [["left", "entry"], ["left", "exit"], ["right", "entry"],
+                                           ["right", "exit"]],
+            "knot_at_end": "surgeon's knot", "gap_closed": True, "closed_at_end": True,
+            "gap_opened_after_release": False, "done": ["let go", "watched"]}
+    assert BotRun(0, report=done).ok
+    assert not BotRun(0, report={**done, "closed_at_end": False}).ok
+    assert not BotRun(0, report={**done, "knot_at_end": "half knot"}).ok
+    row = render_bot(BotBench([BotRun(0, report={**done, "closed_at_end": False}, stats=[])]))
+    assert any("surgeon's knot; wound closed, open at the end" in line for line in row)

@@ -38,10 +38,12 @@ The suture, hand by hand (stylus0 the right hand's needle driver, stylus1 the le
       single throw, pulled with the hands crossed;
 4. both hands let go, and the bot watches the knot for ``--watch`` seconds.
 
-An instrument throw the server does not read is thrown again, as a person who sees it slip off the jaw does, up to
-THROW_TRIES times in all: the driver lets go of the tail and rises clear, the thread settles, and if the knot the
-server then reads allows it (the double throw over no knot, the opposite throw over the double throw alone) the
-throw starts over from where the thread lies. The report's ``redone`` lists each throw thrown again and why.
+The instrument tie is tied as a person ties it looking at the screen: each throw is the one the knot the server
+reads calls for (no knot: the double throw; the double throw: the opposite throw; a surgeon's knot: let go). A
+throw whose cinch, held, does not leave the knot it makes (it slipped off the jaw, or undid the throw before it)
+is followed by the driver letting go of the tail and rising clear and the thread settling, and then by the throw
+the knot now read calls for, from where the thread lies: TIE_THROWS throws in all. A half knot or another knot
+no throw mends ends the run. The report's ``redone`` lists each throw that failed and was followed by another.
 
 The throws' paths are those a person makes, set from the wound's centre (the marks' midpoint, as read) when each
 throw starts, and from where the tail's end lies when the jaw reaches for it. A hand tie needs hands (no body
@@ -146,10 +148,13 @@ IT2_FOLLOW = 1e-4                  # m a tick (0.1 m/s): the jaw follows the end
 IT2_WIND_R = 0.006                 # the needle hand circles the jaw's middle at this radius ...
 IT2_TURNS = 1.5                    # ... this many turns, from +v, turning +v toward +n: the first throw's other way
 IT2_EASE = 0.030                   # the ends eased to this far either side of the centre before both let go
-# A throw that does not catch is thrown again, as a person who sees it on the screen does: the driver lets go of
-# the tail, rises clear, and once the thread has settled starts the throw over from where the thread lies. Only if
-# what the server then reads allows it: the double throw over no knot, the opposite throw over the double throw.
-THROW_TRIES = 3                    # each throw at most this many times in all
+# The instrument tie is a loop over what the server reads, as a person ties looking at the screen: no knot, the
+# double throw; the double throw, the opposite throw; a surgeon's knot, both hands let go. A throw that fails (the
+# knot read when its cinch has been held is not the one it makes, or a jaw missed) is followed by the driver
+# letting go of the tail and rising clear, the thread settling, and the throw the knot then read calls for: the
+# same one over again, or both from the start if the cinch undid the double throw too. Another knot (a half knot,
+# a granny) no throw mends: the run ends there.
+TIE_THROWS = 4                     # throws in all: the two of the tie and two thrown again
 REDO_RISE = 0.030                  # the driver rises this far after letting go of the tail ...
 REDO_SETTLE = 500                  # ... and the thread is left this many ticks to come to rest
 
@@ -345,7 +350,7 @@ class Trainee:
         self.late_ticks = 0               # ticks the bot sent more than a tick late
         self.waited_ticks = 0             # ticks its hands held still for a scene running late (LEAD_S)
         self.released_at: int | None = None
-        self.redone: list[str] = []       # the throws thrown again, and why (Trainee.thrown)
+        self.redone: list[str] = []       # the throws that failed and were followed by another, and why
 
     def mark(self, step: str) -> None:
         """``step`` done, at the scene time the bot last saw (`suturesim bench bot` splits the server's stats by
@@ -473,26 +478,13 @@ class Trainee:
         """The knot the server reads now (`state`'s ``tissue.knot``; "unknot" before it reads one)."""
         return (self.st.get("tissue") or {}).get("knot") or "unknot"
 
-    def thrown(self, step: str, throw, may_redo) -> Iterator[None]:
-        """Run ``throw`` (a generator function: one throw of the tie). If it fails (BotFailed), the driver lets go
-        of what it holds and rises clear and the thread settles, as a person steps back to look; if ``may_redo()``
-        then says the knot the server reads lets the throw be thrown again, it starts over from where the thread
-        lies, THROW_TRIES times in all. Each throw done again is noted in ``redone`` with why."""
+    def step_back(self) -> Iterator[None]:
+        """After a throw that failed: the driver lets go of what it holds and rises clear, and the thread settles,
+        as a person steps back to look."""
         right = self.hands[RIGHT]
-        for attempt in range(1, THROW_TRIES + 1):
-            try:
-                yield from throw()
-                return
-            except BotFailed as exc:
-                if attempt == THROW_TRIES:
-                    raise
-                failure = str(exc)
-            self.let_go(right)
-            yield from self.move_jaw(right, right.pos + [0.0, 0.0, REDO_RISE], right.quat, 400)
-            yield from self.wait(REDO_SETTLE)
-            if not may_redo():
-                raise BotFailed(f"{failure}; let go, it reads {self.knot_now()}")
-            self.redone.append(f"{step}: {failure}")
+        self.let_go(right)
+        yield from self.move_jaw(right, right.pos + [0.0, 0.0, REDO_RISE], right.quat, 400)
+        yield from self.wait(REDO_SETTLE)
 
     def instrument_double_throw(self) -> Iterator[None]:
         """After step 2, with the right tool a needle driver: a surgeon's double throw tied on it. The left hand
@@ -538,8 +530,9 @@ class Trainee:
         yield from self.wait(50)
         # the wraps onto the tail, and each end pulled to its own side
         yield from self.draw_through_and_cinch(a, -IT_ASIDE * v, at(-IT_CINCH, 0.0, 0.003), at(IT_CINCH, 0.0, 0.003))
-        if not self.events("knot", since=seen, name="double throw"):
-            raise BotFailed(f"after the instrument's double throw the server read {self.knots(seen)}")
+        if self.knot_now() != "double throw":   # what it reads with the cinch held, not what it read on the way
+            raise BotFailed(f"after the instrument's double throw the server reads {self.knot_now()} "
+                            f"(it read {self.knots(seen)})")
         self.mark("double throw")
         swage, _ = self.needle()
         p0 = right.pos.copy()
@@ -654,8 +647,9 @@ class Trainee:
         yield from self.wind(mid, n, v, IT2_WIND_R, IT2_TURNS, -1.0, 800)
         # the wrap onto the tail, and the ends pulled crossed
         yield from self.draw_through_and_cinch(a, np.zeros(3), at(IT_CINCH, 0.0, 0.003), at(-IT_CINCH, 0.0, 0.003))
-        if not self.events("knot", since=seen, name="surgeon's knot"):
-            raise BotFailed(f"after the instrument's opposite throw the server read {self.knots(seen)}")
+        if self.knot_now() != "surgeon's knot":
+            raise BotFailed(f"after the instrument's opposite throw the server reads {self.knot_now()} "
+                            f"(it read {self.knots(seen)})")
         self.mark("second throw")
         swage, _ = self.needle()
         p0 = right.pos.copy()
@@ -674,12 +668,35 @@ class Trainee:
             yield from self.instrument_tie()
 
     def instrument_tie(self) -> Iterator[None]:
-        """Steps 3a and 4, an instrument tie, with the right tool a needle driver: a surgeon's double throw wound
-        on its jaw, the opposite single throw on it, both hands let go and the knot watched."""
-        yield from self.thrown("double throw", self.instrument_double_throw,
-                               lambda: self.knot_now() == "unknot")
-        yield from self.thrown("opposite throw", self.instrument_opposite_throw,
-                               lambda: self.knot_now() == "double throw")
+        """Steps 3a and 4, an instrument tie, with the right tool a needle driver: the throw the knot the server
+        reads calls for (no knot: the surgeon's double throw wound on its jaw; the double throw: the opposite
+        single throw on it), TIE_THROWS at most, a throw that failed followed by :meth:`step_back` and noted in
+        ``redone`` if another throw follows; once it reads a surgeon's knot, both hands let go and the knot is
+        watched."""
+        failure = None
+        for _ in range(TIE_THROWS):
+            knot = self.knot_now()
+            if knot == "surgeon's knot":
+                break
+            if knot == "unknot":
+                step, throw = "double throw", self.instrument_double_throw
+            elif knot == "double throw":
+                step, throw = "opposite throw", self.instrument_opposite_throw
+            else:
+                raise BotFailed(f"{failure}; let go, it reads {knot}" if failure else
+                                f"the server reads {knot}: no throw makes it a surgeon's knot")
+            if failure is not None:
+                self.redone.append(failure)
+            try:
+                yield from throw()
+                failure = None
+            except BotFailed as exc:
+                failure = f"{step}: {exc}"
+                yield from self.step_back()
+        else:
+            if self.knot_now() != "surgeon's knot":
+                raise BotFailed(f"{failure or 'the tie'}: {TIE_THROWS} throws, and the server reads "
+                                f"{self.knot_now()}")
         yield from self.let_go_and_watch()
 
     def suture(self) -> Iterator[None]:
@@ -862,6 +879,8 @@ class Trainee:
             "punctures": [[e["pad"], e["side"]] for e in ev if e["kind"] == "puncture"],
             "knots": knots, "knot_at_end": tissue.get("knot"), "gap_at_end": tissue.get("gap"),
             "gap_closed": any(e["kind"] == "gap_closed" for e in ev),
+            # the wound as the server last said: closed if its last gap event was `gap_closed`
+            "closed_at_end": [e["kind"] for e in ev if e["kind"] in ("gap_closed", "gap_opened")][-1:] == ["gap_closed"],
             "gap_opened_after_release": any(e["kind"] == "gap_opened" for e in after),
             "knot_changed_after_release": [e["name"] for e in after if e["kind"] == "knot"],
             "grasps": [[e["device"], e.get("holds")] for e in ev if e["kind"] == "grasp"],
