@@ -656,7 +656,8 @@ def main(argv: list[str] | None = None) -> int:
                              "scripted sutures end when perturbed by a unit of round-off; inbound: what "
                              "validating a control request or stylus sample costs the tick, ordinary and hostile; "
                              "bot: the trainee bot's suture by hand on `suturesim serve` (10 perturbed runs), "
-                             "beside a fixed computation a tick in the loop's wait at three sizes (the machine's own spread); "
+                             "beside a fixed computation a tick in the loop's wait at three sizes (the "
+                             "machine's own spread); "
                              "knot: an overhand knot in 3-0 silk pulled to 3 N by two styluses and held, as "
                              "shipped and at the thread's own diameter; all: every one")
     parser.add_argument("--quick", action="store_true", help="short measurements (a smoke test)")

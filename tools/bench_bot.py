@@ -193,9 +193,9 @@ def render_bot(bench: BotBench) -> list[str]:
         rep = r.report
         step, tick = r.pooled("step_us"), r.pooled("tick_us")
         share = rep.get("cpu_s", float("nan")) / rep["wall_s"] if rep.get("wall_s") else float("nan")
+        wound = "closed" if rep.get("closed_at_end") else "closed, open at the end" if rep.get("gap_closed") else "open"
         what = r.error or rep.get("failure") or (
-            f"{rep.get('knot_at_end')}; wound "
-            f"{'closed' if rep.get('closed_at_end') else 'closed, open at the end' if rep.get('gap_closed') else 'open'}"
+            f"{rep.get('knot_at_end')}; wound {wound}"
             f"{', opened after the hands let go' if rep.get('gap_opened_after_release') else ''}")
         redone = rep.get("redone") or []
         if redone:   # throws that failed and were followed by another (tools/trainee_bot.py instrument_tie)

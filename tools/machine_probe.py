@@ -39,8 +39,9 @@ def fixed_work(a: np.ndarray, repeats: int, out: np.ndarray) -> None:
 
 @dataclass(frozen=True)
 class MachineFloor:
-    """The probe's result for a fixed work of about ``work_us``: its time per tick (µs) over ``ticks`` ticks, and the ticks it took more
-    than SLOW_FACTOR times its median (``slowed``) or more than a whole tick (``over_tick``)."""
+    """The probe's result for a fixed work of about ``work_us``: its time per tick (µs) over ``ticks`` ticks, and
+    the ticks it took more than SLOW_FACTOR times its median (``slowed``) or more than a whole tick
+    (``over_tick``)."""
     work_us: float       # the work asked for (µs)
     seconds: float
     ticks: int
@@ -100,8 +101,9 @@ def _probe_main(seconds: float, work_us: float, tick_ns: int, spin_ns: int, prio
         busy_ns += (end - start - busy_ns) >> BUSY_AVERAGE_SHIFT
     gc.enable()
     p50 = float(np.median(work))
-    results.put(dict(work_us=float(work_us), seconds=float(seconds), ticks=n, p50_us=p50, p99_us=float(np.percentile(work, 99)),
-                     p999_us=float(np.percentile(work, 99.9)), max_us=float(work.max()),
+    results.put(dict(work_us=float(work_us), seconds=float(seconds), ticks=n, p50_us=p50,
+                     p99_us=float(np.percentile(work, 99)), p999_us=float(np.percentile(work, 99.9)),
+                     max_us=float(work.max()),
                      slowed=int((work > SLOW_FACTOR * p50).sum()), over_tick=int((work > tick_ns / 1000.0).sum()),
                      realtime=realtime, cpu=pinned))
 

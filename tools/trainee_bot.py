@@ -148,12 +148,7 @@ IT2_FOLLOW = 1e-4                  # m a tick (0.1 m/s): the jaw follows the end
 IT2_WIND_R = 0.006                 # the needle hand circles the jaw's middle at this radius ...
 IT2_TURNS = 1.5                    # ... this many turns, from +v, turning +v toward +n: the first throw's other way
 IT2_EASE = 0.030                   # the ends eased to this far either side of the centre before both let go
-# The instrument tie is a loop over what the server reads, as a person ties looking at the screen: no knot, the
-# double throw; the double throw, the opposite throw; a surgeon's knot, both hands let go. A throw that fails (the
-# knot read when its cinch has been held is not the one it makes, or a jaw missed) is followed by the driver
-# letting go of the tail and rising clear, the thread settling, and the throw the knot then read calls for: the
-# same one over again, or both from the start if the cinch undid the double throw too. Another knot (a half knot,
-# a granny) no throw mends: the run ends there.
+# The instrument tie as a loop over the knot the server reads (Trainee.instrument_tie, the module's docstring).
 TIE_THROWS = 4                     # throws in all: the two of the tie and two thrown again
 REDO_RISE = 0.030                  # the driver rises this far after letting go of the tail ...
 REDO_SETTLE = 500                  # ... and the thread is left this many ticks to come to rest
@@ -880,7 +875,8 @@ class Trainee:
             "knots": knots, "knot_at_end": tissue.get("knot"), "gap_at_end": tissue.get("gap"),
             "gap_closed": any(e["kind"] == "gap_closed" for e in ev),
             # the wound as the server last said: closed if its last gap event was `gap_closed`
-            "closed_at_end": [e["kind"] for e in ev if e["kind"] in ("gap_closed", "gap_opened")][-1:] == ["gap_closed"],
+            "closed_at_end": [e["kind"] for e in ev
+                              if e["kind"] in ("gap_closed", "gap_opened")][-1:] == ["gap_closed"],
             "gap_opened_after_release": any(e["kind"] == "gap_opened" for e in after),
             "knot_changed_after_release": [e["name"] for e in after if e["kind"] == "knot"],
             "grasps": [[e["device"], e.get("holds")] for e in ev if e["kind"] == "grasp"],
