@@ -177,8 +177,8 @@ def render_machine(floors: tuple[MachineFloor, ...]) -> list[str]:
     return ["The machine alone, before the runs (tools/machine_probe.py): one process with the server loop's "
             f"wait, priority and CPU ({'SCHED_FIFO' if m.realtime else 'normal scheduling'}, CPU {m.cpu}) ran "
             f"the same computation once a tick, {m.seconds:.0f} s at each size, nothing else running: the smallest "
-            f"about {PROBE_WORK_US[0]:.0f} µs (the loop's own Python stages, no step), the largest about "
-            f"{PROBE_WORK_US[-1]:.0f} µs (the step's median here). The computation never changes, so its spread is "
+            f"about {floors[0].work_us:.0f} µs (the loop's own Python stages, no step), the largest about "
+            f"{floors[-1].work_us:.0f} µs (the step's median here). The computation never changes, so its spread is "
             "the machine's: the host taking the CPU away or running it slow. A tick of that work cannot have "
             "a p99 below its row's on this machine.", "",
             "| fixed work a tick | ticks | p50 µs | p99 µs | p99.9 µs | max µs | p99 over p50 "

@@ -383,10 +383,8 @@ class Trainee:
         """The knots the server has read, in order, from its ``since``-th event on."""
         return [e["name"] for e in self.eyes.events[since:] if e["kind"] == "knot"]
 
-    def events(self, kind: str, since: int = 0, **details) -> list[dict]:
-        """The server's ``kind`` events from its ``since``-th on whose fields match ``details``."""
-        return [e for e in self.eyes.events[since:]
-                if e["kind"] == kind and all(e.get(k) == v for k, v in details.items())]
+    def events(self, kind: str, **details) -> list[dict]:
+        return [e for e in self.eyes.events if e["kind"] == kind and all(e.get(k) == v for k, v in details.items())]
 
     # -- moving ------------------------------------------------------------------------------------------
     def pace(self, ticks: float) -> int:
