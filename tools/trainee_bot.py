@@ -29,7 +29,8 @@ The suture, hand by hand (stylus0 the right hand's needle driver, stylus1 the le
       axis, so the wraps slide off one at a time onto the tail; each end is pulled to its own side, and the
       driver lets go. Then the opposite single throw, grab first: the jaw takes the tail's end where it has come
       to rest, lined up along the tail, and carries it up, over on the tail's side and down to where it lay for
-      the first throw; the needle's strand is wound 1.5 times round it the other way; the jaw is drawn back
+      the first throw, and holds it there while the tail stops swinging; the needle's strand is wound 1.5 times
+      round it the other way; the jaw is drawn back
       through the wrap, and the ends are pulled crossed (the tail to the exit side), held and eased (a surgeon's
       knot);
    b. a hand tie (``--tie hand``; serve the scene with both devices ``tool: hand``): the right hand takes the
@@ -39,10 +40,14 @@ The suture, hand by hand (stylus0 the right hand's needle driver, stylus1 the le
 4. both hands let go, and the bot watches the knot for ``--watch`` seconds.
 
 The instrument tie is tied as a person ties it looking at the screen: each throw is the one the knot the server
-reads calls for (no knot: the double throw; the double throw: the opposite throw; a surgeon's knot: let go). A
-throw whose cinch, held, does not leave the knot it makes (it slipped off the jaw, or undid the throw before it)
-is followed by the driver letting go of the tail and rising clear and the thread settling, and then by the throw
-the knot now read calls for, from where the thread lies: TIE_THROWS throws in all. A half knot or another knot
+reads calls for (no knot: the double throw; the double throw: the opposite throw; a surgeon's knot: let go).
+Each throw is looked at twice: drawn through, the hands hold still until the server reads the knot the throw
+makes, and pull only then (a throw that missed, pulled tight, can undo the one before it); cinched and held, it
+must still read so. A throw that fails either look (it slipped off the jaw, or undid the throw before it) is
+followed by the driver letting go of the tail and rising clear and the thread settling, and then by the throw
+the knot now read calls for, from where the thread lies: TIE_THROWS throws in all. A surgeon's knot read only
+once a throw that failed was let go was tied but never pulled tight: the jaw takes the tail's end again and the
+ends are pulled crossed. A half knot or another knot
 no throw mends ends the run. The report's ``redone`` lists each throw that failed and was followed by another.
 
 The throws' paths are those a person makes, set from the wound's centre (the marks' midpoint, as read) when each
@@ -133,6 +138,8 @@ IT_PAST_TIP = 0.005                # then it carries the swage this far past the
 IT_BACK = 0.040                    # the jaw drawn back along its axis, the tail's end through the wraps
 IT_CINCH = 0.047                   # each end pulled to its own side, this far from the centre, 3 mm up, over 4 s
 IT_CINCH_TICKS, IT_CINCH_HOLD = 4000, 1000
+DRAWN_LOOK = 2000                  # ticks (eight of the server's knot readings: a loose throw's may go unresolved)
+                                   # the hands wait, drawn through, for the knot the throw makes before they pull
 # The opposite throw on it, grab first: the jaw takes the tail's very end and carries it to where the first
 # throw's jaw lay; the needle's strand is wound round the jaw the other way; the jaw is drawn back through the wrap;
 # the ends are pulled crossed, the tail toward the exit mark and the needle's strand toward the entry mark. Wound
@@ -145,6 +152,8 @@ IT2_BEYOND = 0.004                 # ... and closes with its tip this far beyond
                                    # clear of the thread (a jaw that touches the end pushes it away)
 IT2_HIGH, IT2_SIDE = 0.035, 0.015   # the end carried up this high, then over to this far on the tail's side
 IT2_FOLLOW = 1e-4                  # m a tick (0.1 m/s): the jaw follows the end onto it if it still moves
+IT2_SETTLE = 500                   # ticks the jaw holds still there, the tail swinging from the carry, before the
+                                   # wind: a wrap wound round a swinging tail catches it
 IT2_WIND_R = 0.006                 # the needle hand circles the jaw's middle at this radius ...
 IT2_TURNS = 1.5                    # ... this many turns, from +v, turning +v toward +n: the first throw's other way
 IT2_EASE = 0.030                   # the ends eased to this far either side of the centre before both let go
@@ -522,10 +531,8 @@ class Trainee:
         yield from self.close_on(right, "thread")
         yield from self.wait(50)
         # the wraps onto the tail, and each end pulled to its own side
-        yield from self.draw_through_and_cinch(a, -IT_ASIDE * v, at(-IT_CINCH, 0.0, 0.003), at(IT_CINCH, 0.0, 0.003))
-        if self.knot_now() != "double throw":   # what it reads with the cinch held, not what it read on the way
-            raise BotFailed(f"after the instrument's double throw the server reads {self.knot_now()} "
-                            f"(it read {self.knots(seen)})")
+        yield from self.draw_through(a, -IT_ASIDE * v, "double throw", seen)
+        yield from self.cinch(at(-IT_CINCH, 0.0, 0.003), at(IT_CINCH, 0.0, 0.003), "double throw", seen)
         self.mark("double throw")
         swage, _ = self.needle()
         p0 = right.pos.copy()
@@ -570,12 +577,12 @@ class Trainee:
             left.pos, left.quat = left.jaw_for_needle(circle(phi), Q_TIE)
             yield
 
-    def draw_through_and_cinch(self, a: np.ndarray, aside: np.ndarray, tail_to: np.ndarray,
-                               needle_to: np.ndarray) -> Iterator[None]:
-        """An instrument throw's end: the needle hand holds the swage just past the jaw's tip (and ``aside``, m),
-        the jaw is drawn back along its axis ``a`` (tip to hinge), the tail's end in it through the wraps, so they
-        slide off its tip onto the tail one at a time; then the jaw pulls the tail to ``tail_to`` and the needle
-        hand its strand to ``needle_to`` (m) over IT_CINCH_TICKS, and both hold IT_CINCH_HOLD."""
+    def draw_through(self, a: np.ndarray, aside: np.ndarray, throw: str, seen: int) -> Iterator[None]:
+        """An instrument throw drawn through: the needle hand holds the swage just past the jaw's tip (and
+        ``aside``, m), the jaw is drawn back along its axis ``a`` (tip to hinge), the tail's end in it through the
+        wraps, so they slide off its tip onto the tail one at a time; the hands hold still until the server reads
+        the knot ``throw`` makes, DRAWN_LOOK ticks at most (else BotFailed: a throw that missed is not pulled).
+        ``seen``: the events before the throw began."""
         right, left = self.hands[RIGHT], self.hands[LEFT]
         swage, _ = self.needle()
         goal, l0 = right.pos - IT_PAST_TIP * a + aside, left.pos.copy()
@@ -584,31 +591,34 @@ class Trainee:
             yield
         for _ in range(4):                               # the jaw drawn back
             yield from self.move_jaw(right, right.pos + IT_BACK * a / 4, right.quat, 200)
+        for _ in range(DRAWN_LOOK):                      # a look before the pull
+            if self.knot_now() == throw:
+                return
+            yield
+        raise BotFailed(f"the jaw drawn through the wraps, the server reads {self.knot_now()}, not {throw} "
+                        f"(it read {self.knots(seen)})")
+
+    def cinch(self, tail_to: np.ndarray, needle_to: np.ndarray, throw: str, seen: int) -> Iterator[None]:
+        """The jaw, holding the tail, pulls it to ``tail_to`` and the needle hand its strand to ``needle_to`` (m)
+        over IT_CINCH_TICKS; both hold IT_CINCH_HOLD, and the server must then read ``throw`` (else BotFailed:
+        what it reads with the cinch held, not what it read on the way)."""
+        right, left = self.hands[RIGHT], self.hands[LEFT]
         swage, _ = self.needle()
         p0 = right.pos.copy()
-        for k in range(1, IT_CINCH_TICKS + 1):           # the cinch
+        for k in range(1, IT_CINCH_TICKS + 1):
             s = k / IT_CINCH_TICKS
             right.pos = p0 + s * (tail_to - p0)
             left.pos, left.quat = left.jaw_for_needle(swage + s * (needle_to - swage), Q_TIE)
             yield
         yield from self.wait(IT_CINCH_HOLD)
+        if self.knot_now() != throw:
+            raise BotFailed(f"the {throw} cinched, the server reads {self.knot_now()} (it read {self.knots(seen)})")
 
-    def instrument_opposite_throw(self) -> Iterator[None]:
-        """After the instrument's double throw, the opposite single throw on it, grab first: the driver's jaw takes
-        the tail's very end (lined up along the tail, tip first) and carries it up, over on the tail's side of the
-        wound and down to where the first throw's jaw lay; the needle hand winds its strand 1.5 times round the
-        jaw, the other way from the first throw; the needle hand holds the swage past the jaw's tip and the jaw is
-        drawn back along its axis, the tail's end through the wrap; the ends are pulled crossed along the tissue
-        (the tail to the exit side, the needle's strand to the entry side), held and eased. The server must read a
-        surgeon's knot."""
-        right, left = self.hands[RIGHT], self.hands[LEFT]
-        c, u, v, yaw = self.wound_frame()
+    def take_tail_end(self) -> Iterator[None]:
+        """The driver rises clear, waits for the tail's end to come to rest, lines up beyond it along the tail
+        (its axis too) and closes on it, tip first, following it if it still moves."""
+        right = self.hands[RIGHT]
         z = np.array([0.0, 0.0, 1.0])
-        seen = len(self.eyes.events)
-
-        def at(du, dv, dz):
-            return c + du * u + dv * v + dz * z
-
         yield from self.move_jaw(right, right.pos + IT2_LIFT * z, right.quat, 400)
         for _ in range(IT2_REST_TRIES):
             end = self.thread()[-1].copy()
@@ -630,6 +640,36 @@ class Trainee:
             yield
         yield from self.close_on(right, "thread")
         yield from self.wait(50)
+
+    def ease_crossed(self, at) -> Iterator[None]:
+        """A surgeon's knot cinched with the hands crossed: both ends eased to IT2_EASE either side of the wound
+        (``at``: the wound's frame, m), the tail on the exit side."""
+        right, left = self.hands[RIGHT], self.hands[LEFT]
+        swage, _ = self.needle()
+        p0 = right.pos.copy()
+        for k in range(1, 1001):
+            right.pos = p0 + k / 1000 * (at(IT2_EASE, 0.0, 0.006) - p0)
+            left.pos, left.quat = left.jaw_for_needle(swage + k / 1000 * (at(-IT2_EASE, 0.0, 0.008) - swage),
+                                                      Q_TIE)
+            yield
+
+    def instrument_opposite_throw(self) -> Iterator[None]:
+        """After the instrument's double throw, the opposite single throw on it, grab first: the driver's jaw takes
+        the tail's very end (lined up along the tail, tip first) and carries it up, over on the tail's side of the
+        wound and down to where the first throw's jaw lay; the needle hand winds its strand 1.5 times round the
+        jaw, the other way from the first throw; the needle hand holds the swage past the jaw's tip and the jaw is
+        drawn back along its axis, the tail's end through the wrap; the ends are pulled crossed along the tissue
+        (the tail to the exit side, the needle's strand to the entry side), held and eased. The server must read a
+        surgeon's knot."""
+        right = self.hands[RIGHT]
+        c, u, v, yaw = self.wound_frame()
+        z = np.array([0.0, 0.0, 1.0])
+        seen = len(self.eyes.events)
+
+        def at(du, dv, dz):
+            return c + du * u + dv * v + dz * z
+
+        yield from self.take_tail_end()
         q, a, n, mid, tip = self.driver_pose((c, u, v, yaw))
         # up, over to the tail's side of the wound and down onto the pose: wherever the end came to rest, the tail
         # comes to the jaw's pose the same way round the needle's strand
@@ -637,20 +677,29 @@ class Trainee:
         yield from self.move_jaw(right, at(-IT2_SIDE, 0.0, IT2_HIGH), q, 800)
         yield from self.move_jaw(right, tip + 0.01 * n, q, 600)
         yield from self.move_jaw(right, tip, q, 300)
+        yield from self.wait(IT2_SETTLE)
         yield from self.wind(mid, n, v, IT2_WIND_R, IT2_TURNS, -1.0, 800)
         # the wrap onto the tail, and the ends pulled crossed
-        yield from self.draw_through_and_cinch(a, np.zeros(3), at(IT_CINCH, 0.0, 0.003), at(-IT_CINCH, 0.0, 0.003))
-        if self.knot_now() != "surgeon's knot":
-            raise BotFailed(f"after the instrument's opposite throw the server reads {self.knot_now()} "
-                            f"(it read {self.knots(seen)})")
+        yield from self.draw_through(a, np.zeros(3), "surgeon's knot", seen)
+        yield from self.cinch(at(IT_CINCH, 0.0, 0.003), at(-IT_CINCH, 0.0, 0.003), "surgeon's knot", seen)
         self.mark("second throw")
-        swage, _ = self.needle()
-        p0 = right.pos.copy()
-        for k in range(1, 1001):                         # eased
-            right.pos = p0 + k / 1000 * (at(IT2_EASE, 0.0, 0.006) - p0)
-            left.pos, left.quat = left.jaw_for_needle(swage + k / 1000 * (at(-IT2_EASE, 0.0, 0.008) - swage),
-                                                      Q_TIE)
-            yield
+        yield from self.ease_crossed(at)
+
+    def cinch_again(self) -> Iterator[None]:
+        """A surgeon's knot the server reads only once a throw that missed its look was let go: tied, but never
+        pulled tight. The driver takes the tail's end again, and the ends are pulled crossed, held and eased as
+        the opposite throw's are."""
+        c, u, v, _ = self.wound_frame()
+        z = np.array([0.0, 0.0, 1.0])
+        seen = len(self.eyes.events)
+
+        def at(du, dv, dz):
+            return c + du * u + dv * v + dz * z
+
+        yield from self.take_tail_end()
+        yield from self.cinch(at(IT_CINCH, 0.0, 0.003), at(-IT_CINCH, 0.0, 0.003), "surgeon's knot", seen)
+        self.mark("second throw")
+        yield from self.ease_crossed(at)
 
     # -- the suture ----------------------------------------------------------------------------------------
     def plan(self) -> Iterator[None]:
@@ -663,15 +712,17 @@ class Trainee:
     def instrument_tie(self) -> Iterator[None]:
         """Steps 3a and 4, an instrument tie, with the right tool a needle driver: the throw the knot the server
         reads calls for (no knot: the surgeon's double throw wound on its jaw; the double throw: the opposite
-        single throw on it), TIE_THROWS at most, a throw that failed followed by :meth:`step_back` and noted in
-        ``redone`` if another throw follows; once it reads a surgeon's knot, both hands let go and the knot is
-        watched."""
+        single throw on it; a surgeon's knot read only once a throw that failed was let go: :meth:`cinch_again`),
+        TIE_THROWS at most, a throw that failed followed by :meth:`step_back` and noted in ``redone`` if another
+        throw follows; once a throw has made a surgeon's knot, both hands let go and the knot is watched."""
         failure = None
         for _ in range(TIE_THROWS):
             knot = self.knot_now()
-            if knot == "surgeon's knot":
+            if knot == "surgeon's knot" and failure is None:
                 break
-            if knot == "unknot":
+            if knot == "surgeon's knot":     # read only once a throw that failed was let go: never pulled tight
+                step, throw = "cinch", self.cinch_again
+            elif knot == "unknot":
                 step, throw = "double throw", self.instrument_double_throw
             elif knot == "double throw":
                 step, throw = "opposite throw", self.instrument_opposite_throw
