@@ -444,8 +444,12 @@ class Trainee:
                    and e.get("device") == hand.device]
             if new:
                 e = new[0]
-                if e["kind"] == "grasp_missed" or e.get("holds") != holds:
-                    raise BotFailed(f"{hand.device} closed on {e.get('holds', 'nothing')}, wanted {holds}: {e}")
+                if e["kind"] == "grasp_missed":
+                    why = e.get("reason") or f"nothing within {1e3 * float(e.get('radius', 0.0)):.1f} mm of its jaw"
+                    raise BotFailed(f"{hand.device} closed on nothing, wanted {holds}: {why}")
+                if e.get("holds") != holds:
+                    raise BotFailed(f"{hand.device} closed on the {e.get('holds')} "
+                                    f"{1e3 * float(e.get('distance', 0.0)):.1f} mm from its jaw, wanted {holds}")
                 if holds == "needle":
                     hand.offset, hand.q_rel = np.array(e["offset"], float), np.array(e["q_rel"], float)
                 return
