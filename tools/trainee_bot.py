@@ -30,9 +30,8 @@ The suture, hand by hand (stylus0 the right hand's needle driver, stylus1 the le
       driver lets go. Then the opposite single throw, grab first: the jaw takes the tail's end where it has come
       to rest, lined up along the tail, and carries it up, over on the tail's side and down to where it lay for
       the first throw, and holds it there while the tail stops swinging; the needle's strand is wound 1.5 times
-      round it the other way; the jaw is drawn back
-      through the wrap, and the ends are pulled crossed (the tail to the exit side), held and eased (a surgeon's
-      knot);
+      round it the other way; the jaw is drawn back through the wrap, and the ends are pulled crossed (the tail to
+      the exit side), held and eased (a surgeon's knot);
    b. a hand tie (``--tie hand``; serve the scene with both devices ``tool: hand``): the right hand takes the
       thread near its tail and brings it across; a surgeon's double throw (the tail carried round the needle's
       strand and through the loop twice), pulled along the tissue until the wound closes; then the opposite
@@ -47,8 +46,8 @@ must still read so. A throw that fails either look (it slipped off the jaw, or u
 followed by the driver letting go of the tail and rising clear and the thread settling, and then by the throw
 the knot now read calls for, from where the thread lies: TIE_THROWS throws in all. A surgeon's knot read only
 once a throw that failed was let go was tied but never pulled tight: the jaw takes the tail's end again and the
-ends are pulled crossed. A half knot or another knot
-no throw mends ends the run. The report's ``redone`` lists each throw that failed and was followed by another.
+ends are pulled crossed. A half knot or another knot no throw mends ends the run. The report's ``redone`` lists
+each throw that failed and was followed by another.
 
 The throws' paths are those a person makes, set from the wound's centre (the marks' midpoint, as read) when each
 throw starts, and from where the tail's end lies when the jaw reaches for it. A hand tie needs hands (no body
@@ -69,7 +68,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import msgpack
 import numpy as np
@@ -393,6 +392,7 @@ class Trainee:
         return [e["name"] for e in self.eyes.events[since:] if e["kind"] == "knot"]
 
     def events(self, kind: str, **details) -> list[dict]:
+        """The server's ``kind`` events whose fields match ``details``."""
         return [e for e in self.eyes.events if e["kind"] == kind and all(e.get(k) == v for k, v in details.items())]
 
     # -- moving ------------------------------------------------------------------------------------------
@@ -474,6 +474,16 @@ class Trainee:
         u /= np.linalg.norm(u)
         return 0.5 * (entry + exit_), u, np.cross([0.0, 0.0, 1.0], u), math.atan2(d[1], d[0])
 
+    @staticmethod
+    def frame_point(frame: tuple) -> Callable[[float, float, float], np.ndarray]:
+        """In the wound's ``frame`` (:meth:`wound_frame`): the point (m) ``du`` along u, ``dv`` along v and ``dz``
+        up from its centre."""
+        c, u, v, _ = frame
+
+        def at(du: float, dv: float, dz: float) -> np.ndarray:
+            return c + du * u + dv * v + dz * np.array([0.0, 0.0, 1.0])
+        return at
+
     def tail_length(self) -> float:
         """The thread's length (m) from the vertex nearest the entry mark to the tail's end."""
         x = self.thread()
@@ -498,12 +508,10 @@ class Trainee:
         tail's very end and is drawn back through the wraps; each end is pulled to its own side, the pull eased,
         the jaw lets go and the driver moves clear."""
         right, left = self.hands[RIGHT], self.hands[LEFT]
-        c, u, v, yaw = self.wound_frame()
-        z = np.array([0.0, 0.0, 1.0])
+        frame = self.wound_frame()
+        c, u, v, _ = frame
+        at = self.frame_point(frame)
         seen = len(self.eyes.events)
-
-        def at(du, dv, dz):
-            return c + du * u + dv * v + dz * z
 
         yield from self.move_jaw(right, at(0.0, 0.03, 0.05), right.quat, 800)
         yield from self.move_needle(left, at(0.045, 0.0, 0.030), Q_TIE, 2500)
@@ -514,7 +522,7 @@ class Trainee:
             swage, _ = self.needle()
             yield from self.move_needle(left, swage + (tail - IT_TAIL) * u, Q_TIE, 600)
             yield from self.wait(200)
-        q, a, n, mid, tip = self.driver_pose((c, u, v, yaw))
+        q, a, n, mid, tip = self.driver_pose(frame)
         yield from self.move_jaw(right, tip + 0.02 * n, q, 800)
         yield from self.move_jaw(right, tip, q, 400)
         yield from self.wind(mid, n, v, IT_WIND_R, IT_TURNS, 1.0, 1000)
@@ -645,10 +653,14 @@ class Trainee:
         yield from self.close_on(right, "thread")
         yield from self.wait(50)
 
-    def ease_crossed(self, at) -> Iterator[None]:
-        """A surgeon's knot cinched with the hands crossed: both ends eased to IT2_EASE either side of the wound
-        (``at``: the wound's frame, m), the tail on the exit side."""
+    def cinch_crossed(self, at: Callable[[float, float, float], np.ndarray], seen: int) -> Iterator[None]:
+        """The surgeon's knot's cinch, the jaw holding the tail: the ends pulled with the hands crossed (the tail
+        to the exit side, the needle's strand to the entry side, :meth:`cinch`), then both eased to IT2_EASE either
+        side of the wound. ``at``: a point in the wound's frame (:meth:`frame_point`); ``seen``: the events before
+        the throw began."""
         right, left = self.hands[RIGHT], self.hands[LEFT]
+        yield from self.cinch(at(IT_CINCH, 0.0, 0.003), at(-IT_CINCH, 0.0, 0.003), "surgeon's knot", seen)
+        self.mark("second throw")
         swage, _ = self.needle()
         p0 = right.pos.copy()
         for k in range(1, 1001):
@@ -666,15 +678,13 @@ class Trainee:
         (the tail to the exit side, the needle's strand to the entry side), held and eased. The server must read a
         surgeon's knot."""
         right = self.hands[RIGHT]
-        c, u, v, yaw = self.wound_frame()
-        z = np.array([0.0, 0.0, 1.0])
+        frame = self.wound_frame()
+        c, _, v, _ = frame
+        at = self.frame_point(frame)
         seen = len(self.eyes.events)
 
-        def at(du, dv, dz):
-            return c + du * u + dv * v + dz * z
-
         yield from self.take_tail_end()
-        q, a, n, mid, tip = self.driver_pose((c, u, v, yaw))
+        q, a, n, mid, tip = self.driver_pose(frame)
         # up, over to the tail's side of the wound and down onto the pose: wherever the end came to rest, the tail
         # comes to the jaw's pose the same way round the needle's strand
         yield from self.move_jaw(right, np.array([right.pos[0], right.pos[1], c[2] + IT2_HIGH]), right.quat, 500)
@@ -685,25 +695,16 @@ class Trainee:
         yield from self.wind(mid, n, v, IT2_WIND_R, IT2_TURNS, -1.0, 800)
         # the wrap onto the tail, and the ends pulled crossed
         yield from self.draw_through(a, np.zeros(3), "surgeon's knot", seen)
-        yield from self.cinch(at(IT_CINCH, 0.0, 0.003), at(-IT_CINCH, 0.0, 0.003), "surgeon's knot", seen)
-        self.mark("second throw")
-        yield from self.ease_crossed(at)
+        yield from self.cinch_crossed(at, seen)
 
     def cinch_again(self) -> Iterator[None]:
         """A surgeon's knot the server reads only once a throw that missed its look was let go: tied, but never
         pulled tight. The driver takes the tail's end again, and the ends are pulled crossed, held and eased as
         the opposite throw's are."""
-        c, u, v, _ = self.wound_frame()
-        z = np.array([0.0, 0.0, 1.0])
         seen = len(self.eyes.events)
-
-        def at(du, dv, dz):
-            return c + du * u + dv * v + dz * z
-
+        at = self.frame_point(self.wound_frame())
         yield from self.take_tail_end()
-        yield from self.cinch(at(IT_CINCH, 0.0, 0.003), at(-IT_CINCH, 0.0, 0.003), "surgeon's knot", seen)
-        self.mark("second throw")
-        yield from self.ease_crossed(at)
+        yield from self.cinch_crossed(at, seen)
 
     # -- the suture ----------------------------------------------------------------------------------------
     def plan(self) -> Iterator[None]:
