@@ -4,8 +4,9 @@ A request is a msgpack map {"cmd": ..., ...}; the reply is {"ok": true, ...} or 
 Anything wrong with a request — not msgpack, not a map, an unknown command, a wrong type, a value a scenario
 file would reject — is an error reply; nothing a client sends can stop the loop. At most one request is
 handled per tick, after the tick's physics and publishing. `load` and `set` build and validate a whole scene
-(milliseconds), so a worker process does that while the loop keeps ticking; the loop installs the result and
-replies at a tick boundary, and takes no other request meanwhile (REP answers one request at a time anyway).
+(milliseconds), so a process of its own (server/builder.py) does that while the loop keeps ticking; the loop
+installs the result and replies at a tick boundary, and takes no other request meanwhile (REP answers one request
+at a time anyway).
 A process, not a thread: a thread building a scene shares the loop's GIL, and its pure-Python parsing held the
 loop back by up to a few milliseconds at a time (measured: lateness p99 0.35 ms, max 0.8-3 ms while scenes were
 built beside a 1 kHz ticker), enough for a loaded tick to overrun.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import math
-import multiprocessing
 import os
 import time
 from dataclasses import dataclass, field
@@ -30,6 +30,7 @@ from ..solver.config import MAX_NAME_CHARS, ConfigError, is_name
 from ..solver.scenario import build_scenario, load_scenario_request
 from ..solver.sources import FilePolicy
 from ..solver.integrator import STAT_SUBSTEPS
+from .builder import SceneBuilder
 from .config import check_scene_fits_loop
 from .protocol import ProtocolError, decode_request
 
@@ -75,30 +76,13 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _ordinary_process(loop_cpu: int) -> None:
-    """The worker process starts before the loop takes SCHED_FIFO and its CPU, so it inherits neither; keep it
-    off the loop's CPU (``loop_cpu``, -1: the last CPU, where set_realtime pins the loop by default) when there
-    is more than one."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-    except (OSError, AttributeError):
-        pass
-    try:
-        cpus = set(os.sched_getaffinity(0))
-        if len(cpus) > 1:
-            cpus.discard(loop_cpu if loop_cpu >= 0 else max(cpus))
-            os.sched_setaffinity(0, cpus)
-    except (OSError, AttributeError, ValueError):
-        pass
-
-
-BUILD_TIMEOUT_S = 30.0          # a scene build taking longer is abandoned (its worker is replaced)
+BUILD_TIMEOUT_S = 30.0          # a scene build taking longer is abandoned (its builder is replaced)
 SUPERVISOR_TIMEOUT_S = 90.0     # the supervisor answers a recording request within this (a stop may take 60 s)
 
 
 @dataclass
 class Pending:
-    """A request being carried out off the tick: a scene built by the worker process, or a recording started or
+    """A request being carried out off the tick: a scene built by the builder process, or a recording started or
     stopped by the supervisor. The loop polls it each tick (never waits on it) and replies once it is done,
     failed or past its time."""
     what: str                            # for the error reply: "scene build", "recording request"
@@ -106,7 +90,7 @@ class Pending:
     result: Callable[[], Any]
     apply: Callable[[Any], dict]
     timeout_s: float
-    broken: Callable[[], str | None] = lambda: None   # why it can never finish (its worker died), or None
+    broken: Callable[[], str | None] = lambda: None   # why it can never finish (its builder died), or None
     started: float = field(default_factory=time.monotonic)
 
 
@@ -115,7 +99,7 @@ class ControlHandler:
 
     def __init__(self, loop):
         self.loop = loop
-        self.worker = self._new_worker()
+        self.builder = SceneBuilder(loop.cfg.loop.cpu)   # before the loop turns real-time: it inherits neither
         self.pending: Pending | None = None
         self.supervisor_answer: tuple | None = None   # the supervisor's answer to the request out, once it came
         self.failure: str | None = None               # a recording that failed, said in the next reply
@@ -126,22 +110,11 @@ class ControlHandler:
             "shutdown": self.shutdown, "describe": self.describe,
         }
 
-    def _new_worker(self):
-        # spawned before the loop turns real-time (the handler is made before set_realtime), and started at once
-        # so that the first `load` or `set` does not wait for its imports
-        return multiprocessing.get_context("spawn").Pool(1, initializer=_ordinary_process,
-                                                         initargs=(self.loop.cfg.loop.cpu,))
-
     def build(self, func: Callable, args: tuple, apply: Callable[[Any], dict]) -> None:
-        """Build a scene in the worker process; ``apply`` installs it and returns the reply's fields."""
-        procs = list(getattr(self.worker, "_pool", []))   # the worker's process: its death fails the build at once
-
-        def broken() -> str | None:
-            dead = [p for p in procs if p.exitcode is not None]
-            return f"the scene builder process died (exit code {dead[0].exitcode})" if dead else None
-
-        future = self.worker.apply_async(func, args)
-        self.pending = Pending("scene build", future.ready, future.get, apply, BUILD_TIMEOUT_S, broken)
+        """Build a scene in the builder process; ``apply`` installs it and returns the reply's fields."""
+        self.builder.submit(func, args)
+        self.pending = Pending("scene build", self.builder.done, self.builder.result, apply, BUILD_TIMEOUT_S,
+                               self.builder.died)
 
     def busy(self) -> bool:
         """True while a request is carried out off the tick (no new request is taken)."""
@@ -176,10 +149,10 @@ class ControlHandler:
             why = f"the {p.what} took more than {p.timeout_s:g} s and was abandoned"
         self.pending = None
         if why is not None:
-            if p.what == "scene build":   # its worker is dead or stuck: a new one for the next build
-                self.worker.terminate()
-                self.worker = self._new_worker()
-                self.loop.place_helper_threads()   # its threads inherited the loop's CPU and priority
+            if p.what == "scene build":   # its builder is dead or stuck: a new one for the next build
+                self.builder.kill()
+                self.builder = SceneBuilder(self.loop.cfg.loop.cpu)
+                self.loop.place_helper_threads()   # its thread inherited the loop's CPU and priority
             self.loop.stats.control_errors += 1
             self._send({"ok": False, "error": why})
             return
@@ -225,8 +198,7 @@ class ControlHandler:
     def close(self) -> None:
         # stopped, not waited for (it may still be importing if the server is stopped right after its start):
         # the physics process exits at once and leaves no child behind
-        self.worker.terminate()
-        self.worker.join()
+        self.builder.kill()
 
     def _send(self, reply: dict) -> None:
         try:

@@ -226,13 +226,13 @@ def spin_allowed(spin_ns: int, tick_ns: int, busy_ns: int, duty: float) -> int:
 
 
 def place_helper_threads(priority: int | None, loop_cpu: int = -1) -> list[str]:
-    """Every other Python thread of this process (the control worker pool's handlers) to SCHED_FIFO at
+    """Every other Python thread of this process (the scene builder's thread, server/builder.py) to SCHED_FIFO at
     ``priority`` (below the loop's; None: left as it is) and off the loop's CPU ``loop_cpu`` (-1: not pinned).
     A helper holding the GIL must not be preempted by an ordinary process on its CPU while the loop waits for the
     GIL (a priority inversion: the loop then stalls for the other process's time slice, milliseconds); and one
     sharing the loop's CPU stalled it by 5 to 40 ms around each scene build (60 rejected `set`s: 25 to 160
     overruns; off its CPU: none, tests/test_daemon.py). A thread the loop starts inherits its CPU and priority,
-    so the loop calls this again after starting one (a new worker pool). Returns notes."""
+    so the loop calls this again after starting one (a new scene builder). Returns notes."""
     notes = []
     me = threading.current_thread()
     # every CPU but the loop's (the process's own affinity is the loop's CPU alone once it is pinned)
@@ -1166,7 +1166,7 @@ def physics_main(cfg: ServerConfig, link_name: str | None, ready, stop, conn=Non
     dump_stacks_on_signal()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when to stop
     stop = StopRequest(stop)
-    # a control worker pool thread (control.py) that is running may hold the GIL at most this long before the
+    # the scene builder's thread (server/builder.py) that is running may hold the GIL at most this long before the
     # loop gets it back; one that is not running cannot drop it at all, hence place_helper_threads
     sys.setswitchinterval(5e-5)
     try:

@@ -387,7 +387,7 @@ class TestSharedDaemon:
             return shared.status()["stats"], n_stylus
 
     def test_the_loops_helper_threads_stay_off_its_cpu(self, shared):
-        """The physics process's other SCHED_FIFO threads (the control worker pool's handlers) may not run on the
+        """The physics process's other SCHED_FIFO threads (the scene builder's thread) may not run on the
         loop's CPU: sharing it, they stalled the loop 5 to 40 ms around each scene build
         (server/physics.py place_helper_threads)."""
         st = shared.status()
@@ -401,7 +401,7 @@ class TestSharedDaemon:
             if tid == pid or int(stat[stat.rindex(")") + 2:].split()[38]) != os.SCHED_FIFO:
                 continue
             helpers.append((tid, os.sched_getaffinity(tid)))
-        assert helpers, "the worker pool's handler threads are raised to SCHED_FIFO beside the loop"
+        assert helpers, "the scene builder's thread is raised to SCHED_FIFO beside the loop"
         assert all(cpu not in cpus for _, cpus in helpers), (cpu, helpers)
 
     @pytest.mark.timed   # overruns

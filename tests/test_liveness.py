@@ -129,6 +129,28 @@ def test_a_dead_scene_builder_gets_an_error_reply_and_control_answers_on(tmp_pat
         d.close()
 
 
+def test_a_scene_builder_killed_while_idle_is_replaced_at_the_next_load(tmp_path):
+    """The builder dies between requests, once it has surely started and waits for one (an idle worker of a
+    multiprocessing Pool held its queue's lock there, and replacing it then hung the loop for good): the next
+    `load` gets an answer within a tick's worth of waiting, and the one after it builds."""
+    d = _daemon(tmp_path)
+    try:
+        assert d.request({"cmd": "load", "scenario": "wang2017-hanging"}, timeout=30.0)["ok"]   # it is up
+        physics = d.physics_pid()
+        workers = Daemon.children_of(physics)
+        assert len(workers) == 1, workers
+        os.kill(workers[0], signal.SIGKILL)
+        time.sleep(0.5)
+        reply = d.request({"cmd": "load", "scenario": "wang2017-hanging"}, timeout=5.0)
+        assert reply["ok"] is False and "scene builder process died" in reply["error"], reply
+        _status_within(d)
+        assert d.request({"cmd": "load", "scenario": "wang2017-hanging"}, timeout=30.0)["ok"]
+        assert _status_within(d)["scenario"] == "wang2017-hanging"
+        assert len(Daemon.children_of(physics)) == 1, "the dead builder reaped, one new one"
+    finally:
+        d.close()
+
+
 def test_a_spawned_child_dies_with_its_parent_even_while_importing(tmp_path):
     """haptics/process.py child_main arms PR_SET_PDEATHSIG before the child imports its real entry point (the
     physics process imports numba for seconds): a parent killed meanwhile leaves no orphan."""
