@@ -1046,7 +1046,7 @@ class PhysicsLoop:
             k += 1
         self.event("shutdown")
         self.zero_forces()
-        control.close()   # after the forces are zero: stopping its worker process must not delay them
+        control.close()   # after the forces are zero: stopping its scene builder must not delay them
         time.sleep(0.05)  # let the last messages leave before the sockets close
 
     def tick_scene(self, start_ns: int) -> tuple[int, int]:
