@@ -21,7 +21,8 @@ import zmq
 
 from ..haptics.link import DeviceLink
 from ..solver.breakage import rating
-from ..solver.integrator import STAT_TIMERS, SolverDivergence, Stepper, warm_up
+from ..solver.contact_response import CS_ROUNDS, CS_ROUNDS_OUT
+from ..solver.integrator import STAT_TIMERS, STAT_TISSUE_OUT, STAT_TISSUE_ROUNDS, SolverDivergence, Stepper, warm_up
 from ..solver.instruments import CAPSULES_PER_TOOL, MAX_TOOLS, place_capsules
 from ..solver.motion import MOTION_GRASP, MOTION_SPIN
 from ..solver.needle import NS_Q, NS_QT, NS_WT
@@ -76,6 +77,13 @@ _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 
 
+# the `stats` message's `rounds` (docs/PROTOCOL.md Sec. 3.3), each over the substeps of the interval: the
+# self-contact's rounds of floor, friction and solve a substep ran (solver/integrator.py contact_rounds), the share
+# of substeps whose rounds ran out before the floor and friction settled, and the same for the tissue's rounds
+# (tissue_rounds). Rounds that always run out put a step's cost at its ceiling.
+ROUNDS = ("contact", "contact_out", "tissue", "tissue_out")
+
+
 @dataclass
 class LoopStats:
     """Per-tick timings of the last second (µs), in preallocated ring buffers, and counters."""
@@ -91,6 +99,7 @@ class LoopStats:
         self.outputs = np.zeros(self.capacity)
         self.substeps = np.zeros(self.capacity)
         self.stages = np.zeros((self.capacity, N_TIMERS))   # the step's stage timers (solver/timers.py), cycles
+        self.rounds = np.zeros((self.capacity, len(ROUNDS)))  # the step's rounds, as ROUNDS reads them
         self._us_per_cycle = seconds_per_cycle() * 1e6      # measured here, before any tick: 0 if no counter
         self.count = 0
         self.overruns = 0
@@ -101,17 +110,26 @@ class LoopStats:
 
     def add(self, lateness_us: float, period_us: float, step_us: float, substeps: int, tick_us: float,
             inputs_us: float = 0.0, watch_us: float = 0.0, outputs_us: float = 0.0,
-            stages: np.ndarray | None = None) -> None:
+            stages: np.ndarray | None = None, stats: np.ndarray | None = None,
+            contact_stats: np.ndarray | None = None) -> None:
         """One tick: how late it started and since the last one (µs), its solver step (µs) and substeps, all of
         it (µs), and its stages besides the step (µs): the inputs (the devices' poses read, the remote samples
         taken, the grasps and tools moved toward them), the suture's watch, the outputs (the forces, the state,
-        what was published); ``stages``, the step's own stage timers (state.stats from STAT_TIMERS, cycles), if
-        it stepped."""
+        what was published); ``stages``, the step's own stage timers (state.stats from STAT_TIMERS, cycles), and
+        ``stats`` and ``contact_stats`` (the state's), its rounds, if it stepped."""
         i = self.count % self.capacity
         if stages is not None and substeps > 0:
             self.stages[i] = stages
         else:
             self.stages[i] = 0.0
+        rounds = self.rounds[i]
+        if stats is not None and contact_stats is not None and substeps > 0:
+            rounds[0] = contact_stats[CS_ROUNDS]
+            rounds[1] = contact_stats[CS_ROUNDS_OUT]
+            rounds[2] = stats[STAT_TISSUE_ROUNDS]
+            rounds[3] = stats[STAT_TISSUE_OUT]
+        else:
+            rounds[:] = 0.0
         self.lateness[i] = lateness_us
         self.period[i] = period_us
         self.step[i] = step_us
@@ -146,6 +164,11 @@ class LoopStats:
             out[key] = {"p50": pct[k][0], "p99": pct[k][1], **({"p999": pct[k][2]} if k < 2 else {}),
                         "max": top[k]}
         out["substeps"] = {"mean": float(sub.mean()), "max": int(sub.max())}
+        stepped = float(sub.sum())
+        if stepped > 0.0:
+            # a substep's rounds, and the share of substeps whose rounds ran out before they settled
+            per = (self.rounds[:n].sum(axis=0) / stepped).tolist()
+            out["rounds"] = {key: per[k] for k, key in enumerate(ROUNDS)}
         if self._us_per_cycle > 0.0:
             mean = (self.stages[:n].mean(axis=0) * self._us_per_cycle).tolist()
             out["step_stages_us"] = {name: mean[k] for k, name in enumerate(STAGES)}
@@ -1038,7 +1061,8 @@ class PhysicsLoop:
             end = time.monotonic_ns()
             self.stats.add(late / 1000.0, (start - last_start) / 1000.0, step_ns / 1000.0, substeps,
                            (end - start) / 1000.0, inputs_ns / 1000.0, watch_ns / 1000.0,
-                           (scene_end - self.inputs_end_ns - step_ns - watch_ns) / 1000.0, self.timers)
+                           (scene_end - self.inputs_end_ns - step_ns - watch_ns) / 1000.0, self.timers,
+                           self.state.stats, self.state.contact_stats)
             busy_ns += (end - start - busy_ns) >> BUSY_AVERAGE_SHIFT
             last_start = start
             if self.stats.count >= stats_every:

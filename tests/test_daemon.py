@@ -119,6 +119,11 @@ def check_raw_types(topic: bytes, raw: dict) -> None:
         assert _is_int(raw["overruns"]) and _is_int(raw["ticks"]) and _is_int(raw["retries"])
         assert _is_int(raw["retries_past_budget"]) and raw["retries_past_budget"] <= raw["retries"]
         assert isinstance(raw["substeps"]["mean"], float) and _is_int(raw["substeps"]["max"])
+        if raw["substeps"]["mean"] > 0.0:   # the rounds, a substep's and the shares run out
+            rounds = raw["rounds"]
+            assert set(rounds) == {"contact", "contact_out", "tissue", "tissue_out"}, rounds
+            assert all(isinstance(v, float) and v >= 0.0 for v in rounds.values()), rounds
+            assert rounds["contact_out"] <= 1.0 and rounds["tissue_out"] <= 1.0, rounds
         assert isinstance(raw["realtime"], bool) and _is_int(raw["cpu"])
         if HAS_COUNTER:
             # the step's stages, each a part of its ticks' steps: their means add up to no more than its largest
@@ -915,6 +920,24 @@ def test_the_loops_stats_read_their_percentiles_as_numpy_does():
             assert got[key]["max"] == float(vals[:, col].max())
             assert "p999" in got[key] if col < 2 else "p999" not in got[key]
         assert got["ticks"] == stats.ticks and stats.count == 0
+
+
+def test_the_stats_rounds_are_a_substeps_and_the_share_run_out():
+    """`stats.rounds` (server/physics.py ROUNDS): the solver's rounds summed over the interval's ticks over its
+    substeps; a tick not stepped counts nothing, and an interval with none stepped has no `rounds`."""
+    from suturesim.server.physics import LoopStats
+    from suturesim.solver.contact_response import CS_ROUNDS, CS_ROUNDS_OUT, CS_SIZE
+    from suturesim.solver.integrator import STAT_TISSUE_OUT, STAT_TISSUE_ROUNDS
+    from suturesim.solver.model import STAT_SLOTS
+
+    stats = LoopStats(10)
+    st, cs = np.zeros(STAT_SLOTS), np.zeros(CS_SIZE)
+    for substeps, contact, out, tissue, tissue_out in ((4, 24, 4, 8, 0), (4, 8, 0, 4, 1), (0, 99, 99, 99, 99)):
+        cs[CS_ROUNDS], cs[CS_ROUNDS_OUT], st[STAT_TISSUE_ROUNDS], st[STAT_TISSUE_OUT] = contact, out, tissue, tissue_out
+        stats.add(0.0, 1000.0, 200.0, substeps, 300.0, stats=st, contact_stats=cs)
+    assert stats.summary()["rounds"] == {"contact": 4.0, "contact_out": 0.5, "tissue": 1.5, "tissue_out": 0.125}
+    stats.add(0.0, 1000.0, 0.0, 0, 10.0, stats=st, contact_stats=cs)
+    assert "rounds" not in stats.summary()
 
 
 def test_a_daemon_line_is_written_whole(monkeypatch):

@@ -37,6 +37,7 @@ STATS = {
     "retries": 0, "retries_past_budget": 0,
     "step_stages_us": {"drive": 2.0, "forces": 50.0, "predict": 2.0, "solve": 30.0, "contact": 80.0, "tools": 20.0,
                        "tissue": 80.0, "commit": 3.0, "neighbours": 4.0, "masses": 12.0},
+    "rounds": {"contact": 6.0, "contact_out": 1.0, "tissue": 2.0, "tissue_out": 0.0},
 }
 STYLUS = {"device": "left", "seq": 1, "t": 0.001, "pos": [0.1, 0.0, 0.05], "quat": [1.0, 0.0, 0.0, 0.0],
           "buttons": 0}

@@ -76,18 +76,22 @@ def test_bench_bot_splits_the_servers_seconds_by_the_step_the_bot_was_working_to
 def test_bench_bot_says_where_the_step_goes_by_the_step_the_bot_was_working_toward():
     """The server's `step_stages_us` (each stage's mean µs a tick over a second), averaged over the seconds of each
     step of the suture, every run pooled; no table from a server that reported none."""
-    def second(t: float, contact: float) -> dict:
+    def second(t: float, contact: float, rounds: float | None = None) -> dict:
         m = _second(t, 100.0, 300.0)
         m["step_stages_us"] = {name: (contact if name == "contact" else 1.0) for name in STAGES}
+        if rounds is not None:
+            m["rounds"] = {"contact": rounds, "contact_out": rounds / 6.0, "tissue": 1.0, "tissue_out": 0.0}
         return m
     run = BotRun(0, report={"done": ["bite", "watched"], "done_t": [2.5, 6.0]},
-                 stats=[second(1.0, 10.0), second(2.0, 30.0), second(4.0, 100.0), second(5.0, 200.0)])
+                 stats=[second(1.0, 10.0), second(2.0, 30.0), second(4.0, 100.0, 3.0), second(5.0, 200.0, 6.0)])
     rows = render_step_stages([run, run])
     ones = ["1"] * (len(STAGES) - 1)
     at = STAGES.index("contact")
-    assert rows == [["bite"] + ones[:at] + ["20"] + ones[at:] + ["29"],
-                    ["watched"] + ones[:at] + ["150"] + ones[at:] + ["159"]]
-    assert "| watched | " + " | ".join(ones[:at] + ["150"] + ones[at:]) + " | 159 |" in render_bot(BotBench([run]))
+    # the rounds: the mean over the seconds that reported them (4.5 a substep, 75 % run out), - if none did
+    assert rows == [["bite"] + ones[:at] + ["20"] + ones[at:] + ["29", "-", "-"],
+                    ["watched"] + ones[:at] + ["150"] + ones[at:] + ["159", "4.5 (75 %)", "1.0 (0 %)"]]
+    assert "| watched | " + " | ".join(ones[:at] + ["150"] + ones[at:]) + " | 159 | 4.5 (75 %) | 1.0 (0 %) |" in \
+        render_bot(BotBench([run]))
     bare = BotRun(0, report=run.report, stats=[_second(1.0, 100.0, 300.0)])
     assert render_step_stages([bare]) == []
     assert not any("step_stages_us" in line for line in render_bot(BotBench([bare])))

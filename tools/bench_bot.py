@@ -267,9 +267,12 @@ def render_bot(bench: BotBench) -> list[str]:
                 "of the jaws and shafts, each round followed by a solve; *tissue*: the needle's pierce, the thread "
                 "out of the pads and off the needle, each round followed by a solve, and the punctures' forces; "
                 "*commit*: the tensions and the grasps' forces; *neighbours*: the self-contact list kept fresh; "
-                "*masses*: the mass scaling.", "",
-                "| the bot working toward | " + " | ".join(STAGES) + " | all |",
-                "|---|" + "---|" * (len(STAGES) + 1)]
+                "*masses*: the mass scaling. *Rounds*: the contact's and the tissue's rounds a substep ran, and "
+                "the share of substeps whose rounds ran out before they settled (`stats` `rounds`, the mean over "
+                "the seconds): a stage whose rounds run out in every substep costs all its rounds allow.", "",
+                "| the bot working toward | " + " | ".join(STAGES) + " | all | contact rounds (run out) "
+                "| tissue rounds (run out) |",
+                "|---|" + "---|" * (len(STAGES) + 3)]
         out += ["| " + " | ".join(row) + " |" for row in stage_rows]
         out.append("")
     return out
@@ -277,16 +280,25 @@ def render_bot(bench: BotBench) -> list[str]:
 
 def render_step_stages(runs: list[BotRun]) -> list[list[str]]:
     """One row per step of the bot's plan: the mean over its seconds (every run pooled) of each stage's mean µs
-    a tick; none if the server reported no stage timers."""
+    a tick, and of the rounds a substep and the share run out (`stats` `rounds`; - if none came); no rows if the
+    server reported no stage timers."""
     pooled: dict[str, list[dict]] = {}
     for r in runs:
         for name, seconds in r.phases():
-            pooled.setdefault(name, []).extend(m["step_stages_us"] for m in seconds if "step_stages_us" in m)
+            pooled.setdefault(name, []).extend(m for m in seconds if "step_stages_us" in m)
     rows = []
     for name, seconds in pooled.items():
         if seconds:
-            mean = [float(np.mean([m.get(k, 0.0) for m in seconds])) for k in STAGES]
-            rows.append([name] + [f"{v:.0f}" for v in mean] + [f"{sum(mean):.0f}"])
+            mean = [float(np.mean([m["step_stages_us"].get(k, 0.0) for m in seconds])) for k in STAGES]
+            rounds = [m["rounds"] for m in seconds if "rounds" in m]
+            cells = []
+            for key in ("contact", "tissue"):
+                if rounds:
+                    n, out = (float(np.mean([r.get(k, 0.0) for r in rounds])) for k in (key, key + "_out"))
+                    cells.append(f"{n:.1f} ({100.0 * out:.0f} %)")
+                else:
+                    cells.append("-")
+            rows.append([name] + [f"{v:.0f}" for v in mean] + [f"{sum(mean):.0f}"] + cells)
     return rows
 
 
