@@ -13,12 +13,10 @@ import math
 import numpy as np
 
 from suturesim.server import protocol
-from suturesim.server.config import DeviceConfig, ServerConfig
-from suturesim.server.physics import PhysicsLoop
 from suturesim.solver.needle import NP_ARC, NP_RADIUS
-from suturesim.solver.scenario import load_scenario
+from suturesim.tools.bench_bot_rate import START_TICKS, InProcess, Published
 # the tests' own too
-from suturesim.tools.trainee_bot import Q_BITE, UNIT, Sight, Trainee, qconj, qmul, rot, slerp  # noqa: F401
+from suturesim.tools.trainee_bot import Q_BITE, UNIT, Trainee, qconj, qmul, rot, slerp  # noqa: F401
 
 RIGHT, LEFT = "stylus0", "stylus1"
 GRASP = 1
@@ -31,8 +29,9 @@ HOLD_TICKS = 50
 CENTRE = np.array([0.0, 0.0, 0.0143908 - 0.0080643])
 
 
-class Scene:
-    """The loop as the hands see it: what it published, and samples sent as the remote backend takes them.
+class Scene(InProcess):
+    """The loop as the hands see it: what it published, and samples sent as the remote backend takes them
+    (tools/bench_bot_rate.py InProcess).
 
     :param rest: device -> the tool's position (m) before its hand moves it (default: the scene's origin).
     :param overrides: merged over suture-practice (a perturbed needle).
@@ -41,10 +40,7 @@ class Scene:
     """
 
     def __init__(self, rest: dict | None = None, record: bool = False, overrides: dict | None = None):
-        self.out: list[tuple[bytes, bytes]] = []
-        devices = tuple(DeviceConfig(name=d, backend="remote") for d in (RIGHT, LEFT))
-        cfg = ServerConfig(file="<test>", scenario=load_scenario("suture-practice", overrides), devices=devices)
-        self.loop = PhysicsLoop(cfg, sink=lambda topic, payload: self.out.append((topic, bytes(payload))))
+        super().__init__(overrides)
         self.radius = float(self.loop.model.needle_par[NP_RADIUS])
         self.arc = float(self.loop.model.needle_par[NP_ARC])
         rest = rest or {}
@@ -56,10 +52,7 @@ class Scene:
         for _ in range(n):
             if self.poses_sent is not None:
                 self.poses_sent.append({d: (p.copy(), q.copy(), b) for d, (p, q, b) in self.poses.items()})
-            for device, (pos, quat, buttons) in self.poses.items():
-                self.loop.stylus_sample(self.loop.devices[device], pos, quat, buttons)
-            self.loop.seq += 1
-            self.loop.tick_scene(0)
+            super().tick()
             self.ticks += 1
 
     def events(self, kind: str) -> list[dict]:
@@ -175,20 +168,6 @@ def start_of_suture(scene: Scene, settle: int = SETTLE_TICKS, theta: float = 0.0
             "tip_theta": tip_theta}
 
 
-class BotEyes(Sight):
-    """What the trainee bot (tools/trainee_bot.py) sees of ``scene``, as its own eyes see a server: what the loop
-    published since the last look."""
-
-    def __init__(self, scene: Scene):
-        super().__init__()
-        self.scene, self.seen = scene, 0
-
-    def look(self) -> None:
-        out = self.scene.out
-        self.see(out[self.seen:])
-        self.seen = len(out)
-
-
 def trainee_in_process(seed: int = 0, overrides: dict | None = None,
                        tie: str = "instrument") -> tuple[Scene, Trainee]:
     """`suture-practice` (``overrides`` merged over it) as `suturesim bench bot` runs it (its own tools for an
@@ -196,8 +175,8 @@ def trainee_in_process(seed: int = 0, overrides: dict | None = None,
     its ``plan`` with :func:`run_trainee`."""
     hands = {"devices": {RIGHT: {"tool": "hand"}, LEFT: {"tool": "hand"}}} if tie == "hand" else {}
     scene = Scene(overrides={**(overrides or {}), **hands} or None)
-    bot = Trainee.with_eyes(BotEyes(scene), seed, tie=tie)
-    scene.tick(20)
+    bot = Trainee.with_eyes(Published(scene.out), seed, tie=tie)
+    scene.tick(START_TICKS)
     bot.eyes.look()
     return scene, bot
 

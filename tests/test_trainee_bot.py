@@ -184,3 +184,48 @@ def test_a_suture_is_done_only_with_the_wound_closed_at_the_end():
     assert not BotRun(0, report={**done, "knot_at_end": "half knot"}).ok
     row = render_bot(BotBench([BotRun(0, report={**done, "closed_at_end": False}, stats=[])]))
     assert any("surgeon's knot; wound closed, open at the end" in line for line in row)
+
+
+# -- `suturesim bench bot-rate`: the bot in process -------------------------------------------------------------
+def test_the_bot_in_process_is_the_tests_harness_bit_for_bit_and_holds_back_the_share_of_samples_asked():
+    """tools/bench_bot_rate.run_in_process with no sample held back runs what the tests' own harness runs
+    (tests/suture_by_hand.py, whose hands are the bot's own poses each tick): the same report up to the needle
+    taken. With 30 % of the samples held back, about 30 % are, and the hands still take the needle."""
+    from suture_by_hand import run_trainee, trainee_in_process
+    from suturesim.tools.bench_bot_rate import START_TICKS, run_in_process
+    from suturesim.tools.trainee_bot import perturbation
+
+    plain = run_in_process(2, jitter=0.0, until="needle taken")
+    scene, bot = trainee_in_process(2, perturbation(2))
+    run_trainee(scene, bot, bot.plan(), until="needle taken")
+    theirs = bot.report(None, 0.0, 0.0)
+    skip = ("cpu_s", "wall_s")
+    assert {k: v for k, v in plain.items() if k not in skip + ("ok", "ticks", "held")} == \
+        {k: v for k, v in theirs.items() if k not in skip}
+    assert plain["done"] == ["needle taken"] and not plain["ok"] and plain["failure"] is None
+    assert plain["ticks"] == scene.ticks > START_TICKS and plain["held"] == 0
+    late = run_in_process(2, jitter=0.3, until="needle taken")
+    assert late["done"] == ["needle taken"] and late["failure"] is None and late["grasps"] == plain["grasps"]
+    plan = 2 * (late["ticks"] - START_TICKS)   # both hands' samples
+    assert 0.25 * plan < late["held"] < 0.35 * plan, (late["held"], plan)
+
+
+def test_bench_bot_rate_gives_the_rate_its_interval_and_where_the_runs_went_wrong():
+    from suturesim.tools.bench_bot_rate import RateBench, render_bot_rate, wilson
+
+    lo, hi = wilson(8, 10)
+    assert abs(lo - 0.4902) < 1e-3 and abs(hi - 0.9433) < 1e-3
+    assert wilson(0, 10)[0] == 0.0 and wilson(10, 10)[1] == 1.0
+    done = {"failure": None, "punctures": [["left", "entry"], ["left", "exit"], ["right", "entry"],
+                                           ["right", "exit"]],
+            "knot_at_end": "surgeon's knot", "closed_at_end": True, "gap_opened_after_release": False,
+            "done": ["let go", "watched"], "ticks": 50000}
+    reports = [{**done, "seed": s, "ok": True} for s in range(7)]
+    reports += [{**done, "seed": 7, "ok": False, "failure": "opposite throw: the jaw drawn through the wraps, the "
+                 "server reads other, not surgeon's knot"},
+                {**done, "seed": 8, "ok": False, "knot_at_end": "half knot"},
+                {**done, "seed": 9, "ok": False, "failure": "opposite throw: the surgeon's knot cinched, ..."}]
+    text = "\n".join(render_bot_rate(RateBench(0.2, reports, 300.0, 2)))
+    assert "| 10 | 0.2 | 7 | 70 % | 40-89 % | 500 s | 300 s on 2 cores |" in text
+    assert "- the opposite throw failed its look: 2 (7, 9)" in text
+    assert "- the knot loosened to half knot after the tie: 1 (8)" in text

@@ -28,6 +28,9 @@ The measurements (docs/BENCHMARKS.md shows a full run and explains the method):
     thread's own diameter (tools/bench_knot.py): tick time, frozen ticks, crossings, whether the thread broke,
     tension against the pull,
     the force's content above 50 Hz and the knot's core.
+11. ``bot-rate``: how often the trainee bot's suture is done over 60 perturbed runs through the server's own
+    tick in process, each hand's sample now and then a tick late (tools/bench_bot_rate.py), with the rate's 95 %
+    interval and where the runs not done went wrong.
 
 Every timing is repeated; tables give the best (min) and the median of the repeats. The garbage collector
 is off inside timed regions (as in ``timeit``). Entry point: ``main(argv) -> int``.
@@ -633,7 +636,8 @@ PARTS = (("loop", "bench_loop", "server loop", True), ("haptics", "bench_haptics
          ("tissue", "bench_tissue", "tissue and the scripted suture", False),
          ("inbound", "bench_inbound", "inbound validation", False),
          ("bot", "bench_bot", "the trainee bot's suture by hand", True),
-         ("knot", "bench_knot", "a knot at the thread's true diameter", False))
+         ("knot", "bench_knot", "a knot at the thread's true diameter", False),
+         ("bot-rate", "bench_bot_rate", "the trainee bot's rate over many runs in process", True))
 
 
 # -- entry point -----------------------------------------------------------------------------------------
@@ -645,8 +649,8 @@ def main(argv: list[str] | None = None) -> int:
                     "suture with its needle and tissue, a suture by hand by the trainee bot, and a knot held at "
                     "the thread's true diameter.")
     parser.add_argument("what", nargs="?",
-                        choices=("solver", "suture", "loop", "haptics", "contact", "tissue", "inbound", "bot", "knot",
-                                 "all"),
+                        choices=("solver", "suture", "loop", "haptics", "contact", "tissue", "inbound", "bot",
+                                 "bot-rate", "knot", "all"),
                         default="all",
                         help="solver: step time against N; suture: scenarios and PyElastica; loop: the 1 kHz "
                              "loop of `suturesim serve` (lateness, subscribers, start-up); haptics: pose-to-force "
@@ -657,14 +661,16 @@ def main(argv: list[str] | None = None) -> int:
                              "validating a control request or stylus sample costs the tick, ordinary and hostile; "
                              "bot: the trainee bot's suture by hand on `suturesim serve` (10 perturbed runs), "
                              "beside a fixed computation a tick in the loop's wait at three sizes (the "
-                             "machine's own spread); "
+                             "machine's own spread); bot-rate: how often the same bot's suture is done over "
+                             "60 perturbed runs through the server's tick in process, a sample now and then a "
+                             "tick late; "
                              "knot: an overhand knot in 3-0 silk pulled to 3 N by two styluses and held, as "
                              "shipped and at the thread's own diameter; all: every one")
     parser.add_argument("--quick", action="store_true", help="short measurements (a smoke test)")
     parser.add_argument("--out", metavar="FILE", help="(re)write this markdown file, e.g. docs/BENCHMARKS.md")
     parser.add_argument("--no-elastica", action="store_true", help="skip the PyElastica comparison")
     parser.add_argument("--no-loop", action="store_true",
-                        help="with `all`: skip the server loop, haptics and bot measurements")
+                        help="with `all`: skip the server loop, haptics and both bot measurements")
     args = parser.parse_args(argv)
     budget = QUICK if args.quick else FULL
 
@@ -712,7 +718,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.what == name or (args.what == "all" and not (live and args.no_loop)):
             mod = importlib.import_module(f".{module}", __package__)
             log(f"{what} ...")
-            section(getattr(mod, f"render_{name}")(getattr(mod, f"measure_{name}")(args.quick, log)))
+            fn = name.replace("-", "_")
+            section(getattr(mod, f"render_{fn}")(getattr(mod, f"measure_{fn}")(args.quick, log)))
         elif args.what == "all" and name == "loop":
             log("server loop skipped (--no-loop)")
     emit(NOTES)

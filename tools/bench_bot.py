@@ -63,6 +63,16 @@ def pool(seconds: list[dict], key: str) -> tuple[float, float, float]:
     return (float(np.median([v["p50"] for v in s])), max(v["p99"] for v in s), max(v["max"] for v in s))
 
 
+def suture_done(report: dict) -> bool:
+    """The suture done, by the server's events as the bot's ``report`` gives them: four punctures, a surgeon's knot
+    read at the end, the wound closed at the end (its last gap event `gap_closed`) and not opened after the hands
+    let go."""
+    r = report
+    return bool(r) and r.get("failure") is None and len(r.get("punctures", [])) == 4 and \
+        r.get("knot_at_end") == "surgeon's knot" and bool(r.get("closed_at_end")) and \
+        not r.get("gap_opened_after_release") and "watched" in r.get("done", [])
+
+
 @dataclass
 class BotRun:
     seed: int
@@ -72,12 +82,7 @@ class BotRun:
 
     @property
     def ok(self) -> bool:
-        """The suture done, by the server's events: four punctures, a surgeon's knot read at the end, the wound
-        closed at the end (its last gap event `gap_closed`) and not opened after the hands let go."""
-        r = self.report
-        return bool(r) and r.get("failure") is None and len(r.get("punctures", [])) == 4 and \
-            r.get("knot_at_end") == "surgeon's knot" and r.get("closed_at_end") and \
-            not r.get("gap_opened_after_release") and "watched" in r.get("done", [])
+        return suture_done(self.report)
 
     def pooled(self, key: str) -> tuple[float, float, float]:
         """(median of the seconds' p50, largest p99, largest max) of ``key`` (µs)."""
