@@ -13,8 +13,8 @@ broken bot: `suturesim bench bot` has seen it at the double throw in 2 of 10 run
 each of two tries), on physics that did the whole suture in 8 to 10 of 10 in other runs. The bot ties looking at
 what the server reads, so a throw that failed is followed by the one the knot then read calls for; a throw that
 leaves a half knot or another knot ends the run. How often the whole suture succeeds is measured over ten seeds
-by `suturesim bench bot` (docs/BENCHMARKS.md Sec. 9), not here: three runs cannot tell 80 % from 60 %, and ten
-take the suite past its time."""
+by `suturesim bench bot` (docs/BENCHMARKS.md Sec. 9) and over sixty in process by `suturesim bench bot-rate`
+(Sec. 11), not here: three runs cannot tell 80 % from 60 %, and ten take the suite past its time."""
 from __future__ import annotations
 
 import pytest
