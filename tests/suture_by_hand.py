@@ -14,7 +14,7 @@ import numpy as np
 
 from suturesim.server import protocol
 from suturesim.solver.needle import NP_ARC, NP_RADIUS
-from suturesim.tools.bench_bot_rate import START_TICKS, InProcess, Published
+from suturesim.tools.bench_bot_rate import InProcess, watching
 # the tests' own too
 from suturesim.tools.trainee_bot import Q_BITE, UNIT, Trainee, qconj, qmul, rot, slerp  # noqa: F401
 
@@ -46,14 +46,12 @@ class Scene(InProcess):
         rest = rest or {}
         self.poses = {d: (np.array(rest.get(d, (0.0, 0.0, 0.0)), float), UNIT.copy(), 0) for d in (RIGHT, LEFT)}
         self.poses_sent: list[dict] | None = [] if record else None
-        self.ticks = 0
 
     def tick(self, n: int = 1) -> None:
         for _ in range(n):
             if self.poses_sent is not None:
                 self.poses_sent.append({d: (p.copy(), q.copy(), b) for d, (p, q, b) in self.poses.items()})
             super().tick()
-            self.ticks += 1
 
     def events(self, kind: str) -> list[dict]:
         return [m for t, p in self.out if t == protocol.TOPIC_EVENT
@@ -172,23 +170,7 @@ def trainee_in_process(seed: int = 0, overrides: dict | None = None,
                        tie: str = "instrument") -> tuple[Scene, Trainee]:
     """`suture-practice` (``overrides`` merged over it) as `suturesim bench bot` runs it (its own tools for an
     instrument tie, both devices hands for a hand ``tie``), and the trainee bot of ``seed`` looking at it: drive
-    its ``plan`` with :func:`run_trainee`."""
+    its ``plan`` with tools/bench_bot_rate.py :func:`drive`."""
     hands = {"devices": {RIGHT: {"tool": "hand"}, LEFT: {"tool": "hand"}}} if tie == "hand" else {}
     scene = Scene(overrides={**(overrides or {}), **hands} or None)
-    bot = Trainee.with_eyes(Published(scene.out), seed, tie=tie)
-    scene.tick(START_TICKS)
-    bot.eyes.look()
-    return scene, bot
-
-
-def run_trainee(scene: Scene, bot: Trainee, plan, until: str | None = None) -> None:
-    """Drive ``plan`` (a generator that yields once a tick) a tick at a time: the bot looks, moves its hands,
-    and both styluses' samples go to the loop, until the plan ends or the bot has done ``until``."""
-    for _ in plan:
-        for device, hand in bot.hands.items():
-            scene.poses[device] = (hand.pos, hand.quat, hand.buttons)
-        scene.tick()
-        bot.eyes.look()
-        if until is not None and until in bot.done:
-            return
-
+    return scene, watching(scene, seed, tie)

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from suture_by_hand import (CENTRE, HOLD_TICKS, LEFT, Q_BITE, RIGHT, SETTLE_TICKS, Hand, Scene, qconj, qmul, rot,
-                            run_trainee, set_for_bite, slerp, start_of_suture, trainee_in_process)
+                            set_for_bite, slerp, start_of_suture, trainee_in_process)
 from suturesim.server import protocol
 from suturesim.solver.needle import NP_WIRE
+from suturesim.tools.bench_bot_rate import drive
 
 
 def suture_start(scene: Scene, theta: float = 0.0, approach=None) -> None:
@@ -202,7 +203,7 @@ def test_the_trainee_bots_suture_by_hand_scored_from_what_the_loop_published(tie
 
     scene, bot = trainee_in_process(0, tie=tie)
     bot.watch_s = 2.0
-    run_trainee(scene, bot, bot.plan())
+    drive(scene, bot, bot.plan())
     assert bot.done[-1] == "watched", bot.done
     scorer = Scorer("suture-practice")
     for topic, payload in scene.out:
@@ -232,7 +233,7 @@ def test_an_instrument_tie_holds_the_wound_closed_10_s_after_both_hands_let_go()
     from suturesim.tools.trainee_bot import perturbation
 
     scene, bot = trainee_in_process(1, perturbation(1))
-    run_trainee(scene, bot, bot.plan())
+    drive(scene, bot, bot.plan())
     assert bot.done[-5:] == ["double throw", "driver clear", "second throw", "let go", "watched"], bot.done
     rep = bot.report(None, 0.0, 0.0)
     assert rep["knots"][-2:] == ["double throw", "surgeon's knot"] and rep["gap_closed"], rep

@@ -191,13 +191,13 @@ def test_the_bot_in_process_is_the_tests_harness_bit_for_bit_and_holds_back_the_
     """tools/bench_bot_rate.run_in_process with no sample held back runs what the tests' own harness runs
     (tests/suture_by_hand.py, whose hands are the bot's own poses each tick): the same report up to the needle
     taken. With 30 % of the samples held back, about 30 % are, and the hands still take the needle."""
-    from suture_by_hand import run_trainee, trainee_in_process
-    from suturesim.tools.bench_bot_rate import START_TICKS, run_in_process
+    from suture_by_hand import trainee_in_process
+    from suturesim.tools.bench_bot_rate import START_TICKS, drive, run_in_process
     from suturesim.tools.trainee_bot import perturbation
 
     plain = run_in_process(2, jitter=0.0, until="needle taken")
     scene, bot = trainee_in_process(2, perturbation(2))
-    run_trainee(scene, bot, bot.plan(), until="needle taken")
+    drive(scene, bot, bot.plan(), until="needle taken")
     theirs = bot.report(None, 0.0, 0.0)
     skip = ("cpu_s", "wall_s")
     assert {k: v for k, v in plain.items() if k not in skip + ("ok", "ticks", "held")} == \

@@ -23,14 +23,13 @@ import math
 import multiprocessing
 import os
 import time
-import traceback
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
 from .bench_bot import suture_done
-from .trainee_bot import LEFT, RIGHT, UNIT, BotFailed, Sight, Trainee, perturbation
+from .trainee_bot import LEFT, RIGHT, UNIT, BotFailed, Sight, Trainee, broke, perturbation
 
 SEEDS_FULL = 60
 SEEDS_QUICK = 2
@@ -55,7 +54,8 @@ class Published(Sight):
 class InProcess:
     """`suture-practice` with ``overrides`` merged over it, run by the server's own tick with two remote styluses,
     as `suturesim serve --device remote` runs it; ``poses`` holds each stylus's sample (position m, quaternion
-    w x y z, buttons), taken by the loop at each :meth:`tick`; ``out`` every message published."""
+    w x y z, buttons), taken by the loop at each :meth:`tick`; ``out`` every message published; ``ticks`` the
+    ticks run and ``held`` the samples :meth:`take` held back."""
 
     def __init__(self, overrides: dict | None = None):
         from ..server.config import DeviceConfig, ServerConfig
@@ -68,6 +68,8 @@ class InProcess:
                            devices=devices)
         self.loop = PhysicsLoop(cfg, sink=lambda topic, payload: self.out.append((topic, bytes(payload))))
         self.poses = {d: (np.zeros(3), UNIT.copy(), 0) for d in (RIGHT, LEFT)}
+        self.ticks = 0
+        self.held = 0
 
     def tick(self, n: int = 1) -> None:
         """``n`` of the server's ticks, each taking every stylus's sample first as the remote backend does."""
@@ -77,6 +79,39 @@ class InProcess:
                 loop.stylus_sample(loop.devices[device], pos, quat, buttons)
             loop.seq += 1
             loop.tick_scene(0)
+            self.ticks += 1
+
+    def take(self, hands: dict, jitter: float = 0.0, rng: np.random.Generator | None = None) -> None:
+        """Each of ``hands``' (device -> trainee_bot.Hand) pose and buttons as its stylus's sample for the next
+        tick; with probability ``jitter`` (drawn from ``rng``) held back instead and counted in ``held``, so that
+        the loop keeps the stylus's last sample for that tick."""
+        for device, hand in hands.items():
+            if jitter > 0.0 and rng.random() < jitter:
+                self.held += 1
+            else:
+                self.poses[device] = (hand.pos.copy(), hand.quat.copy(), hand.buttons)
+
+
+def watching(scene: InProcess, seed: int, tie: str = "instrument") -> Trainee:
+    """The trainee bot of ``seed`` (and ``tie``) looking at ``scene``, once the scene has run START_TICKS ticks
+    with the hands at rest: drive its ``plan`` with :func:`drive`."""
+    bot = Trainee.with_eyes(Published(scene.out), seed, tie=tie)
+    scene.tick(START_TICKS)
+    bot.eyes.look()
+    return bot
+
+
+def drive(scene: InProcess, bot: Trainee, plan: Iterator[None], until: str | None = None, jitter: float = 0.0,
+          rng: np.random.Generator | None = None) -> None:
+    """Drive ``plan`` (a generator that yields once a tick) a tick at a time: the bot's hands to the styluses'
+    samples (:meth:`InProcess.take`, ``jitter`` and ``rng`` as there), a tick, and the bot looks; until the plan
+    ends or the bot has done the step ``until``."""
+    for _ in plan:
+        scene.take(bot.hands, jitter, rng)
+        scene.tick()
+        bot.eyes.look()
+        if until is not None and until in bot.done:
+            return
 
 
 def run_in_process(seed: int, jitter: float = JITTER, until: str | None = None) -> dict:
@@ -85,32 +120,18 @@ def run_in_process(seed: int, jitter: float = JITTER, until: str | None = None) 
     report (trainee_bot.Trainee.report) with ``ok`` (:func:`suture_done`), ``ticks`` (the server's) and ``held``
     (the samples held back)."""
     scene = InProcess(perturbation(seed))
-    eyes = Published(scene.out)
-    bot = Trainee.with_eyes(eyes, seed)
-    scene.tick(START_TICKS)
-    eyes.look()
+    bot = watching(scene, seed)
     rng = np.random.default_rng([seed, 1])   # its own stream: the bot's draws from ``seed`` stay as they are
-    ticks, held, failure = START_TICKS, 0, None
+    failure = None
     cpu0, wall0 = time.process_time(), time.monotonic()
     try:
-        for _ in bot.plan():
-            for device, hand in bot.hands.items():
-                if jitter <= 0.0 or rng.random() >= jitter:
-                    scene.poses[device] = (hand.pos.copy(), hand.quat.copy(), hand.buttons)
-                else:
-                    held += 1
-            scene.tick()
-            ticks += 1
-            eyes.look()
-            if until is not None and until in bot.done:
-                break
+        drive(scene, bot, bot.plan(), until, jitter, rng)
     except BotFailed as exc:
         failure = str(exc)
     except Exception as exc:   # a fault of the bot's own: reported with the suture so far
-        failure = f"the bot broke: {type(exc).__name__}: {exc} at " + \
-            " < ".join(f"{f.name}:{f.lineno}" for f in reversed(traceback.extract_tb(exc.__traceback__)))
+        failure = broke(exc)
     report = bot.report(failure, time.process_time() - cpu0, time.monotonic() - wall0)
-    return {**report, "ok": suture_done(report), "ticks": ticks, "held": held}
+    return {**report, "ok": suture_done(report), "ticks": scene.ticks, "held": scene.held}
 
 
 def _run(args: tuple[int, float]) -> dict:

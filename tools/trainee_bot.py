@@ -198,6 +198,13 @@ class BotFailed(RuntimeError):
     """A step the bot could not do (what it waited for never came): the run ends there."""
 
 
+def broke(exc: Exception) -> str:
+    """A fault of the bot's own (not a BotFailed), as its report's ``failure`` says it: the exception and where
+    it was raised, innermost frame first."""
+    return f"the bot broke: {type(exc).__name__}: {exc} at " + \
+        " < ".join(f"{f.name}:{f.lineno}" for f in reversed(traceback.extract_tb(exc.__traceback__)))
+
+
 # -- quaternions (w, x, y, z) ------------------------------------------------------------------------------
 def qmul(a, b) -> np.ndarray:
     a0, a1, a2, a3 = a
@@ -909,8 +916,7 @@ class Trainee:
         except BotFailed as exc:
             failure = str(exc)
         except Exception as exc:   # a fault of the bot's own: reported with the suture so far, not swallowed
-            failure = f"the bot broke: {type(exc).__name__}: {exc} at " + \
-                " < ".join(f"{f.name}:{f.lineno}" for f in reversed(traceback.extract_tb(exc.__traceback__)))
+            failure = broke(exc)
         cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
         for hand in self.hands.values():             # the jaws open on the way out
             hand.buttons = 0
