@@ -122,14 +122,14 @@ class LoopStats:
             self.stages[i] = stages
         else:
             self.stages[i] = 0.0
-        rounds = self.rounds[i]
+        rounds = self.rounds   # written element by element: a row view would be an object made every tick
         if stats is not None and contact_stats is not None and substeps > 0:
-            rounds[0] = contact_stats[CS_ROUNDS]
-            rounds[1] = contact_stats[CS_ROUNDS_OUT]
-            rounds[2] = stats[STAT_TISSUE_ROUNDS]
-            rounds[3] = stats[STAT_TISSUE_OUT]
+            rounds[i, 0] = contact_stats[CS_ROUNDS]
+            rounds[i, 1] = contact_stats[CS_ROUNDS_OUT]
+            rounds[i, 2] = stats[STAT_TISSUE_ROUNDS]
+            rounds[i, 3] = stats[STAT_TISSUE_OUT]
         else:
-            rounds[:] = 0.0
+            rounds[i] = 0.0
         self.lateness[i] = lateness_us
         self.period[i] = period_us
         self.step[i] = step_us
