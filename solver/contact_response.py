@@ -21,7 +21,9 @@ any vertex has moved more than half the list's skin since it was built):
    strand is pressed at the middles of its chords and loses part of a rope's capstan gain (docs/PHYSICS.md
    Sec. 7). It acts before the constraint solve and again after each solve, whose displacement along the
    edges is itself sliding along the strands (a strand drawn round another would otherwise slip through the
-   constraints); the total it makes per substep is tracked, so it is applied once, not once per round.
+   constraints); the total it makes per substep is tracked, so it is applied once, not once per round. With
+   ``CP_WARM`` a pair starts each substep with its friction force of the substep before (warm_friction), so a
+   held knot's rounds settle in one or two instead of running out.
 3. **The no-crossing floor** (continuous collision over the substep): after the constraint solve, each pair's
    gap at the end of the substep is measured along the normal frozen at its start, at the start's (s, t). A
    gap below ``min_gap`` is projected back to ``min_gap`` (an inelastic contact impulse, split by inverse mass
@@ -58,7 +60,8 @@ CP_NEAR = 10        # segments apart (exclude + 1) at or below which a pair coun
                     # its approach brings it near (REACH_*); 0: every pair half a skin ahead
 CP_SETTLE = 11      # friction has settled when a round moves no contact point by more than this x min_gap, at
                     # substeps of 0.25 ms or longer (integrator.friction_rounds)
-CP_SIZE = 12
+CP_WARM = 12        # 1: each substep's friction starts from the force of the one before (warm_friction)
+CP_SIZE = 13
 
 # contact_stats slots (per tick, filled by the integrator)
 CS_COUNT = 0        # candidate pairs in the neighbour list
@@ -161,12 +164,12 @@ def _move_pair(x: np.ndarray, a: int, b: int, s: float, t: float, w: np.ndarray,
 
 @njit(cache=True, error_model="numpy")
 def rebuild_neighbours(x: np.ndarray, cpar: np.ndarray, skin: float, exclude: int, head, nxt, cells, scratch,
-                       cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_fp, old_j, old_n, old_fp, old_next,
-                       seg_head, x_ref, cstats, parted) -> None:
+                       cand_i, cand_j, cand_s, cand_t, cand_d, cand_n, cand_fp, cand_ff, old_j, old_n, old_fp, old_ff,
+                       old_next, seg_head, x_ref, cstats, parted) -> None:
     """Rebuild the neighbour list: every pair closer than Delta d + ``skin`` (m), and remember the positions it
-    was built at (``x_ref``). A pair that was in the old list keeps its normal (the side each strand is on) and
-    its floor force; old_* (P) and seg_head (segments) are scratch for carrying them over. A parted segment
-    (``parted``, solver/breakage.py) is no material and pairs with nothing."""
+    was built at (``x_ref``). A pair that was in the old list keeps its normal (the side each strand is on), its
+    floor force and its friction force (the warm starts); old_* (P) and seg_head (segments) are scratch for
+    carrying them over. A parted segment (``parted``, solver/breakage.py) is no material and pairs with nothing."""
     m = seg_head.shape[0]
     n_old = int(cstats[CS_COUNT])
     for k in range(m):
@@ -176,6 +179,7 @@ def rebuild_neighbours(x: np.ndarray, cpar: np.ndarray, skin: float, exclude: in
         old_fp[c] = cand_fp[c]
         for d in range(3):
             old_n[c, d] = cand_n[c, d]
+            old_ff[c, d] = cand_ff[c, d]
         old_next[c] = seg_head[cand_i[c]]
         seg_head[cand_i[c]] = c
     count = find_contacts(x, cpar[CP_DISTANCE] + skin, exclude, head, nxt, cells, scratch,
@@ -198,6 +202,7 @@ def rebuild_neighbours(x: np.ndarray, cpar: np.ndarray, skin: float, exclude: in
             k = old_next[k]
         for d in range(3):
             cand_n[c, d] = old_n[k, d] if k >= 0 else 0.0
+            cand_ff[c, d] = old_ff[k, d] if k >= 0 else 0.0
         cand_fp[c] = old_fp[k] if k >= 0 else 0.0
     cstats[CS_COUNT] = n_new
     cstats[CS_SKIN] = skin
@@ -240,7 +245,7 @@ def neighbours_stale(x: np.ndarray, x_ref: np.ndarray, skin: float, step: float)
 
 @njit(cache=True, error_model="numpy")
 def penalty_forces(x: np.ndarray, x_prev: np.ndarray, cpar: np.ndarray, n_cand: int, cand_i, cand_j,
-                   cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, cand_fa, scratch, force: np.ndarray,
+                   cand_s, cand_t, cand_d, cand_n, cand_f, cand_fp, scratch, force: np.ndarray,
                    contact_k: np.ndarray, contact_k_act: np.ndarray, turn: np.ndarray) -> tuple:
     """Add the continuous penalty forces (N) of every candidate pair to ``force`` and freeze each pair's
     (s, t), normal and gap (``cand_d``, m) for the rest of the substep. ``cand_f`` gets the pair's normal force
@@ -316,9 +321,6 @@ def penalty_forces(x: np.ndarray, x_prev: np.ndarray, cpar: np.ndarray, n_cand: 
         # in cand_fp and corrects it, down to zero): a knot held tight by the floor then starts each substep
         # close to where the floor will put it, and its rounds with the constraints end in a few
         f += cand_fp[c]
-        cand_fa[c, 0] = 0.0   # and apply_friction this
-        cand_fa[c, 1] = 0.0
-        cand_fa[c, 2] = 0.0
         reach = min(reach_max, reach_min + REACH_SUBSTEPS * max(gap - g1, 0.0)) if b - a <= near else reach_max
         if min(gap, g1) < dd + reach:
             # the spring k_s acts on g = sum_v c_v n . x_v with |c| summing to 2: row sums k_s |c_v| * 2. It
@@ -348,14 +350,70 @@ def penalty_forces(x: np.ndarray, x_prev: np.ndarray, cpar: np.ndarray, n_cand: 
     return touching, worst
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _pair_w(w_eff: np.ndarray, a: int, s: float, b: int, t: float) -> float:
+    """The effective inverse mass (1/kg) of the relative point P(s) - Q(t) of segments a and b."""
+    ca0, ca1, cb0, cb1 = 1.0 - s, s, -(1.0 - t), -t
+    return ca0 * ca0 * w_eff[a] + ca1 * ca1 * w_eff[a + 1] + cb0 * cb0 * w_eff[b] + cb1 * cb1 * w_eff[b + 1]
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _friction_pair(c: int, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h2: float, mu_s: float, mu_k: float,
+                   cand_i, cand_j, cand_s, cand_t, cand_n, cand_f, cand_fa) -> tuple:
+    """Coulomb friction on pair c (apply_friction): returns (1 if it sticks, the change made to its relative
+    point, m)."""
+    fn = cand_f[c]
+    if fn <= 0.0:
+        return 0, 0.0
+    a = cand_i[c]
+    b = cand_j[c]
+    s = cand_s[c]
+    t = cand_t[c]
+    ca0, ca1, cb0, cb1 = 1.0 - s, s, -(1.0 - t), -t   # weights of the relative point P(s) - Q(t)
+    W = ca0 * ca0 * w_eff[a] + ca1 * ca1 * w_eff[a + 1] + cb0 * cb0 * w_eff[b] + cb1 * cb1 * w_eff[b + 1]
+    if W <= 0.0:
+        return 0, 0.0
+    nx, ny, nz = cand_n[c, 0], cand_n[c, 1], cand_n[c, 2]
+    # relative displacement of the contact points over the substep so far, friction's share included
+    ux = (ca0 * (xbar[a, 0] - x[a, 0]) + ca1 * (xbar[a + 1, 0] - x[a + 1, 0])
+          + cb0 * (xbar[b, 0] - x[b, 0]) + cb1 * (xbar[b + 1, 0] - x[b + 1, 0]))
+    uy = (ca0 * (xbar[a, 1] - x[a, 1]) + ca1 * (xbar[a + 1, 1] - x[a + 1, 1])
+          + cb0 * (xbar[b, 1] - x[b, 1]) + cb1 * (xbar[b + 1, 1] - x[b + 1, 1]))
+    uz = (ca0 * (xbar[a, 2] - x[a, 2]) + ca1 * (xbar[a + 1, 2] - x[a + 1, 2])
+          + cb0 * (xbar[b, 2] - x[b, 2]) + cb1 * (xbar[b + 1, 2] - x[b + 1, 2]))
+    un = ux * nx + uy * ny + uz * nz
+    # the slip friction has to answer for: the tangential displacement without friction's share
+    fx, fy, fz = ux - un * nx - cand_fa[c, 0], uy - un * ny - cand_fa[c, 1], uz - un * nz - cand_fa[c, 2]
+    free = math.sqrt(fx * fx + fy * fy + fz * fz)
+    if free <= 0.0:
+        return 0, 0.0
+    # stopping the slip is a change -free of the relative point; a force F on the pair changes it by
+    # h^2 W F, so it needs F = |free| / (h^2 W)
+    stick = 0
+    if free <= mu_s * fn * h2 * W:
+        lam = 1.0                         # static: friction takes the whole slip
+        stick = 1
+    else:
+        lam = mu_k * fn * h2 * W / free   # kinetic: mu_k f_n against the slip (< 1 since mu_k <= mu_s)
+    # the change still to make: the new total -lam * free minus what friction already made
+    dx = -lam * fx - cand_fa[c, 0]
+    dy = -lam * fy - cand_fa[c, 1]
+    dz = -lam * fz - cand_fa[c, 2]
+    cand_fa[c, 0] += dx
+    cand_fa[c, 1] += dy
+    cand_fa[c, 2] += dz
+    _move_pair(xbar, a, b, s, t, w_eff, dx / W, dy / W, dz / W)
+    return stick, math.sqrt(dx * dx + dy * dy + dz * dz)
+
+
 @njit(cache=True, error_model="numpy")
 def apply_friction(x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h: float, cpar: np.ndarray, n_cand: int,
                    cand_i, cand_j, cand_s, cand_t, cand_n, cand_f, cand_fa) -> tuple:
     """Coulomb friction on the positions ``xbar`` (m) the substep is heading to, pair by pair (Gauss-Seidel):
-    stick within the static cone mu_s f_n, else slide against mu_k f_n. Called before the constraint solve and
-    again after each solve (whose displacement along the edges is sliding along the strands), so ``cand_fa``
-    (P, 3) accumulates the change of the pair's relative point that friction has made this substep, and each
-    call sets the total, not adds another share. Returns (sticking pairs, largest change made, m)."""
+    stick within the static cone mu_s f_n, else slide against mu_k f_n. Called after each constraint solve
+    (whose displacement along the edges is sliding along the strands), so ``cand_fa`` (P, 3) accumulates the
+    change of the pair's relative point that friction has made this substep, and each call sets the total, not
+    adds another share. Returns (sticking pairs, largest change made, m)."""
     mu_s = cpar[CP_MU_S]
     mu_k = cpar[CP_MU_K]
     if mu_s <= 0.0 and mu_k <= 0.0:
@@ -364,49 +422,76 @@ def apply_friction(x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h: float,
     sticking = 0
     moved = 0.0
     for c in range(n_cand):
+        stick, change = _friction_pair(c, x, xbar, w_eff, h2, mu_s, mu_k, cand_i, cand_j, cand_s, cand_t, cand_n,
+                                       cand_f, cand_fa)
+        sticking += stick
+        moved = max(moved, change)
+    return sticking, moved
+
+
+@njit(cache=True, error_model="numpy")
+def warm_friction(x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h: float, cpar: np.ndarray, n_cand: int,
+                  cand_i, cand_j, cand_s, cand_t, cand_n, cand_f, cand_fa, cand_ff) -> None:
+    """Friction before the substep's first constraint solve, on the prediction ``xbar`` (m); ``cand_fa`` is
+    cleared first. With ``CP_WARM`` set, a pair that had a friction force in the substep before (``cand_ff``, N:
+    keep_friction) starts with it: its part square to the pair's normal now, clipped to the static cone
+    mu_s f_n, moves the relative point by h^2 W F (``cand_fa`` gets the change), as the floor's force is
+    warm-started (penalty_forces). The rounds after the solve correct it (apply_friction sets friction's total
+    afresh from the slip each time), and in a held knot, whose friction changes little from one substep to the
+    next, they end after the first: started from nothing, friction and the solve took turns for 30 rounds and
+    more (docs/PHYSICS.md Sec. 7). A warm-started pair is not evaluated on the prediction: the pull friction holds
+    against comes with the solve, so the prediction's slip is near nothing, and stopping it would take the warm
+    start back. Every other pair (all of them without ``CP_WARM``) gets apply_friction's friction on the
+    prediction."""
+    mu_s = cpar[CP_MU_S]
+    mu_k = cpar[CP_MU_K]
+    warm = cpar[CP_WARM] > 0.0
+    for c in range(n_cand):
+        cand_fa[c, 0] = 0.0
+        cand_fa[c, 1] = 0.0
+        cand_fa[c, 2] = 0.0
+    if mu_s <= 0.0 and mu_k <= 0.0:
+        return
+    h2 = h * h
+    for c in range(n_cand):
         fn = cand_f[c]
-        if fn <= 0.0:
+        gx, gy, gz = cand_ff[c, 0], cand_ff[c, 1], cand_ff[c, 2]
+        if not warm or fn <= 0.0 or (gx == 0.0 and gy == 0.0 and gz == 0.0):
+            _friction_pair(c, x, xbar, w_eff, h2, mu_s, mu_k, cand_i, cand_j, cand_s, cand_t, cand_n, cand_f, cand_fa)
             continue
         a = cand_i[c]
         b = cand_j[c]
         s = cand_s[c]
         t = cand_t[c]
-        ca0, ca1, cb0, cb1 = 1.0 - s, s, -(1.0 - t), -t   # weights of the relative point P(s) - Q(t)
-        wa0, wa1, wb0, wb1 = w_eff[a], w_eff[a + 1], w_eff[b], w_eff[b + 1]
-        W = ca0 * ca0 * wa0 + ca1 * ca1 * wa1 + cb0 * cb0 * wb0 + cb1 * cb1 * wb1
+        W = _pair_w(w_eff, a, s, b, t)
         if W <= 0.0:
             continue
         nx, ny, nz = cand_n[c, 0], cand_n[c, 1], cand_n[c, 2]
-        # relative displacement of the contact points over the substep so far, friction's share included
-        ux = (ca0 * (xbar[a, 0] - x[a, 0]) + ca1 * (xbar[a + 1, 0] - x[a + 1, 0])
-              + cb0 * (xbar[b, 0] - x[b, 0]) + cb1 * (xbar[b + 1, 0] - x[b + 1, 0]))
-        uy = (ca0 * (xbar[a, 1] - x[a, 1]) + ca1 * (xbar[a + 1, 1] - x[a + 1, 1])
-              + cb0 * (xbar[b, 1] - x[b, 1]) + cb1 * (xbar[b + 1, 1] - x[b + 1, 1]))
-        uz = (ca0 * (xbar[a, 2] - x[a, 2]) + ca1 * (xbar[a + 1, 2] - x[a + 1, 2])
-              + cb0 * (xbar[b, 2] - x[b, 2]) + cb1 * (xbar[b + 1, 2] - x[b + 1, 2]))
-        un = ux * nx + uy * ny + uz * nz
-        # the slip friction has to answer for: the tangential displacement without friction's share
-        fx, fy, fz = ux - un * nx - cand_fa[c, 0], uy - un * ny - cand_fa[c, 1], uz - un * nz - cand_fa[c, 2]
-        free = math.sqrt(fx * fx + fy * fy + fz * fz)
-        if free <= 0.0:
-            continue
-        # stopping the slip is a change -free of the relative point; a force F on the pair changes it by
-        # h^2 W F, so it needs F = |free| / (h^2 W)
-        if free <= mu_s * fn * h2 * W:
-            lam = 1.0                         # static: friction takes the whole slip
-            sticking += 1
-        else:
-            lam = mu_k * fn * h2 * W / free   # kinetic: mu_k f_n against the slip (< 1 since mu_k <= mu_s)
-        # the change still to make: the new total -lam * free minus what friction already made
-        dx = -lam * fx - cand_fa[c, 0]
-        dy = -lam * fy - cand_fa[c, 1]
-        dz = -lam * fz - cand_fa[c, 2]
-        cand_fa[c, 0] += dx
-        cand_fa[c, 1] += dy
-        cand_fa[c, 2] += dz
-        moved = max(moved, math.sqrt(dx * dx + dy * dy + dz * dz))
-        _move_pair(xbar, a, b, s, t, w_eff, dx / W, dy / W, dz / W)
-    return sticking, moved
+        gn = gx * nx + gy * ny + gz * nz
+        gx -= gn * nx
+        gy -= gn * ny
+        gz -= gn * nz
+        g = math.sqrt(gx * gx + gy * gy + gz * gz)
+        cone = mu_s * fn
+        k = h2 * W * (cone / g if g > cone else 1.0)   # the force's change of the relative point, within the cone
+        cand_fa[c, 0] = k * gx
+        cand_fa[c, 1] = k * gy
+        cand_fa[c, 2] = k * gz
+        _move_pair(xbar, a, b, s, t, w_eff, k * gx / W, k * gy / W, k * gz / W)
+
+
+@njit(cache=True, error_model="numpy")
+def keep_friction(w_eff: np.ndarray, h: float, n_cand: int, kept: bool, cand_i, cand_j, cand_s, cand_t, cand_f,
+                  cand_fa, cand_ff) -> None:
+    """At the end of a substep's rounds: each pair's friction force (N), friction's change of its relative point
+    over h^2 W (``cand_fa`` to ``cand_ff``), the next substep's warm start (warm_friction). Zero where the pair
+    did not press (f_n <= 0), and everywhere unless the substep is ``kept``."""
+    h2 = h * h
+    for c in range(n_cand):
+        W = _pair_w(w_eff, cand_i[c], cand_s[c], cand_j[c], cand_t[c])
+        k = 1.0 / (h2 * W) if kept and cand_f[c] > 0.0 and W > 0.0 else 0.0
+        for d in range(3):
+            cand_ff[c, d] = k * cand_fa[c, d]
 
 
 @njit(cache=True, error_model="numpy", inline="always")

@@ -30,9 +30,10 @@ from .breakage import BK_PARTED, find_break, part
 from .constraints import inertial_tension, solve_multipliers
 from .contact_response import (CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS, CS_REBUILDS,
                                CS_REVERTED, CS_ROUNDS, CS_ROUNDS_OUT, CS_ROUNDS_RAISED, CS_ROUNDS_SLID, CS_SKIN,
-                               CS_STICKING, CP_MIN_GAP, CP_ROUNDS, CP_SETTLE, CP_SKIN,
+                               CS_STICKING, CP_MIN_GAP, CP_ROUNDS, CP_SETTLE, CP_SKIN, CP_WARM,
                                FLOOR_MARGIN, apply_friction, enforce_min_gap, floor_pairs, floor_reach,
-                               guard_crossings, largest_step, neighbours_stale, penalty_forces, rebuild_neighbours)
+                               guard_crossings, keep_friction, largest_step, neighbours_stale, penalty_forces,
+                               rebuild_neighbours, warm_friction)
 from .forces import accumulate_forces, edge_vectors
 from .model import (BUF_CARRIED_B, BUF_CARRIED_F, BUF_CARRIED_I, STAT_SLOTS, STATE_FIELDS, ThreadModel, ThreadState,
                     TickCopy)
@@ -247,6 +248,7 @@ class Contact(NamedTuple):
     cand_f: np.ndarray
     cand_fp: np.ndarray
     cand_fa: np.ndarray
+    cand_ff: np.ndarray
     cand_near: np.ndarray       # (P,) the pairs the floor visits this round
     fp_kept: np.ndarray         # (P,) N, the floor forces at the rounds' start (a substep the guard undid gets them)
     x_ref: np.ndarray           # (n,3) m, where the list was built
@@ -261,6 +263,7 @@ class Contact(NamedTuple):
     old_j: np.ndarray
     old_n: np.ndarray
     old_fp: np.ndarray
+    old_ff: np.ndarray
     old_next: np.ndarray
     seg_head: np.ndarray
 
@@ -357,7 +360,7 @@ def add_forces(h: float, n_cand: int, rod: Rod, body: Body, wk: Work, ct: Contac
                 force[i, d] += ft * twist_grad[i, d]
     if ct.on:
         touching, pen = penalty_forces(x, x_prev, ct.par, n_cand, ct.cand_i, ct.cand_j, ct.cand_s, ct.cand_t,
-                                       ct.cand_d, ct.cand_n, ct.cand_f, ct.cand_fp, ct.cand_fa, wk.closest,
+                                       ct.cand_d, ct.cand_n, ct.cand_f, ct.cand_fp, wk.closest,
                                        force, ct.k, ct.k_act, ct.turn)
         if touching > ct.stats[CS_CONTACTS]:
             ct.stats[CS_CONTACTS] = touching
@@ -545,9 +548,8 @@ def solve(h: float, split: bool, n_cand: int, rod: Rod, sv: Settings, body: Body
     for j in range(alpha.shape[0]):
         alpha[j] = h2 * tension[j] / elen[j] if w_eff[j] + w_eff[j + 1] > 0.0 and body.parted[j] == 0 else 0.0
     if ct.on:
-        stick, _ = apply_friction(x, xbar, w_eff, h, ct.par, n_cand, ct.cand_i, ct.cand_j, ct.cand_s, ct.cand_t,
-                                  ct.cand_n, ct.cand_f, ct.cand_fa)
-        ct.stats[CS_STICKING] = stick
+        warm_friction(x, xbar, w_eff, h, ct.par, n_cand, ct.cand_i, ct.cand_j, ct.cand_s, ct.cand_t, ct.cand_n,
+                      ct.cand_f, ct.cand_fa, ct.cand_ff)
     iters, residual = solve_multipliers(xbar, wk.edges, elen, w_eff, rod.rest, rod.compliance, h, sv.method,
                                         sv.tol, sv.max_iters, alpha, wk.new_edges, wk.tri_di, wk.tri_rhs, wk.tri_cp,
                                         body.parted)
@@ -600,9 +602,10 @@ def contact_rounds(h: float, n_cand: int, rod: Rod, sv: Settings, body: Body, wk
         raised = enforce_min_gap(xbar, w_eff, h, ct.par, ct.cand_near, n_near, ct.cand_i, ct.cand_j, ct.cand_s,
                                  ct.cand_t, ct.cand_d, ct.cand_n, ct.cand_fp)
         # friction again after each solve: the solve's slide along the edges is slip
-        _, slid = apply_friction(x, xbar, w_eff, h, ct.par, n_cand, ct.cand_i, ct.cand_j, ct.cand_s, ct.cand_t,
+        stick, slid = apply_friction(x, xbar, w_eff, h, ct.par, n_cand, ct.cand_i, ct.cand_j, ct.cand_s, ct.cand_t,
                                  ct.cand_n, ct.cand_f, ct.cand_fa)
         stats[CS_ROUNDS] += 1.0
+        stats[CS_STICKING] = stick
         if raised > 0:
             stats[CS_ROUNDS_RAISED] += 1.0
         if slid > settled:
@@ -625,6 +628,11 @@ def contact_rounds(h: float, n_cand: int, rod: Rod, sv: Settings, body: Body, wk
             # test_a_substep_the_guard_undid_keeps_the_tensions_and_floor_forces_before_it)
             for c in range(n_cand):
                 cand_fp[c] = fp_kept[c]
+    # the friction forces the next substep starts from; none after a substep the guard undid (a motion thrown
+    # away: like its floor forces, they would be the answer to a push that did not happen)
+    if ct.par[CP_WARM] > 0.0:
+        keep_friction(w_eff, h, n_cand, reverted == 0, ct.cand_i, ct.cand_j, ct.cand_s, ct.cand_t, ct.cand_f,
+                      ct.cand_fa, ct.cand_ff)
     return reverted, iters, residual
 
 
@@ -799,8 +807,9 @@ def refresh_neighbours(n_cand: int, body: Body, ct: Contact) -> int:
     # stale against the skin the list was built with; a rebuild takes the skin of now
     if skin > ct.stats[CS_SKIN] or neighbours_stale(x, ct.x_ref, ct.stats[CS_SKIN], step_max):
         rebuild_neighbours(x, ct.par, skin, ct.exclude, ct.grid_head, ct.grid_next, ct.grid_cells, ct.grid_scratch,
-                           ct.cand_i, ct.cand_j, ct.cand_s, ct.cand_t, ct.cand_d, ct.cand_n, ct.cand_fp, ct.old_j,
-                           ct.old_n, ct.old_fp, ct.old_next, ct.seg_head, ct.x_ref, ct.stats, body.parted)
+                           ct.cand_i, ct.cand_j, ct.cand_s, ct.cand_t, ct.cand_d, ct.cand_n, ct.cand_fp, ct.cand_ff,
+                           ct.old_j, ct.old_n, ct.old_fp, ct.old_ff, ct.old_next, ct.seg_head, ct.x_ref, ct.stats,
+                           body.parted)
         return int(ct.stats[CS_COUNT])
     return n_cand
 
@@ -906,21 +915,21 @@ _NO_TRACE = np.zeros((0, 0, 3))
 
 # rows of ThreadState.packed's layout that the step reads (module constants: numba reads them at compile time)
 (_X, _X_PREV, _TENSION, _TENSION_IN, _TENSION_FLOOR, _TWIST, _KIN_TARGET, _EXT_FORCE, _GRASP_VERTEX, _GRASP_FRAC,
- _GRASP_PAD, _GRASP_K, _GRASP_C, _GRASP_FMAX, _GRASP_TARGET, _GRASP_TARGET_PREV, _GRASP_VEL, _GRASP_FORCE, _GRASP_SAT, _STATS,
- _INV_MASS_TICK, _CAND_I, _CAND_J, _CAND_S, _CAND_T, _CAND_D, _CAND_N, _CAND_F, _CAND_FP, _CAND_FA, _CAND_NEAR,
- _FP_KEPT, _X_REF, _CONTACT_K, _CONTACT_K_ACT, _TURN, _FOLD, _CONTACT_STATS, _GRID_HEAD, _GRID_NEXT, _GRID_CELLS,
- _GRID_SCRATCH, _ALPHA_EXTRA, _OLD_J, _OLD_N, _OLD_FP, _OLD_NEXT, _SEG_HEAD, _PST, _PUN_I, _PUN_F, _NST, _FORCE,
- _TWIST_GRAD, _XBAR, _W_EFF, _EDGES, _ELEN, _NEW_EDGES, _ALPHA, _TRI_LO, _TRI_DI, _TRI_UP, _TRI_RHS, _TRI_CP,
- _AGAIN_LEN, _AGAIN_COMPLIANCE, _CLOSEST, _TOOL_CAP, _PARTED, _BREAKAGE) = (
+ _GRASP_PAD, _GRASP_K, _GRASP_C, _GRASP_FMAX, _GRASP_TARGET, _GRASP_TARGET_PREV, _GRASP_VEL, _GRASP_FORCE, _GRASP_SAT,
+ _STATS, _INV_MASS_TICK, _CAND_I, _CAND_J, _CAND_S, _CAND_T, _CAND_D, _CAND_N, _CAND_F, _CAND_FP, _CAND_FA, _CAND_FF,
+ _CAND_NEAR, _FP_KEPT, _X_REF, _CONTACT_K, _CONTACT_K_ACT, _TURN, _FOLD, _CONTACT_STATS, _GRID_HEAD, _GRID_NEXT,
+ _GRID_CELLS, _GRID_SCRATCH, _ALPHA_EXTRA, _OLD_J, _OLD_N, _OLD_FP, _OLD_FF, _OLD_NEXT, _SEG_HEAD, _PST, _PUN_I,
+ _PUN_F, _NST, _FORCE, _TWIST_GRAD, _XBAR, _W_EFF, _EDGES, _ELEN, _NEW_EDGES, _ALPHA, _TRI_LO, _TRI_DI, _TRI_UP,
+ _TRI_RHS, _TRI_CP, _AGAIN_LEN, _AGAIN_COMPLIANCE, _CLOSEST, _TOOL_CAP, _PARTED, _BREAKAGE) = (
     STATE_FIELDS.index(name) for name in (
         "x", "x_prev", "tension", "tension_in", "tension_floor", "twist", "kin_target", "ext_force", "grasp_vertex",
-        "grasp_frac", "grasp_pad", "grasp_k", "grasp_c", "grasp_fmax", "grasp_target", "grasp_target_prev", "grasp_vel",
-        "grasp_force", "grasp_sat", "stats", "inv_mass_tick", "cand_i", "cand_j", "cand_s", "cand_t", "cand_d",
-        "cand_n", "cand_f", "cand_fp", "cand_fa", "cand_near", "fp_kept", "x_ref", "contact_k", "contact_k_act", "turn",
-        "fold", "contact_stats", "grid_head", "grid_next", "grid_cells", "grid_scratch", "alpha_extra", "old_j",
-        "old_n", "old_fp", "old_next", "seg_head", "pst", "pun_i", "pun_f", "nst", "force", "twist_grad", "xbar",
-        "w_eff", "edges", "elen", "new_edges", "alpha", "tri_lo", "tri_di", "tri_up", "tri_rhs", "tri_cp", "again_len",
-        "again_compliance", "closest", "tool_cap", "parted", "breakage"))
+        "grasp_frac", "grasp_pad", "grasp_k", "grasp_c", "grasp_fmax", "grasp_target", "grasp_target_prev",
+        "grasp_vel", "grasp_force", "grasp_sat", "stats", "inv_mass_tick", "cand_i", "cand_j", "cand_s", "cand_t",
+        "cand_d", "cand_n", "cand_f", "cand_fp", "cand_fa", "cand_ff", "cand_near", "fp_kept", "x_ref", "contact_k",
+        "contact_k_act", "turn", "fold", "contact_stats", "grid_head", "grid_next", "grid_cells", "grid_scratch",
+        "alpha_extra", "old_j", "old_n", "old_fp", "old_ff", "old_next", "seg_head", "pst", "pun_i", "pun_f", "nst",
+        "force", "twist_grad", "xbar", "w_eff", "edges", "elen", "new_edges", "alpha", "tri_lo", "tri_di", "tri_up",
+        "tri_rhs", "tri_cp", "again_len", "again_compliance", "closest", "tool_cap", "parted", "breakage"))
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -980,12 +989,14 @@ def advance_state(n_sub: int, h: float, t: float, scale: bool, tension_margin: f
                  _vector(ci, si, lay, _CAND_I), _vector(ci, si, lay, _CAND_J), _vector(cf, sf, lay, _CAND_S),
                  _vector(cf, sf, lay, _CAND_T), _vector(cf, sf, lay, _CAND_D), _matrix(cf, sf, lay, _CAND_N),
                  _vector(cf, sf, lay, _CAND_F), _vector(cf, sf, lay, _CAND_FP), _matrix(cf, sf, lay, _CAND_FA),
+                 _matrix(cf, sf, lay, _CAND_FF),
                  _vector(ci, si, lay, _CAND_NEAR), _vector(cf, sf, lay, _FP_KEPT), _matrix(cf, sf, lay, _X_REF),
                  _vector(cf, sf, lay, _CONTACT_K), _vector(cf, sf, lay, _CONTACT_K_ACT), _vector(cf, sf, lay, _TURN),
                  _vector(cf, sf, lay, _CONTACT_STATS), _vector(ci, si, lay, _GRID_HEAD),
                  _vector(ci, si, lay, _GRID_NEXT), _matrix(ci, si, lay, _GRID_CELLS),
                  _vector(cf, sf, lay, _GRID_SCRATCH), _vector(ci, si, lay, _OLD_J), _matrix(cf, sf, lay, _OLD_N),
-                 _vector(cf, sf, lay, _OLD_FP), _vector(ci, si, lay, _OLD_NEXT), _vector(ci, si, lay, _SEG_HEAD))
+                 _vector(cf, sf, lay, _OLD_FP), _matrix(cf, sf, lay, _OLD_FF),
+                 _vector(ci, si, lay, _OLD_NEXT), _vector(ci, si, lay, _SEG_HEAD))
     ts = Tissue(tissue_on, tpar, pads, _matrix(cf, sf, lay, _PST), _matrix(ci, si, lay, _PUN_I),
                 _matrix(cf, sf, lay, _PUN_F))
     nd = Needle(needle_on, npar, _vector(cf, sf, lay, _NST))

@@ -92,6 +92,7 @@ class ContactSettings:
     rounds: int = 32              # rounds of (no-crossing floor, friction, constraint solve) per substep at most
     polygon_friction: bool = True   # friction's normal force scaled so a polyline's capstan is a rope's
     settle: float = 1e-3          # friction has settled when a round moves no contact point more than this x min_gap
+    warm_friction: bool = True    # each substep's friction starts from the force of the one before
 
     def near_pairs_clear(self, rest_length: np.ndarray) -> bool:
         """Whether the pair one segment past the excluded ones lies clear of touching on a straight thread (the
@@ -114,7 +115,7 @@ class ContactSettings:
         return np.array([self.stiffness, self.distance, self.smooth, self.min_gap, self.friction_static,
                          self.friction_kinetic, self.skin, self.recover_speed, float(self.rounds),
                          float(self.polygon_friction), float(self.exclude + 1) if near_reach else 0.0,
-                         self.settle])
+                         self.settle, float(self.warm_friction)])
 
 
 @dataclass
@@ -201,6 +202,8 @@ class ThreadState:
     cand_f: np.ndarray            # (P,) N, normal force of the pair this substep (for friction)
     cand_fp: np.ndarray           # (P,) N, the no-crossing floor's force this substep
     cand_fa: np.ndarray           # (P,3) m, the change friction made to the pair's relative point this substep
+    cand_ff: np.ndarray           # (P,3) N, friction's force on the pair in the substep before (the next one's warm
+                                  # start: contact_response.warm_friction)
     cand_near: np.ndarray         # (P,) int64, the pairs the no-crossing floor may act on in a substep
                                   # (contact_response.floor_pairs)
     fp_kept: np.ndarray           # (P,) N, the floor forces at a substep's contact rounds' start (a substep the
@@ -220,6 +223,7 @@ class ThreadState:
     old_j: np.ndarray             # (P,) int64, scratch of a neighbour-list rebuild (contact_response.py)
     old_n: np.ndarray
     old_fp: np.ndarray
+    old_ff: np.ndarray
     old_next: np.ndarray
     seg_head: np.ndarray          # (n-1,) int64
     # tissue (solver/tissue.py)
@@ -284,10 +288,11 @@ class ThreadState:
 # What a tick writes before it reads: the contact grid and a rebuild's carry-over of the old list. A copy taken
 # to run a tick again leaves them out, and takes of the neighbour list only the pairs its count covers (with
 # both, the copy is about 0.1 MB rather than 0.4 MB for 80 segments, and a quarter of the time).
-TICK_SCRATCH = frozenset(("grid_head", "grid_next", "grid_cells", "grid_scratch", "old_j", "old_n", "old_fp",
+TICK_SCRATCH = frozenset(("grid_head", "grid_next", "grid_cells", "grid_scratch", "old_j", "old_n", "old_fp", "old_ff",
                           "old_next", "seg_head", "turn", "fold", "cand_near", "fp_kept", "again_len",
                           "again_compliance", "closest"))
-NEIGHBOUR_LIST = ("cand_i", "cand_j", "cand_s", "cand_t", "cand_d", "cand_n", "cand_f", "cand_fp", "cand_fa")
+NEIGHBOUR_LIST = ("cand_i", "cand_j", "cand_s", "cand_t", "cand_d", "cand_n", "cand_f", "cand_fp", "cand_fa",
+                  "cand_ff")
 
 
 # the buffers of ThreadState.packed, and the dtypes each kind of field is kept in
@@ -462,11 +467,11 @@ def make_state(model: ThreadModel, x0: np.ndarray, v0: np.ndarray | None = None,
         new_edges=z(ns, 3), alpha=z(ns), tri_lo=z(ns), tri_di=z(ns), tri_up=z(ns), tri_rhs=z(ns),
         tri_cp=z(ns), again_len=z(ns), again_compliance=z(ns), closest=z(3),
         cand_i=np.zeros(cap, np.int64), cand_j=np.zeros(cap, np.int64), cand_s=z(cap), cand_t=z(cap),
-        cand_d=z(cap), cand_n=z(cap, 3), cand_f=z(cap), cand_fp=z(cap), cand_fa=z(cap, 3),
+        cand_d=z(cap), cand_n=z(cap, 3), cand_f=z(cap), cand_fp=z(cap), cand_fa=z(cap, 3), cand_ff=z(cap, 3),
         cand_near=np.zeros(cap, np.int64), fp_kept=z(cap), x_ref=np.full((n, 3), np.inf),
         contact_k=z(n), contact_k_act=z(n), turn=z(n), fold=z(n), contact_stats=z(CS_SIZE), grid_head=np.zeros(2 * ns + 1, np.int64),
         grid_next=np.zeros(ns, np.int64), grid_cells=np.zeros((ns, 3), np.int64), grid_scratch=z(3),
-        alpha_extra=z(ns), old_j=np.zeros(cap, np.int64), old_n=z(cap, 3), old_fp=z(cap),
+        alpha_extra=z(ns), old_j=np.zeros(cap, np.int64), old_n=z(cap, 3), old_fp=z(cap), old_ff=z(cap, 3),
         old_next=np.zeros(cap, np.int64), seg_head=np.zeros(ns, np.int64),
         pst=_pad_state(model.pads), pun_i=_no_punctures(), pun_f=z(MAX_PUNCTURES, PF_COUNT), nst=_needle_state(),
         tool_cap=tool_capsules(), parted=np.zeros(ns, np.int8), breakage=np.zeros(2, np.int64),

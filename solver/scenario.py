@@ -622,7 +622,8 @@ def _contact(sec: Section | None, params, rest: np.ndarray) -> ContactSettings:
         max_pairs=_max_pairs(sec, rest.shape[0]),
         rounds=sec.get("rounds", int, 32, minval=1, maxval=256),
         polygon_friction=sec.get("polygon_friction", bool, True),
-        settle=sec.get("settle", float, ContactSettings.settle, above=0.0, maxval=1.0))
+        settle=sec.get("settle", float, ContactSettings.settle, above=0.0, maxval=1.0),
+        warm_friction=sec.get("warm_friction", bool, True))
     sec.finish()
     return settings
 

@@ -235,8 +235,8 @@ def response_cost(sc: Scenario, st) -> tuple[int, float, float]:
         st.contact_stats[CS_COUNT] = 0
         rebuild_neighbours(st.x, par, m.contact.skin, m.contact.exclude, st.grid_head, st.grid_next, st.grid_cells,
                            st.grid_scratch, st.cand_i, st.cand_j, st.cand_s, st.cand_t, st.cand_d, st.cand_n,
-                           st.cand_fp, st.old_j, st.old_n, st.old_fp, st.old_next, st.seg_head, st.x_ref,
-                           st.contact_stats, st.parted)
+                           st.cand_fp, st.cand_ff, st.old_j, st.old_n, st.old_fp, st.old_ff, st.old_next, st.seg_head,
+                           st.x_ref, st.contact_stats, st.parted)
 
     rebuild()
     n = int(st.contact_stats[CS_COUNT])
@@ -244,7 +244,7 @@ def response_cost(sc: Scenario, st) -> tuple[int, float, float]:
 
     def respond():
         penalty_forces(st.x, st.x_prev, par, n, st.cand_i, st.cand_j, st.cand_s, st.cand_t, st.cand_d, st.cand_n,
-                       st.cand_f, st.cand_fp, st.cand_fa, st.grid_scratch, force, st.contact_k,
+                       st.cand_f, st.cand_fp, st.grid_scratch, force, st.contact_k,
                        st.contact_k_act, st.turn)
         apply_friction(st.x, xbar, m.inv_mass, h, par, n, st.cand_i, st.cand_j, st.cand_s, st.cand_t, st.cand_n,
                        st.cand_f, st.cand_fa)
