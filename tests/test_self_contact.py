@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from suturesim.tools.bench_contact import (DIAMETER_CONTACT, HELD_UNTIL_DIAMETER, held_knot, held_run, knot,
+from suturesim.tools.bench_contact import (CONTACT_3MM, HELD_UNTIL, HELD_UNTIL_3MM, held_knot, held_run, knot,
                                            same_tick)
 from suturesim.tools.crossings import crossings, segment_distance, substep_crossings
 from suturesim.tools.validate_contact import TracedRun
@@ -505,10 +505,10 @@ def test_contact_settle_reaches_the_kernels_and_is_checked():
 
 def test_a_knot_held_at_the_styluses_keeps_its_tension_and_stays_live():
     """An overhand knot in two-hand-knot's thread, pulled tight by both hands and held still (the bench's held
-    knot, docs/BENCHMARKS.md Sec. 6): under the scene's budget no segment's tension runs past what the hands
-    pull with, the knot holds, and the thread is never frozen by the last-resort guard. With strands touching at
-    the thread's diameter (0.225 mm, as the scene had it before 2026-11-28) the same budget froze the thread in
-    every held tick: a knot smaller than a segment, its floor and lengths at a toggle (docs/PHYSICS.md Sec. 7)."""
+    knot, docs/BENCHMARKS.md Sec. 6): under the scene's budget, strands touching at the thread's diameter, no
+    segment's tension runs past what the hands pull with, the knot holds, and the thread is never frozen by the
+    last-resort guard. With friction started cold the same budget froze the thread in every held tick: a knot
+    smaller than a segment, its floor and lengths at a toggle (docs/PHYSICS.md Sec. 7)."""
     run = held_run("as shipped", held_knot(seconds=2.5))
     assert run.diverged is None
     assert 1.0 < run.force < 3.0              # N: tight, below the grasps' 3 N limit
@@ -521,9 +521,9 @@ def test_a_knot_pulled_as_hard_as_the_device_allows_does_not_pass_through_itself
     """A trainee pulls a tighter loose knot (torus radii 10 and 4 mm) in two-hand-knot until both couplings
     saturate at 3 N, holds it, and lets the hands come back together. Under the scene's budget no two segments
     cross between any two substeps (tools/crossings.py, which shares no code with the solver), the guard never
-    freezes the thread, no tension runs away, and the hands' force falls to nothing once they come back. With
-    the thread's diameter as contact distance such a knot read 189 N and diverged at 2.17 s under 2 rounds, and
-    took 4 ms a tick under the old budget (docs/PHYSICS.md Sec. 7)."""
+    freezes the thread, no tension runs away, and the hands' force falls to nothing once they come back. Strands
+    touch at the thread's diameter; with friction started cold such a knot read 189 N and diverged at 2.17 s
+    under 2 rounds, and took 4 ms a tick under 32 (docs/PHYSICS.md Sec. 7)."""
     sc0 = held_knot(seconds=2.6, until=1.45)
     data = dict(sc0.source)
     data["shape"] = {**data["shape"], "radius": 0.010, "tube": 0.004}
@@ -542,13 +542,13 @@ def test_a_knot_pulled_as_hard_as_the_device_allows_does_not_pass_through_itself
 
 
 def _held(warm: bool, diameter: bool) -> tuple[float, int, float, float]:
-    """The bench's held knot in two-hand-knot (held_knot), as shipped or with strands touching at the thread's own
-    diameter under the same budget (6 rounds, at most 4 substeps), friction warm-started or not. Over the hold:
-    (contact rounds a substep, ticks the guard froze, the largest segment tension N, the weaker hand's largest
-    pull N)."""
-    contact = {"warm_friction": warm, **({**DIAMETER_CONTACT, "rounds": 6} if diameter else {})}
-    until = HELD_UNTIL_DIAMETER if diameter else 1.55
-    sc = held_knot(contact=contact, solver={"max_substeps": 4}, seconds=2.5, until=until)
+    """The bench's held knot in two-hand-knot (held_knot), as shipped (strands touching at the thread's diameter)
+    or with strands touching at 3 mm (the scene's contact before) under the same budget (6 rounds, at most 4
+    substeps), friction warm-started or not. Over the hold: (contact rounds a substep, ticks the guard froze, the
+    largest segment tension N, the weaker hand's largest pull N)."""
+    contact = {"warm_friction": warm, **({} if diameter else CONTACT_3MM)}
+    until = HELD_UNTIL if diameter else HELD_UNTIL_3MM
+    sc = held_knot(contact=contact, seconds=2.5, until=until)
     st = sc.new_state()
     stepper = Stepper(sc.model, st)
     held = int(round((until + 0.3) / sc.model.solver.tick))
@@ -566,8 +566,8 @@ def _held(warm: bool, diameter: bool) -> tuple[float, int, float, float]:
 
 
 def test_a_held_knots_friction_started_warm_settles_in_a_round_or_two():
-    """The held knot as shipped (3 mm): friction started each substep from nothing takes turns with the solve
-    through all six rounds of most held substeps; started from its force of the substep before
+    """The held knot with strands touching at 3 mm: friction started each substep from nothing takes turns with the
+    solve through all six rounds of most held substeps; started from its force of the substep before
     (contact.warm_friction, the default), the rounds end after one or two (docs/PHYSICS.md Sec. 7)."""
     per_substep, frozen, tension, force = _held(True, False)
     assert per_substep < 2.0 and frozen == 0 and 1.0 < force and tension < 1.2 * force
@@ -595,8 +595,7 @@ def test_a_substep_the_guard_undid_keeps_the_tensions_and_floor_forces_before_it
     next undone solve read more (22 kN at 2 N of pull 0.3 s after the hands stopped; diverged at 11 s). And the
     pairs' floor forces (cand_fp): kept from the undone rounds, they summed without bound (4173 N at 1.8 s, with
     the tensions at 137 N by 2.1 s); given back, 8.6 N and 0.48 N."""
-    sc = held_knot(contact={**DIAMETER_CONTACT, "rounds": 2, "warm_friction": False}, solver={"max_substeps": 8},
-                   seconds=3.0, until=HELD_UNTIL_DIAMETER)
+    sc = held_knot(contact={"rounds": 2, "warm_friction": False}, solver={"max_substeps": 8}, seconds=3.0)
     state = sc.new_state()
     stepper = Stepper(sc.model, state)
     free = int(np.count_nonzero(sc.model.kinematic == 0))

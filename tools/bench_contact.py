@@ -139,12 +139,12 @@ class ContactBench:
 
 
 HELD_PULL = 0.05   # m/s, each hand's speed apart while the knot tightens
-HELD_UNTIL = 1.55  # s: the hands stop where the knot is tight at about 2 N (the scene's 3 mm contact distance)
-# the haptic scenes' former contact (docs/PHYSICS.md Sec. 7, a knot smaller than a segment): strands touching at the thread's diameter (the
-# preset's 0.225 mm), the default skin and rounds. Its knot is smaller and comes taut later: the hands stop at
-# HELD_UNTIL_DIAMETER for the same pull of about 2 N
-DIAMETER_CONTACT = {"distance": 2.25e-4, "skin": 1.125e-3, "rounds": 32}
-HELD_UNTIL_DIAMETER = 1.7
+HELD_UNTIL = 1.7   # s: the hands stop where the knot is tight at about 2 N (the scene's contact, the diameter)
+# the haptic scenes' contact before they took the thread's diameter (docs/PHYSICS.md Sec. 7, "A knot smaller than
+# a segment"): strands touching at 3 mm, two thirds of a segment, with half that as the list's skin. Its knot is
+# larger and comes taut sooner: the hands stop at HELD_UNTIL_3MM for the same pull of about 2 N
+CONTACT_3MM = {"distance": 0.003, "skin": 0.0015}
+HELD_UNTIL_3MM = 1.55
 
 
 def held_knot(scene: str = "two-hand-knot", contact: dict | None = None, solver: dict | None = None,
@@ -308,15 +308,14 @@ def measure_contact(quick: bool, log) -> ContactBench:
         _, force, _, _ = tick_times(s40, sim)
         out.smooth.append((label, high_frequency_rms(force, s40.model.solver.tick), float(force.mean()),
                            float(force.max())))
-    wide = {"max_substeps": 16}
-    for label, contact, solver, until in (
-            ("as shipped (3 mm, up to 4 substeps, 6 rounds)", None, None, HELD_UNTIL),
-            ("3 mm, up to 16 substeps, 32 rounds", {"rounds": 32}, wide, HELD_UNTIL),
-            ("0.225 mm, up to 16 substeps, 32 rounds (shipped before)", DIAMETER_CONTACT, wide, HELD_UNTIL_DIAMETER),
-            ("0.225 mm, up to 4 substeps, 6 rounds", {**DIAMETER_CONTACT, "rounds": 6}, None, HELD_UNTIL_DIAMETER)):
+    cold = {"warm_friction": False}
+    for label, contact, until in (
+            ("as shipped (0.225 mm, friction started warm)", None, HELD_UNTIL),
+            ("0.225 mm, friction started cold", cold, HELD_UNTIL),
+            ("3 mm, friction started warm", CONTACT_3MM, HELD_UNTIL_3MM),
+            ("3 mm, friction started cold (the scene before)", {**CONTACT_3MM, **cold}, HELD_UNTIL_3MM)):
         log(f"contact: a knot held at the styluses, {label} ...")
-        out.held.append(held_run(label, held_knot(contact=contact, solver=solver, seconds=3.0 if quick else 6.0,
-                                                  until=until)))
+        out.held.append(held_run(label, held_knot(contact=contact, seconds=3.0 if quick else 6.0, until=until)))
     return out
 
 
@@ -374,12 +373,13 @@ def render_contact(res: ContactBench) -> list[str]:
         lines.append(f"| {label} | {rms:.4f} | {mean:.3f} | {mx:.3f} |")
     if res.held:
         lines += ["", "A knot held at the styluses (`tools/bench_contact.held_knot`): the haptic scene two-hand-knot "
-                  "(3-0 silk, 45 cm in 100 segments of 4.5 mm, gravity; strands touch at 3 mm, up to 4 substeps "
-                  "and 6 contact rounds) with its thread laid as a loose overhand knot, both hands moving apart at "
-                  f"{1e3 * HELD_PULL:.0f} mm/s until the knot is tight at about 2 N ({HELD_UNTIL} s; "
-                  f"{HELD_UNTIL_DIAMETER} s where strands touch at the thread's 0.225 mm diameter, as the scene "
-                  "had it before) and then held still. Tick times while it tightens (to 0.3 s after the hands "
-                  "stop) and while it is held; the hand's force while held, the rms of its change from one tick to "
+                  "(3-0 silk, 45 cm in 100 segments of 4.5 mm, gravity; strands touch at the thread's 0.225 mm "
+                  "diameter, up to 4 substeps and 6 contact rounds, friction started warm) with its thread laid as "
+                  f"a loose overhand knot, both hands moving apart at {1e3 * HELD_PULL:.0f} mm/s until the knot is "
+                  f"tight at about 2 N ({HELD_UNTIL} s; {HELD_UNTIL_3MM} s where strands touch at 3 mm, as the "
+                  "scene had it before) and then held still; the same with friction started cold "
+                  "(`contact.warm_friction` false, as the scene had it before). Tick times while it tightens (to "
+                  "0.3 s after the hands stop) and while it is held; the hand's force while held, the rms of its change from one tick to "
                   "the next (what the stylus would buzz with), how far the knot slipped (change of the "
                   "end-to-end distance over the hold), the largest segment tension at the end, and in how many "
                   "held ticks the last-resort guard put the whole thread back (froze it):", "",
@@ -398,11 +398,11 @@ def render_contact(res: ContactBench) -> list[str]:
                          f"| {r.substeps:.0f} | {r.rounds} | {r.force:.3f} | {1e3 * r.jitter:.2f} "
                          f"| {1e3 * r.slip:+.3f} | {r.tension:.3g} | {r.undone} of {len(b)} | {r.retries} |")
         lines += ["", "Where strands touch at the thread's diameter, a knot pulled tight is smaller than a segment: "
-                  "its loop closes on segments 3-5 apart pressed together at a toggle, the rounds of floor, "
-                  "friction and solve do not settle, and each substep takes all it may (several ticks' worth of "
-                  "time); with fewer rounds the floor is not met when they run out, the guard puts the thread back "
-                  "every substep, and the thread stands frozen while the hands hold it. At 3 mm the knot is a "
-                  "clump a few segments across, its rounds settle, and it is held within the tick "
-                  "(docs/PHYSICS.md Sec. 7, \"A knot held at the styluses\")."]
+                  "its loop closes on segments 3-5 apart pressed together at a toggle, and the rounds of floor, "
+                  "friction and solve run out. Friction started cold leaves the floor unmet when they do, the guard "
+                  "puts the thread back every substep, and the thread stands frozen while the hands hold it; "
+                  "started warm, what the rounds leave is met and the knot is held live within the tick. At 3 mm "
+                  "the knot is a clump a few segments across, and warm its rounds settle in one or two "
+                  "(docs/PHYSICS.md Sec. 7, \"Friction started warm\")."]
     lines.append("")
     return lines

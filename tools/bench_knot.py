@@ -21,10 +21,11 @@ outside the timing:
   strand more than the contact's excluded neighbours away along it (mm of thread, sampled at CORE_SAMPLES points
   a segment). The same with the contact distance for the diameter says how small the contact lets the knot be.
 
-Rows: the scene as shipped (strands touch at 3 mm), and at the thread's own diameter under the scene's budget
-and under 16 substeps and 32 rounds. The targets are those of a knot held at the styluses at the true diameter:
-tick p99 <= 500 us, nothing frozen, no crossing, no tension above 1.2 x the pull, <= 5 mN above 50 Hz, a core of
-<= 10 mm of thread.
+Rows: the scene as shipped (strands touch at the thread's own diameter, friction started warm), the same with
+friction started cold, strands touching at 3 mm (the scene's contact before) either way, and the thread refined to
+2 mm segments under 16 substeps and 32 rounds. The targets are those of a knot held at the styluses at the true
+diameter: tick p99 <= 500 us, nothing frozen, no crossing, no tension above 1.2 x the pull, <= 5 mN above 50 Hz,
+a core of <= 10 mm of thread.
 
 Then (not under --quick) Choi's n = 1 knot laid at 3-0 silk's diameter is pulled tight as `suturesim validate`
 pulls it (tools/validate_contact.choi_n1_silk_case, 6 mm/s, without the crossing checks): its computing time per
@@ -41,7 +42,7 @@ import numpy as np
 from ..solver.contact_response import CS_REVERTED
 from ..solver.integrator import SolverDivergence, Stepper
 from ..solver.scenario import Scenario, build_scenario
-from .bench_contact import DIAMETER_CONTACT, held_knot, high_frequency_rms
+from .bench_contact import CONTACT_3MM, held_knot, high_frequency_rms
 from .crossings import segment_distance, substep_crossings
 
 PULL_SPEED = 0.05      # m/s, each hand's speed apart while the knot tightens
@@ -248,13 +249,15 @@ def run_hold(label: str, contact: dict | None = None, solver: dict | None = None
                     diverged=diverged, broke=broke)
 
 
-ROWS = [("as shipped (3 mm, up to 4 substeps, 6 rounds)", None, None, None),
-        ("the diameter, up to 4 substeps, 6 rounds", {**DIAMETER_CONTACT, "rounds": 6}, None, None),
-        ("the diameter, up to 16 substeps, 32 rounds", DIAMETER_CONTACT, {"max_substeps": 16}, None),
+COLD = {"warm_friction": False}
+ROWS = [("as shipped (the diameter, up to 4 substeps, 6 rounds, friction started warm)", None, None, None),
+        ("the diameter, friction started cold", COLD, None, None),
+        ("3 mm (the scene's contact before), friction started warm", CONTACT_3MM, None, None),
+        ("3 mm, friction started cold (the scene before)", {**CONTACT_3MM, **COLD}, None, None),
         # the thread refined uniformly, segments of 2 mm: what a knot at the diameter does where every segment
         # is shorter
-        ("the diameter, 225 segments of 2 mm, up to 16 substeps, 32 rounds", DIAMETER_CONTACT,
-         {"max_substeps": 16}, 225)]
+        ("the diameter, 225 segments of 2 mm, up to 16 substeps, 32 rounds", {"rounds": 32}, {"max_substeps": 16},
+         225)]
 
 
 def measure_knot(quick: bool, log) -> KnotBench:
