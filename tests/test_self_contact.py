@@ -541,50 +541,33 @@ def test_a_knot_pulled_as_hard_as_the_device_allows_does_not_pass_through_itself
     assert force[-50:].max() < 0.5            # N: the hands back, the thread slack
 
 
-def _held(warm: bool, diameter: bool) -> tuple[float, int, float, float]:
-    """The bench's held knot in two-hand-knot (held_knot), as shipped (strands touching at the thread's diameter)
-    or with strands touching at 3 mm (the scene's contact before) under the same budget (6 rounds, at most 4
-    substeps), friction warm-started or not. Over the hold: (contact rounds a substep, ticks the guard froze, the
-    largest segment tension N, the weaker hand's largest pull N)."""
+def _held(warm: bool, diameter: bool):
+    """The bench's held knot in two-hand-knot (held_knot, held_run), as shipped (strands touching at the thread's
+    diameter) or with strands touching at 3 mm (the scene's contact before) under the same budget (6 rounds, at
+    most 4 substeps), friction warm-started or not, for 2.5 s."""
     contact = {"warm_friction": warm, **({} if diameter else CONTACT_3MM)}
-    until = HELD_UNTIL if diameter else HELD_UNTIL_3MM
-    sc = held_knot(contact=contact, seconds=2.5, until=until)
-    st = sc.new_state()
-    stepper = Stepper(sc.model, st)
-    held = int(round((until + 0.3) / sc.model.solver.tick))
-    rounds = substeps = frozen = 0
-    tension = force = 0.0
-    for k in range(int(round(sc.duration / sc.model.solver.tick))):
-        n = stepper.tick()
-        if k >= held:
-            rounds += st.contact_stats[CS_ROUNDS]
-            substeps += n
-            frozen += st.contact_stats[CS_REVERTED] > 0
-            tension = max(tension, float(np.abs(st.tension).max()))
-            force = max(force, float(np.linalg.norm(st.grasp_force[:2], axis=1).min()))
-    return rounds / substeps, frozen, tension, force
+    return held_run("held", held_knot(contact=contact, seconds=2.5, until=HELD_UNTIL if diameter else HELD_UNTIL_3MM))
 
 
 def test_a_held_knots_friction_started_warm_settles_in_a_round_or_two():
     """The held knot with strands touching at 3 mm: friction started each substep from nothing takes turns with the
     solve through all six rounds of most held substeps; started from its force of the substep before
     (contact.warm_friction, the default), the rounds end after one or two (docs/PHYSICS.md Sec. 7)."""
-    per_substep, frozen, tension, force = _held(True, False)
-    assert per_substep < 2.0 and frozen == 0 and 1.0 < force and tension < 1.2 * force
-    per_substep, _, _, _ = _held(False, False)
-    assert per_substep > 5.0
+    run = _held(True, False)
+    assert run.ran < 2.0 and run.undone == 0 and 1.0 < run.force and run.tension < 1.2 * run.force
+    assert _held(False, False).ran > 5.0
 
 
 def test_a_knot_held_at_the_diameter_is_not_frozen_when_its_friction_starts_warm():
-    """The held knot with strands touching at the thread's own diameter (0.225 mm) under the same budget. Started
-    from nothing, friction leaves the floor unmet when the rounds run out and the guard freezes the thread in
-    every held tick (docs/PHYSICS.md Sec. 7). Warm-started, the rounds still run on (the floor and the solve take
-    turns in a knot smaller than a segment), but what they leave is met: nothing freezes and no segment's
-    tension runs past 1.2 times the pull."""
-    _, frozen, tension, force = _held(True, True)
-    assert frozen == 0 and 1.0 < force and tension < 1.2 * force      # N
-    _, frozen, _, _ = _held(False, True)
-    assert frozen > 450                                                 # of the hold's 500 ticks
+    """The held knot with strands touching at the thread's own diameter (0.225 mm), as shipped. Started from
+    nothing, friction leaves the floor unmet when the rounds run out and the guard freezes the thread in every
+    held tick (docs/PHYSICS.md Sec. 7). Warm-started, the rounds still run on (the floor and the solve take turns
+    in a knot smaller than a segment), but what they leave is met: nothing freezes and no segment's tension runs
+    past 1.2 times the pull."""
+    run = _held(True, True)
+    assert run.undone == 0 and 1.0 < run.force and run.tension < 1.2 * run.force      # N
+    cold = _held(False, True)
+    assert cold.undone == len(cold.held)                                               # every held tick
 
 
 def test_a_substep_the_guard_undid_keeps_the_tensions_and_floor_forces_before_it():

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..solver.config import load_yaml
-from ..solver.contact_response import (CP_MIN_GAP, CP_ROUNDS, CP_SETTLE, CS_CONTACTS, CS_COUNT, CS_REVERTED,
+from ..solver.contact_response import (CP_MIN_GAP, CP_ROUNDS, CP_SETTLE, CS_CONTACTS, CS_COUNT, CS_REVERTED, CS_ROUNDS,
                                        apply_friction, enforce_min_gap, floor_pairs, floor_reach, largest_step,
                                        penalty_forces, rebuild_neighbours)
-from ..solver.integrator import STAT_MASS_FACTOR, SolverDivergence, Stepper, friction_rounds
+from ..solver.integrator import STAT_MASS_FACTOR, STAT_SUBSTEPS, SolverDivergence, Stepper, friction_rounds
 from ..solver.model import TickCopy
 from ..solver.scenario import Scenario, build_scenario, load_scenario, scenario_path
 
@@ -176,6 +176,7 @@ class HeldRun:
     held: np.ndarray         # us, the ticks after that
     substeps: float          # median substeps while held
     rounds: int              # contact rounds a substep may take while held (friction_rounds)
+    ran: float               # contact rounds a held substep ran, on average
     force: float             # N, the hand's force while held (mean)
     jitter: float            # N, rms of its change from one tick to the next while held
     slip: float              # m, change of the end-to-end distance over the hold
@@ -192,23 +193,27 @@ def held_run(label: str, sc: Scenario) -> HeldRun:
     until = sc.source["timeline"][0]["to"]    # s, when the hands stop
     split = int(round((until + 0.3) / sc.model.solver.tick))
     undone = [0]
+    ran = np.zeros(2)    # rounds and substeps over the hold
 
     def after(k: int, st) -> None:
         e2e.append(float(np.linalg.norm(st.x[-1] - st.x[0])))
         tension[0] = float(np.abs(st.tension).max())
-        if k >= split and st.contact_stats[CS_REVERTED] > 0:
-            undone[0] += 1
+        if k >= split:
+            undone[0] += st.contact_stats[CS_REVERTED] > 0
+            ran[0] += st.contact_stats[CS_ROUNDS]
+            ran[1] += st.stats[STAT_SUBSTEPS]
 
     try:
         times, force, subs, stepper = tick_times(sc, sc.duration, after)
     except SolverDivergence:
         # a runaway (docs/PHYSICS.md Sec. 7): report how far it ran
         return HeldRun(label, np.full(1, np.nan), np.full(1, np.nan), math.nan, 0, math.nan, math.nan, math.nan,
-                       tension[0], undone[0], 0, len(e2e) * sc.model.solver.tick)
+                       math.nan, tension[0], undone[0], 0, len(e2e) * sc.model.solver.tick)
     n = float(np.median(subs[split:]))
     rounds, _ = friction_rounds(int(sc.model.contact_par[CP_ROUNDS]), sc.model.contact_par[CP_MIN_GAP],
                                 sc.model.contact_par[CP_SETTLE], sc.model.solver.tick / n)
-    return HeldRun(label, times[:split], times[split:], n, rounds, float(force[split:].mean()),
+    return HeldRun(label, times[:split], times[split:], n, rounds, float(ran[0] / ran[1]),
+                   float(force[split:].mean()),
                    float(np.sqrt(np.mean(np.diff(force[split:]) ** 2))), e2e[-1] - e2e[split], tension[0],
                    undone[0], stepper.retries)
 
@@ -379,12 +384,13 @@ def render_contact(res: ContactBench) -> list[str]:
                   f"tight at about 2 N ({HELD_UNTIL} s; {HELD_UNTIL_3MM} s where strands touch at 3 mm, as the "
                   "scene had it before) and then held still; the same with friction started cold "
                   "(`contact.warm_friction` false, as the scene had it before). Tick times while it tightens (to "
-                  "0.3 s after the hands stop) and while it is held; the hand's force while held, the rms of its change from one tick to "
+                  "0.3 s after the hands stop) and while it is held; the contact rounds a held substep ran (of "
+                  "those it may); the hand's force while held, the rms of its change from one tick to "
                   "the next (what the stylus would buzz with), how far the knot slipped (change of the "
                   "end-to-end distance over the hold), the largest segment tension at the end, and in how many "
                   "held ticks the last-resort guard put the whole thread back (froze it):", "",
                   "| budget | tightening p50 / p99 / max (µs) | held p50 / p99 / max (µs) | substeps | rounds per "
-                  "substep | hand's force (N) | its change per tick, rms (mN) | slip while held (mm) | largest "
+                  "substep (of) | hand's force (N) | its change per tick, rms (mN) | slip while held (mm) | largest "
                   "tension (N) | held ticks frozen | ticks redone |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in res.held:
@@ -395,7 +401,7 @@ def render_contact(res: ContactBench) -> list[str]:
                 continue
             lines.append(f"| {r.label} | {np.percentile(a, 50):.0f} / {np.percentile(a, 99):.0f} / {a.max():.0f} "
                          f"| {np.percentile(b, 50):.0f} / {np.percentile(b, 99):.0f} / {b.max():.0f} "
-                         f"| {r.substeps:.0f} | {r.rounds} | {r.force:.3f} | {1e3 * r.jitter:.2f} "
+                         f"| {r.substeps:.0f} | {r.ran:.1f} ({r.rounds}) | {r.force:.3f} | {1e3 * r.jitter:.2f} "
                          f"| {1e3 * r.slip:+.3f} | {r.tension:.3g} | {r.undone} of {len(b)} | {r.retries} |")
         lines += ["", "Where strands touch at the thread's diameter, a knot pulled tight is smaller than a segment: "
                   "its loop closes on segments 3-5 apart pressed together at a toggle, and the rounds of floor, "
