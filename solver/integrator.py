@@ -602,8 +602,8 @@ def contact_rounds(h: float, n_cand: int, rod: Rod, sv: Settings, body: Body, wk
         raised = enforce_min_gap(xbar, w_eff, h, ct.par, ct.cand_near, n_near, ct.cand_i, ct.cand_j, ct.cand_s,
                                  ct.cand_t, ct.cand_d, ct.cand_n, ct.cand_fp)
         # friction again after each solve: the solve's slide along the edges is slip
-        stick, slid = apply_friction(x, xbar, w_eff, h, ct.par, n_cand, ct.cand_i, ct.cand_j, ct.cand_s, ct.cand_t,
-                                 ct.cand_n, ct.cand_f, ct.cand_fa)
+        stick, slid = apply_friction(x, xbar, w_eff, h, ct.par, n_cand, ct.cand_i, ct.cand_j, ct.cand_s,
+                                     ct.cand_t, ct.cand_n, ct.cand_f, ct.cand_fa)
         stats[CS_ROUNDS] += 1.0
         stats[CS_STICKING] = stick
         if raised > 0:

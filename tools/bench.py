@@ -24,10 +24,10 @@ The measurements (docs/BENCHMARKS.md shows a full run and explains the method):
    the server's tick through it (and by step of the suture) and the bot's share of a core; before the runs, a
    fixed computation once a tick in the loop's wait, priority and CPU at three sizes, from less than the tick's
    Python stages to the step's median (tools/machine_probe.py): the machine's own spread under a tick.
-10. ``knot``: an overhand knot in 3-0 silk pulled to 3 N by two styluses and held, as shipped and at the
-    thread's own diameter (tools/bench_knot.py): tick time, frozen ticks, crossings, whether the thread broke,
-    tension against the pull,
-    the force's content above 50 Hz and the knot's core.
+10. ``knot``: an overhand knot in 3-0 silk pulled to 3 N by two styluses and held, at the thread's own diameter
+    as shipped and at 3 mm, friction started warm and cold (tools/bench_knot.py): tick time, frozen ticks,
+    crossings, whether the thread broke, tension against the pull, the force's content above 50 Hz and the knot's
+    core.
 11. ``bot-rate``: how often the trainee bot's suture is done over 60 perturbed runs through the server's own
     tick in process, each hand's sample now and then a tick late (tools/bench_bot_rate.py), with the rate's 95 %
     interval and where the runs not done went wrong.
