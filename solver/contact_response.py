@@ -369,10 +369,10 @@ def _friction_pair(c: int, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h
     b = cand_j[c]
     s = cand_s[c]
     t = cand_t[c]
-    ca0, ca1, cb0, cb1 = 1.0 - s, s, -(1.0 - t), -t   # weights of the relative point P(s) - Q(t)
-    W = ca0 * ca0 * w_eff[a] + ca1 * ca1 * w_eff[a + 1] + cb0 * cb0 * w_eff[b] + cb1 * cb1 * w_eff[b + 1]
+    W = _pair_w(w_eff, a, s, b, t)
     if W <= 0.0:
         return 0, 0.0
+    ca0, ca1, cb0, cb1 = 1.0 - s, s, -(1.0 - t), -t   # weights of the relative point P(s) - Q(t)
     nx, ny, nz = cand_n[c, 0], cand_n[c, 1], cand_n[c, 2]
     # relative displacement of the contact points over the substep so far, friction's share included
     ux = (ca0 * (xbar[a, 0] - x[a, 0]) + ca1 * (xbar[a + 1, 0] - x[a + 1, 0])
@@ -438,8 +438,8 @@ def warm_friction(x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h: float, 
     mu_s f_n, moves the relative point by h^2 W F (``cand_fa`` gets the change), as the floor's force is
     warm-started (penalty_forces). The rounds after the solve correct it (apply_friction sets friction's total
     afresh from the slip each time), and in a held knot, whose friction changes little from one substep to the
-    next, they end after the first: started from nothing, friction and the solve took turns for 30 rounds and
-    more (docs/PHYSICS.md Sec. 7). A warm-started pair is not evaluated on the prediction: the pull friction holds
+    next, they end after one or two, where started from nothing friction and the solve take turns until the
+    rounds run out (docs/PHYSICS.md Sec. 7). A warm-started pair is not evaluated on the prediction: the pull friction holds
     against comes with the solve, so the prediction's slip is near nothing, and stopping it would take the warm
     start back. Every other pair (all of them without ``CP_WARM``) gets apply_friction's friction on the
     prediction."""
@@ -488,8 +488,8 @@ def keep_friction(w_eff: np.ndarray, h: float, n_cand: int, kept: bool, cand_i, 
     did not press (f_n <= 0), and everywhere unless the substep is ``kept``."""
     h2 = h * h
     for c in range(n_cand):
-        W = _pair_w(w_eff, cand_i[c], cand_s[c], cand_j[c], cand_t[c])
-        k = 1.0 / (h2 * W) if kept and cand_f[c] > 0.0 and W > 0.0 else 0.0
+        W = _pair_w(w_eff, cand_i[c], cand_s[c], cand_j[c], cand_t[c]) if kept and cand_f[c] > 0.0 else 0.0
+        k = 1.0 / (h2 * W) if W > 0.0 else 0.0
         for d in range(3):
             cand_ff[c, d] = k * cand_fa[c, d]
 
