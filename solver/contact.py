@@ -106,6 +106,16 @@ _FORWARD = np.array([(ox, oy, oz) for ox in (-1, 0, 1) for oy in (-1, 0, 1) for 
 
 
 @njit(cache=True, error_model="numpy", inline="always")
+def tangential(vx: float, vy: float, vz: float, nx: float, ny: float, nz: float) -> tuple:
+    """The part of (vx, vy, vz) square to the unit normal (nx, ny, nz), and its length: (tx, ty, tz, |t|)."""
+    vn = vx * nx + vy * ny + vz * nz
+    tx = vx - vn * nx
+    ty = vy - vn * ny
+    tz = vz - vn * nz
+    return tx, ty, tz, math.sqrt(tx * tx + ty * ty + tz * tz)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def _cell(v: float, inv: float) -> int:
     return int(np.floor(v * inv))
 

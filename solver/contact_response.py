@@ -42,7 +42,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .contact import find_contacts, segment_closest
+from .contact import find_contacts, segment_closest, tangential
 from .forces import hinge_cos
 
 CP_STIFFNESS = 0    # k_s, N/m (Wang 2017 Eq. 14)
@@ -358,6 +358,16 @@ def _pair_w(w_eff: np.ndarray, a: int, s: float, b: int, t: float) -> float:
 
 
 @njit(cache=True, error_model="numpy", inline="always")
+def _pair(c: int, w_eff: np.ndarray, cand_i, cand_j, cand_s, cand_t) -> tuple:
+    """Pair c's segments, their closest-point parameters and the pair's effective inverse mass: (a, b, s, t, W)."""
+    a = cand_i[c]
+    b = cand_j[c]
+    s = cand_s[c]
+    t = cand_t[c]
+    return a, b, s, t, _pair_w(w_eff, a, s, b, t)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def _friction_pair(c: int, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h2: float, mu_s: float, mu_k: float,
                    cand_i, cand_j, cand_s, cand_t, cand_n, cand_f, cand_fa) -> tuple:
     """Coulomb friction on pair c (apply_friction): returns (1 if it sticks, the change made to its relative
@@ -365,11 +375,7 @@ def _friction_pair(c: int, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h
     fn = cand_f[c]
     if fn <= 0.0:
         return 0, 0.0
-    a = cand_i[c]
-    b = cand_j[c]
-    s = cand_s[c]
-    t = cand_t[c]
-    W = _pair_w(w_eff, a, s, b, t)
+    a, b, s, t, W = _pair(c, w_eff, cand_i, cand_j, cand_s, cand_t)
     if W <= 0.0:
         return 0, 0.0
     ca0, ca1, cb0, cb1 = 1.0 - s, s, -(1.0 - t), -t   # weights of the relative point P(s) - Q(t)
@@ -439,10 +445,10 @@ def warm_friction(x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h: float, 
     warm-started (penalty_forces). The rounds after the solve correct it (apply_friction sets friction's total
     afresh from the slip each time), and in a held knot, whose friction changes little from one substep to the
     next, they end after one or two, where started from nothing friction and the solve take turns until the
-    rounds run out (docs/PHYSICS.md Sec. 7). A warm-started pair is not evaluated on the prediction: the pull friction holds
-    against comes with the solve, so the prediction's slip is near nothing, and stopping it would take the warm
-    start back. Every other pair (all of them without ``CP_WARM``) gets apply_friction's friction on the
-    prediction."""
+    rounds run out (docs/PHYSICS.md Sec. 7). A warm-started pair is not evaluated on the prediction: the pull
+    friction holds against comes with the solve, so the prediction's slip is near nothing, and stopping it would
+    take the warm start back. Every other pair (all of them without ``CP_WARM``) gets apply_friction's friction
+    on the prediction."""
     mu_s = cpar[CP_MU_S]
     mu_k = cpar[CP_MU_K]
     warm = cpar[CP_WARM] > 0.0
@@ -459,19 +465,10 @@ def warm_friction(x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, h: float, 
         if not warm or fn <= 0.0 or (gx == 0.0 and gy == 0.0 and gz == 0.0):
             _friction_pair(c, x, xbar, w_eff, h2, mu_s, mu_k, cand_i, cand_j, cand_s, cand_t, cand_n, cand_f, cand_fa)
             continue
-        a = cand_i[c]
-        b = cand_j[c]
-        s = cand_s[c]
-        t = cand_t[c]
-        W = _pair_w(w_eff, a, s, b, t)
+        a, b, s, t, W = _pair(c, w_eff, cand_i, cand_j, cand_s, cand_t)
         if W <= 0.0:
             continue
-        nx, ny, nz = cand_n[c, 0], cand_n[c, 1], cand_n[c, 2]
-        gn = gx * nx + gy * ny + gz * nz
-        gx -= gn * nx
-        gy -= gn * ny
-        gz -= gn * nz
-        g = math.sqrt(gx * gx + gy * gy + gz * gz)
+        gx, gy, gz, g = tangential(gx, gy, gz, cand_n[c, 0], cand_n[c, 1], cand_n[c, 2])
         cone = mu_s * fn
         k = h2 * W * (cone / g if g > cone else 1.0)   # the force's change of the relative point, within the cone
         cand_fa[c, 0] = k * gx

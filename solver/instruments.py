@@ -43,7 +43,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .contact import closest_if_near, segment_closest, segment_move
+from .contact import closest_if_near, segment_closest, segment_move, tangential
 
 # a capsule's row (ThreadState.tool_cap)
 TC_A = 0        # 3: the axis's first end now (m): the jaw's tip for a jaw, the hinge for a shaft
@@ -229,14 +229,8 @@ def tool_contact(h: float, x: np.ndarray, xbar: np.ndarray, w_eff: np.ndarray, c
             if w_pt <= 0.0:
                 continue
             # the point's slip relative to the capsule's point under it over the substep, tangential part
-            sx = (px - px0) - (qx - qx0)
-            sy = (py - py0) - (qy - qy0)
-            sz = (pz - pz0) - (qz - qz0)
-            sn = sx * nx + sy * ny + sz * nz
-            sx -= sn * nx
-            sy -= sn * ny
-            sz -= sn * nz
-            slip = math.sqrt(sx * sx + sy * sy + sz * sz)
+            sx, sy, sz, slip = tangential((px - px0) - (qx - qx0), (py - py0) - (qy - qy0), (pz - pz0) - (qz - qz0),
+                                          nx, ny, nz)
             # the point's correction: out to the surface along n, and back along the slip by friction
             cx = depth * nx
             cy = depth * ny
