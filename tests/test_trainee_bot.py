@@ -17,6 +17,9 @@ by `suturesim bench bot` (docs/BENCHMARKS.md Sec. 9) and over sixty in process b
 (Sec. 11), not here: three runs cannot tell 80 % from 60 %, and ten take the suite past its time."""
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
 from suturesim.solver.timers import STAGES
@@ -171,6 +174,51 @@ def test_the_instrument_tie_throws_what_the_knot_read_calls_for():
     bot, thrown, failure, watched, _ = _tie(["unknot"] * TIE_THROWS)
     assert thrown == ["double throw"] * TIE_THROWS and not watched and len(bot.redone) == TIE_THROWS - 1
     assert failure == f"double throw: reads unknot: {TIE_THROWS} throws, and the server reads unknot"
+
+
+def _thread_through(knot_u: float) -> list[float]:
+    """A thread along x at 1 mm spacing, 3 mm up, with a loop whose strand crosses the thread at x = ``knot_u``
+    (m): what the bot sees as a knot there."""
+    pts = [[-0.030 + 0.001 * k, 0.0, 0.003] for k in range(61)]
+    loop = [[knot_u + 0.004 * math.sin(a), 0.004 * (1.0 - math.cos(a)), 0.003 + 0.0005 * math.sin(a / 2)]
+            for a in np.linspace(0.5, 2 * math.pi - 0.5, 20)]
+    x = pts[:31 + int(round(knot_u * 1000))] + loop + pts[31 + int(round(knot_u * 1000)):]
+    return [c for p in x for c in p]
+
+
+def test_the_bot_sees_the_knot_where_strands_cross_and_keeps_a_crossed_cinch_over_the_wound():
+    """Trainee.knot_at: the middle of the vertices within KNOT_NEAR of a vertex more than KNOT_APART along the
+    thread; none on a thread that crosses nothing. A centred cinch (the opposite throw's) shifts both hands along
+    the pull against the knot's drift from the wound's centre, at most CINCH_SHIFT_MAX; an uncentred one (the
+    double throw's) pulls to where it was told."""
+    from suturesim.tools.trainee_bot import CINCH_SHIFT_MAX, IT_CINCH_TICKS, Trainee
+
+    sight = _Still("surgeon's knot")
+    sight.state.update(x=[c for k in range(40) for c in (0.001 * k, 0.0, 0.003)],
+                       needle={"pos": [0.0, 0.0, 0.02], "quat": [1.0, 0.0, 0.0, 0.0]})
+    bot = Trainee.with_eyes(sight, 0)
+    assert bot.knot_at() is None
+    sight.state["x"] = _thread_through(0.005)
+    assert bot.knot_at()[0] == pytest.approx(0.005, abs=1.5e-3)
+
+    def pulled(centred: bool) -> tuple[np.ndarray, np.ndarray]:
+        right, left = bot.hands["stylus0"], bot.hands["stylus1"]
+        right.pos = np.array([0.0, 0.0, 0.02])
+        left.pos, left.offset, left.q_rel = np.zeros(3), np.zeros(3), np.array([1.0, 0.0, 0.0, 0.0])
+        plan = bot.cinch(np.array([0.047, 0.0, 0.003]), np.array([-0.047, 0.0, 0.003]), "surgeon's knot", 0,
+                         centred=centred)
+        for k, _ in enumerate(plan):
+            if k == IT_CINCH_TICKS - 1:
+                return right.pos.copy(), left.pos.copy()
+            sight.state["t"] = k * 1e-3     # a new look every tick
+        raise AssertionError("the cinch ended early")
+
+    plain_r, plain_l = pulled(False)
+    assert plain_r == pytest.approx([0.047, 0.0, 0.003]) and plain_l == pytest.approx([-0.047, 0.0, 0.003])
+    # the knot 5 mm toward the tail's hand, and staying there: both hands shift the other way, to the bound
+    centred_r, centred_l = pulled(True)
+    assert centred_r == pytest.approx([0.047 - CINCH_SHIFT_MAX, 0.0, 0.003])
+    assert centred_l == pytest.approx([-0.047 - CINCH_SHIFT_MAX, 0.0, 0.003])
 
 
 def test_a_suture_is_done_only_with_the_wound_closed_at_the_end():

@@ -28,11 +28,12 @@ The suture, hand by hand (stylus0 the right hand's needle driver, stylus1 the le
       and takes it; the needle hand holds the swage just past the jaw's tip while the jaw is drawn back along its
       axis, so the wraps slide off one at a time onto the tail; each end is pulled to its own side, and the
       driver lets go. Then the opposite single throw, grab first: the jaw takes the tail's end where it has come
-      to rest, lined up along the tail, and carries it up, over on the tail's side and down to where it lay for
-      the first throw, and holds it there while the tail stops swinging; the needle's strand is wound 1.5 times
-      round it the other way; the jaw is drawn back through the wrap, and the ends are pulled crossed (the tail to
-      the exit side), held and eased (a surgeon's knot);
-   b. a hand tie (``--tie hand``; serve the scene with both devices ``tool: hand``): the right hand takes the
+      to rest, lined up along the tail, and carries it up, over by the far side (+v) to the tail's side and down
+      to where it lay for the first throw, and holds it there while the tail stops swinging; the needle's strand
+      is wound 1.5 times round it the other way; the jaw is drawn back through the wrap, and the ends are pulled
+      crossed (the tail to the exit side), the knot kept over the wound by eye, held and eased (a surgeon's knot);
+   b. a hand tie (``--tie hand``; serve the scene with both devices ``tool: hand`` and ``contact.warm_friction``
+      false, as :func:`perturbed_practice` writes it): the right hand takes the
       thread near its tail and brings it across; a surgeon's double throw (the tail carried round the needle's
       strand and through the loop twice), pulled along the tissue until the wound closes; then the opposite
       single throw, pulled with the hands crossed;
@@ -137,6 +138,14 @@ IT_PAST_TIP = 0.005                # then it carries the swage this far past the
 IT_BACK = 0.040                    # the jaw drawn back along its axis, the tail's end through the wraps
 IT_CINCH = 0.047                   # each end pulled to its own side, this far from the centre, 3 mm up, over 4 s
 IT_CINCH_TICKS, IT_CINCH_HOLD = 4000, 1000
+# A crossed cinch keeps the knot over the wound, as a person watching it does: at each look both hands shift along
+# the pull by this share of how far the knot has drifted along it from the wound's centre (a knot dragged toward
+# one hand: that hand eases, the other pulls on), CINCH_SHIFT_MAX at most. Pulled by the hands' positions alone, the
+# hand whose strand held more drew the whole knot after it, through the double throw, and the wound opened or the
+# knot came undone.
+CINCH_GAIN = 0.1                   # of the drift, a look (the server's `state`, 100 a second)
+CINCH_SHIFT_MAX = 0.015            # m
+KNOT_NEAR, KNOT_APART = 0.0015, 4  # the knot, as seen: vertices this near (m) one more than this many vertices away
 DRAWN_LOOK = 2000                  # ticks (eight of the server's knot readings: a loose throw's may go unresolved)
                                    # the hands wait, drawn through, for the knot the throw makes before they pull
 # The opposite throw on it, grab first: the jaw takes the tail's very end and carries it to where the first
@@ -150,6 +159,8 @@ IT2_APPROACH = 0.025               # the jaw lines up this far beyond the tail's
 IT2_BEYOND = 0.004                 # ... and closes with its tip this far beyond the end: within its reach and
                                    # clear of the thread (a jaw that touches the end pushes it away)
 IT2_HIGH, IT2_SIDE = 0.035, 0.015   # the end carried up this high, then over to this far on the tail's side
+IT2_OVER = 0.030                   # ... by way of this far to +v: a tail that came from -v lay in a loop on that
+                                   # side, where the wind's wrap caught it too (the server read `other`)
 IT2_FOLLOW = 1e-4                  # m a tick (0.1 m/s): the jaw follows the end onto it if it still moves
 IT2_SETTLE = 500                   # ticks the jaw holds still there, the tail swinging from the carry, before the
                                    # wind: a wrap wound round a swinging tail catches it
@@ -160,6 +171,13 @@ IT2_EASE = 0.030                   # the ends eased to this far either side of t
 TIE_THROWS = 4                     # throws in all: the two of the tie and two thrown again
 REDO_RISE = 0.030                  # the driver rises this far after letting go of the tail ...
 REDO_SETTLE = 500                  # ... and the thread is left this many ticks to come to rest
+
+
+# The hand tie's timeline (NEEDLE_TIE, TAIL_TIE) was made with the self-contact's friction started from nothing each
+# substep, and its second throw needs it: with friction started warm (the scene's default) the second throw
+# read as a surgeon's knot in 2 of seeds 0-7 in process, against 7 of 8 cold (docs/PHYSICS.md Sec. 7). The
+# instrument tie, which reads the knot and corrects its motions, was made for warm friction.
+HAND_TIE_CONTACT = {"contact": {"warm_friction": False}}
 
 
 def perturbation(seed: int) -> dict:
@@ -181,14 +199,16 @@ def perturbed_practice(seed: int, out, tie: str = "instrument") -> None:
     """Write `suture-practice` with the perturbation of ``seed`` to the YAML file ``out``: the world the bot
     finds. For an instrument tie its tools are the scene's (a needle driver right, forceps left); for a hand tie
     both devices are hands (``tool: hand``): a hand tie carries the tail, in the tool that holds it, through a
-    loop, which a needle driver's shaft would stay inside (docs/HAPTICS.md Sec. 1)."""
+    loop, which a needle driver's shaft would stay inside (docs/HAPTICS.md Sec. 1), and friction is started cold
+    (HAND_TIE_CONTACT)."""
     import yaml
 
     from ..solver.scenario import _merge, scenario_path
 
     doc = _merge(yaml.safe_load(scenario_path("suture-practice").read_text()), perturbation(seed))
-    for name in (RIGHT, LEFT):
-        if tie == "hand":
+    if tie == "hand":
+        doc = _merge(doc, HAND_TIE_CONTACT)
+        for name in (RIGHT, LEFT):
             doc["devices"][name]["tool"] = "hand"
     with open(out, "w") as f:
         yaml.safe_dump(doc, f, sort_keys=False)
@@ -497,6 +517,17 @@ class Trainee:
         k = int(np.argmin(np.linalg.norm(x - self.marks()[0], axis=1)))
         return float(np.linalg.norm(np.diff(x[k:], axis=0), axis=1).sum())
 
+    def knot_at(self) -> np.ndarray | None:
+        """Where the knot is, as a person sees it: the middle (m) of the thread's vertices that lie within
+        KNOT_NEAR of a vertex more than KNOT_APART along the thread from them (strands crossing or wound round each
+        other); None if none do."""
+        x = self.thread()
+        d = np.linalg.norm(x[:, None, :] - x[None, :, :], axis=2)
+        k = np.arange(len(x))
+        near = (d < KNOT_NEAR) & (np.abs(k[:, None] - k[None, :]) > KNOT_APART)
+        crossed = near.any(axis=1)
+        return x[crossed].mean(axis=0) if crossed.any() else None
+
     def knot_now(self) -> str:
         """The knot the server reads now (`state`'s ``tissue.knot``; "unknot" before it reads one)."""
         return (self.st.get("tissue") or {}).get("knot") or "unknot"
@@ -617,17 +648,29 @@ class Trainee:
         raise BotFailed(f"the jaw drawn through the wraps, the server reads {self.knot_now()}, not {throw} "
                         f"(it read {self.knots(seen)})")
 
-    def cinch(self, tail_to: np.ndarray, needle_to: np.ndarray, throw: str, seen: int) -> Iterator[None]:
+    def cinch(self, tail_to: np.ndarray, needle_to: np.ndarray, throw: str, seen: int,
+              centred: bool = False) -> Iterator[None]:
         """The jaw, holding the tail, pulls it to ``tail_to`` and the needle hand its strand to ``needle_to`` (m)
         over IT_CINCH_TICKS; both hold IT_CINCH_HOLD, and the server must then read ``throw`` (else BotFailed:
-        what it reads with the cinch held, not what it read on the way)."""
+        what it reads with the cinch held, not what it read on the way). ``centred``: the knot kept over the wound
+        (CINCH_GAIN), both hands shifted along the pull against its drift at each look."""
         right, left = self.hands[RIGHT], self.hands[LEFT]
         swage, _ = self.needle()
         p0 = right.pos.copy()
+        centre = 0.5 * (tail_to + needle_to)
+        along = (tail_to - needle_to) / np.linalg.norm(tail_to - needle_to)
+        shift = 0.0            # m along the pull, both hands: keeps the knot over the wound
+        seen_t = None
         for k in range(1, IT_CINCH_TICKS + 1):
             s = k / IT_CINCH_TICKS
-            right.pos = p0 + s * (tail_to - p0)
-            left.pos, left.quat = left.jaw_for_needle(swage + s * (needle_to - swage), Q_TIE)
+            if centred and self.st["t"] != seen_t:   # a new look: how far the knot has drifted along the pull
+                seen_t = self.st["t"]
+                knot = self.knot_at()
+                if knot is not None:
+                    off = float(np.dot(knot - centre, along))
+                    shift = min(CINCH_SHIFT_MAX, max(-CINCH_SHIFT_MAX, shift - CINCH_GAIN * off))
+            right.pos = p0 + s * (tail_to - p0) + s * shift * along
+            left.pos, left.quat = left.jaw_for_needle(swage + s * (needle_to - swage) + s * shift * along, Q_TIE)
             yield
         yield from self.wait(IT_CINCH_HOLD)
         if self.knot_now() != throw:
@@ -662,11 +705,13 @@ class Trainee:
 
     def cinch_crossed(self, at: Callable[[float, float, float], np.ndarray], seen: int) -> Iterator[None]:
         """The surgeon's knot's cinch, the jaw holding the tail: the ends pulled with the hands crossed (the tail
-        to the exit side, the needle's strand to the entry side, :meth:`cinch`), then both eased to IT2_EASE either
+        to the exit side, the needle's strand to the entry side, :meth:`cinch`, the knot kept over the wound),
+        then both eased to IT2_EASE either
         side of the wound. ``at``: a point in the wound's frame (:meth:`frame_point`); ``seen``: the events before
         the throw began."""
         right, left = self.hands[RIGHT], self.hands[LEFT]
-        yield from self.cinch(at(IT_CINCH, 0.0, 0.003), at(-IT_CINCH, 0.0, 0.003), "surgeon's knot", seen)
+        yield from self.cinch(at(IT_CINCH, 0.0, 0.003), at(-IT_CINCH, 0.0, 0.003), "surgeon's knot", seen,
+                              centred=True)
         self.mark("second throw")
         swage, _ = self.needle()
         p0 = right.pos.copy()
@@ -678,12 +723,12 @@ class Trainee:
 
     def instrument_opposite_throw(self) -> Iterator[None]:
         """After the instrument's double throw, the opposite single throw on it, grab first: the driver's jaw takes
-        the tail's very end (lined up along the tail, tip first) and carries it up, over on the tail's side of the
-        wound and down to where the first throw's jaw lay; the needle hand winds its strand 1.5 times round the
-        jaw, the other way from the first throw; the needle hand holds the swage past the jaw's tip and the jaw is
-        drawn back along its axis, the tail's end through the wrap; the ends are pulled crossed along the tissue
-        (the tail to the exit side, the needle's strand to the entry side), held and eased. The server must read a
-        surgeon's knot."""
+        the tail's very end (lined up along the tail, tip first) and carries it up, over by the +v side to the
+        tail's side of the wound and down to where the first throw's jaw lay; the needle hand winds its strand 1.5
+        times round the jaw, the other way from the first throw; the needle hand holds the swage past the jaw's tip
+        and the jaw is drawn back along its axis, the tail's end through the wrap; the ends are pulled crossed along the tissue
+        (the tail to the exit side, the needle's strand to the entry side) with the knot kept over the wound, held
+        and eased. The server must read a surgeon's knot."""
         right = self.hands[RIGHT]
         frame = self.wound_frame()
         c, _, v, _ = frame
@@ -692,9 +737,10 @@ class Trainee:
 
         yield from self.take_tail_end()
         q, a, n, mid, tip = self.driver_pose(frame)
-        # up, over to the tail's side of the wound and down onto the pose: wherever the end came to rest, the tail
-        # comes to the jaw's pose the same way round the needle's strand
+        # up, over the +v side, over to the tail's side of the wound and down onto the pose: wherever the end came
+        # to rest, the tail comes to the jaw's pose the same way round the needle's strand
         yield from self.move_jaw(right, np.array([right.pos[0], right.pos[1], c[2] + IT2_HIGH]), right.quat, 500)
+        yield from self.move_jaw(right, at(-IT2_SIDE, IT2_OVER, IT2_HIGH), q, 600)
         yield from self.move_jaw(right, at(-IT2_SIDE, 0.0, IT2_HIGH), q, 800)
         yield from self.move_jaw(right, tip + 0.01 * n, q, 600)
         yield from self.move_jaw(right, tip, q, 300)
@@ -959,7 +1005,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--watch", type=float, default=10.0, help="seconds the bot watches the knot after letting go")
     p.add_argument("--tie", choices=TIES, default="instrument",
                    help="instrument (default): an instrument tie with the scene's needle driver and forceps; "
-                        "hand: a hand tie (serve the scene with both devices `tool: hand`)")
+                        "hand: a hand tie (serve the scene with both devices `tool: hand` and "
+                        "`contact.warm_friction` false, as perturbed_practice writes it)")
     args = p.parse_args(argv)
     bot = Trainee(args.pub, args.stylus, args.seed, args.watch, args.tie)
     try:
