@@ -169,10 +169,13 @@ def measure_bot_rate(quick: bool, log: Callable[[str], None]) -> RateBench:
 
 
 def failed_at(report: dict) -> str:
-    """Where a run that was not done went wrong, in a few words: the throw or step that failed, or how the knot
-    or the wound ended."""
+    """Where a run that was not done went wrong, in a few words: the throw or step that failed first (a run that
+    ended on a failed throw: the first of the throws that failed and were followed by another, ``redone``, if
+    any; a surgeon's knot undone by the opposite throw's cinch went wrong there, not at the double throw thrown
+    after it), or how the knot or the wound ended."""
     failure = report.get("failure")
     if failure:
+        failure = (report.get("redone") or [failure])[0]
         head = failure.split(":")[0]
         if head in ("double throw", "opposite throw", "cinch"):
             return f"the {head} failed its look" if head != "cinch" else "the cinch again failed"
