@@ -174,9 +174,8 @@ REDO_SETTLE = 500                  # ... and the thread is left this many ticks 
 
 
 # The hand tie's timeline (NEEDLE_TIE, TAIL_TIE) was made with the self-contact's friction started from nothing each
-# substep, and its second throw needs it: with friction started warm (the scene's default) the second throw
-# read as a surgeon's knot in 2 of seeds 0-7 in process, against 7 of 8 cold (docs/PHYSICS.md Sec. 7). The
-# instrument tie, which reads the knot and corrects its motions, was made for warm friction.
+# substep, as the scripted suture scenes' were, and is run so (docs/PHYSICS.md Sec. 7); the instrument tie, which
+# reads the knot and corrects its motions, was made for friction started warm, the scene's default.
 HAND_TIE_CONTACT = {"contact": {"warm_friction": False}}
 
 
