@@ -16,8 +16,8 @@ from suturesim.server import protocol
 from suturesim.solver.needle import NP_ARC, NP_RADIUS
 from suturesim.tools.bench_bot_rate import InProcess, watching
 # the tests' own too
-from suturesim.tools.trainee_bot import (HAND_TIE_CONTACT, Q_BITE, UNIT, Trainee, qconj, qmul, rot,  # noqa: F401
-                                         slerp)
+from suturesim.tools.trainee_bot import (Q_BITE, UNIT, Trainee, qconj, qmul, rot, slerp,  # noqa: F401
+                                         tie_overrides)
 
 RIGHT, LEFT = "stylus0", "stylus1"
 GRASP = 1
@@ -170,9 +170,7 @@ def start_of_suture(scene: Scene, settle: int = SETTLE_TICKS, theta: float = 0.0
 def trainee_in_process(seed: int = 0, overrides: dict | None = None,
                        tie: str = "instrument") -> tuple[Scene, Trainee]:
     """`suture-practice` (``overrides`` merged over it) as `suturesim bench bot` runs it (its own tools for an
-    instrument tie, both devices hands and friction started cold for a hand ``tie``: trainee_bot.perturbed_practice),
+    instrument tie, both devices hands and friction started cold for a hand ``tie``: trainee_bot.tie_overrides),
     and the trainee bot of ``seed`` looking at it: drive its ``plan`` with tools/bench_bot_rate.py :func:`drive`."""
-    hands = {"devices": {RIGHT: {"tool": "hand"}, LEFT: {"tool": "hand"}}, **HAND_TIE_CONTACT} if tie == "hand" \
-        else {}
-    scene = Scene(overrides={**(overrides or {}), **hands} or None)
+    scene = Scene(overrides={**(overrides or {}), **tie_overrides(tie)} or None)
     return scene, watching(scene, seed, tie)

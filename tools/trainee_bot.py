@@ -173,10 +173,15 @@ REDO_RISE = 0.030                  # the driver rises this far after letting go 
 REDO_SETTLE = 500                  # ... and the thread is left this many ticks to come to rest
 
 
-# The hand tie's timeline (NEEDLE_TIE, TAIL_TIE) was made with the self-contact's friction started from nothing each
-# substep, as the scripted suture scenes' were, and is run so (docs/PHYSICS.md Sec. 7); the instrument tie, which
-# reads the knot and corrects its motions, was made for friction started warm, the scene's default.
-HAND_TIE_CONTACT = {"contact": {"warm_friction": False}}
+def tie_overrides(tie: str) -> dict:
+    """The scenario overrides `suture-practice` needs for ``tie``: none for an instrument tie (the scene's own
+    tools, friction started warm); for a hand tie both devices hands (``tool: hand``: a hand tie carries the tail,
+    in the tool that holds it, through a loop, which a needle driver's shaft would stay inside, docs/HAPTICS.md
+    Sec. 1) and the self-contact's friction started from nothing each substep, as the hand tie's timeline
+    (NEEDLE_TIE, TAIL_TIE) was made, like the scripted suture scenes' (docs/PHYSICS.md Sec. 7)."""
+    if tie != "hand":
+        return {}
+    return {"devices": {RIGHT: {"tool": "hand"}, LEFT: {"tool": "hand"}}, "contact": {"warm_friction": False}}
 
 
 def perturbation(seed: int) -> dict:
@@ -196,19 +201,14 @@ def perturbation(seed: int) -> dict:
 
 def perturbed_practice(seed: int, out, tie: str = "instrument") -> None:
     """Write `suture-practice` with the perturbation of ``seed`` to the YAML file ``out``: the world the bot
-    finds. For an instrument tie its tools are the scene's (a needle driver right, forceps left); for a hand tie
-    both devices are hands (``tool: hand``): a hand tie carries the tail, in the tool that holds it, through a
-    loop, which a needle driver's shaft would stay inside (docs/HAPTICS.md Sec. 1), and friction is started cold
-    (HAND_TIE_CONTACT)."""
+    finds, with what ``tie`` needs (:func:`tie_overrides`): for an instrument tie the scene's tools (a needle
+    driver right, forceps left), for a hand tie both devices hands and friction started cold."""
     import yaml
 
     from ..solver.scenario import _merge, scenario_path
 
     doc = _merge(yaml.safe_load(scenario_path("suture-practice").read_text()), perturbation(seed))
-    if tie == "hand":
-        doc = _merge(doc, HAND_TIE_CONTACT)
-        for name in (RIGHT, LEFT):
-            doc["devices"][name]["tool"] = "hand"
+    doc = _merge(doc, tie_overrides(tie))
     with open(out, "w") as f:
         yaml.safe_dump(doc, f, sort_keys=False)
 
