@@ -82,6 +82,13 @@ _POLLIN = int(zmq.POLLIN)
 # of substeps whose rounds ran out before the floor and friction settled, and the same for the tissue's rounds
 # (tissue_rounds). Rounds that always run out put a step's cost at its ceiling.
 ROUNDS = ("contact", "contact_out", "tissue", "tissue_out")
+# the `stats` message's histograms of the step and the tick (docs/PROTOCOL.md Sec. 3.3): the interval's ticks
+# counted in HIST_BINS bins HIST_BIN_US wide from 0, the last also counting every longer one. A client pools them
+# over any span (a whole suture) and reads its percentiles to the bin's width, which the seconds' own percentiles
+# cannot give
+HIST_BIN_US = 10.0
+HIST_BINS = 200
+_HIST_EDGES = np.arange(1, HIST_BINS) * HIST_BIN_US
 
 
 @dataclass
@@ -163,6 +170,10 @@ class LoopStats:
                                  "outputs_us")):
             out[key] = {"p50": pct[k][0], "p99": pct[k][1], **({"p999": pct[k][2]} if k < 2 else {}),
                         "max": top[k]}
+        for k, key in ((2, "step_us"), (3, "tick_us")):
+            # the sorted series counted below each edge: the bins' counts are the differences
+            below = np.searchsorted(series[k], _HIST_EDGES, side="left")
+            out[key]["hist"] = np.diff(below, prepend=0, append=n).tolist()
         out["substeps"] = {"mean": float(sub.mean()), "max": int(sub.max())}
         stepped = float(sub.sum())
         if stepped > 0.0:

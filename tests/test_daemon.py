@@ -898,14 +898,15 @@ def test_port_in_use_fails_fast_with_one_clear_line():
 def test_the_loops_stats_read_their_percentiles_as_numpy_does():
     """LoopStats.summary sorts the second's series once and reads their percentiles itself (ten np.percentile
     calls cost 0.4 ms on the tick that publishes them): every figure equals np.percentile's, for full and
-    partial seconds, on values with ties and without, the tick's stages included."""
+    partial seconds, on values with ties and without, the tick's stages included; the step's and the tick's
+    histograms equal np.histogram's."""
     from suturesim.server.physics import LoopStats
 
     stats = LoopStats(1000)
     rng = np.random.default_rng(3)
     for case in range(300):
         n = 1000 if case % 3 else int(rng.integers(1, 1000))
-        vals = rng.random((n, 7)) * 1000.0 * rng.random()
+        vals = rng.random((n, 7)) * 1000.0 * rng.random() * (3.0 if case % 7 == 0 else 1.0)
         if case % 5 == 0:
             vals = np.round(vals, int(rng.integers(0, 3)))
         for v in vals:
@@ -919,6 +920,10 @@ def test_the_loops_stats_read_their_percentiles_as_numpy_does():
                 assert got[key][name] == float(np.percentile(vals[:, col], q)), (case, key, name)
             assert got[key]["max"] == float(vals[:, col].max())
             assert "p999" in got[key] if col < 2 else "p999" not in got[key]
+        for key, col in (("step_us", 2), ("tick_us", 3)):
+            # 10 µs bins from 0, the last open above: a span's pooled counts give its percentiles to a bin
+            edges = np.append(np.arange(200) * 10.0, np.inf)
+            assert got[key]["hist"] == np.histogram(vals[:, col], edges)[0].tolist(), (case, key)
         assert got["ticks"] == stats.ticks and stats.count == 0
 
 
