@@ -52,10 +52,19 @@ def test_the_trainee_bot_sutures_and_ties_a_surgeons_knot_that_holds():
 
 
 def _second(t: float, step_p50: float, tick_p99: float) -> dict:
-    """One second of the server's `stats` as `suturesim bench bot` reads it."""
+    """One second of the server's `stats` as `suturesim bench bot` reads it: its histograms 989 ticks at the p50
+    and 11 at the p99 (10 µs bins)."""
     stage = {"p50": 10.0, "p99": 20.0, "max": 30.0}
-    return {"t": t, "ticks": 1000, "overruns": 0, "step_us": {"p50": step_p50, "p99": 2 * step_p50, "max": 0.0},
-            "tick_us": {"p50": step_p50 + 100.0, "p99": tick_p99, "max": 0.0},
+
+    def hist(p50: float, p99: float) -> list[int]:
+        h = [0] * 200
+        h[min(int(p50 // 10), 199)] += 989
+        h[min(int(p99 // 10), 199)] += 11
+        return h
+    return {"t": t, "ticks": 1000, "overruns": 0,
+            "step_us": {"p50": step_p50, "p99": 2 * step_p50, "max": 0.0, "hist": hist(step_p50, 2 * step_p50)},
+            "tick_us": {"p50": step_p50 + 100.0, "p99": tick_p99, "max": 0.0,
+                        "hist": hist(step_p50 + 100.0, tick_p99)},
             "inputs_us": stage, "watch_us": stage, "outputs_us": stage}
 
 
@@ -66,12 +75,18 @@ def test_bench_bot_splits_the_servers_seconds_by_the_step_the_bot_was_working_to
     # a second counts toward the step the bot had not yet marked when it ended; one after the last mark, none
     assert [(name, [m["t"] for m in seconds]) for name, seconds in run.phases()] == [
         ("needle taken", [1.0]), ("bite", [2.0, 3.0]), ("watched", [4.0, 5.0])]
-    rows = render_phases([run, run])   # two runs pooled: the medians of the seconds' p50, the largest p99
-    assert rows == [["needle taken", "2", "100 / 200", "200 / 300", "10 / 100 / 10 / 10"],
-                    ["bite", "4", "250 / 600", "350 / 500", "10 / 250 / 10 / 10"],
-                    ["watched", "4", "410 / 840", "510 / 950", "10 / 410 / 10 / 10"]]
+    # two runs pooled: the medians of the seconds' p50; the p99 over their ticks, the top of its 10 µs bin (of
+    # 4000 ticks, the 3960th: past the 3956 at the seconds' p50, among the slow ones of the faster second); the
+    # largest p99 of a second
+    rows = render_phases([run, run])
+    assert rows == [["needle taken", "2", "100 / 210 / 200", "200 / 310 / 300", "10 / 100 / 10 / 10"],
+                    ["bite", "4", "250 / 410 / 600", "350 / 410 / 500", "10 / 250 / 10 / 10"],
+                    ["watched", "4", "410 / 810 / 840", "510 / 910 / 950", "10 / 410 / 10 / 10"]]
     table = render_bot(BotBench([run]))
-    assert "| watched | 2 | 410 / 840 | 510 / 950 | 10 / 410 / 10 / 10 |" in table
+    assert "| watched | 2 | 410 / 810 / 840 | 510 / 910 / 950 | 10 / 410 / 10 / 10 |" in table
+    # the run's own row, all six seconds: the p99 over their 6000 ticks is the 5940th, past the 5000 under 1 ms,
+    # among the last second's 989 at 1099 µs (its bin's top: 1100 µs)
+    assert any(line.startswith("| 0 | **no** |") and "| 450 / 1100 / 9999 / 0 |" in line for line in table), table
     # a run whose bot reported no step times (it failed before the first) adds no row
     assert render_phases([BotRun(1, report={"done": []}, stats=[_second(1.0, 1.0, 1.0)])]) == []
 
@@ -248,7 +263,7 @@ def test_the_bot_in_process_is_the_tests_harness_bit_for_bit_and_holds_back_the_
     drive(scene, bot, bot.plan(), until="needle taken")
     theirs = bot.report(None, 0.0, 0.0)
     skip = ("cpu_s", "wall_s")
-    assert {k: v for k, v in plain.items() if k not in skip + ("ok", "ticks", "held")} == \
+    assert {k: v for k, v in plain.items() if k not in skip + ("ok", "ticks", "held", "timing")} == \
         {k: v for k, v in theirs.items() if k not in skip}
     assert plain["done"] == ["needle taken"] and not plain["ok"] and plain["failure"] is None
     assert plain["ticks"] == scene.ticks > START_TICKS and plain["held"] == 0
@@ -280,3 +295,30 @@ def test_bench_bot_rate_gives_the_rate_its_interval_and_where_the_runs_went_wron
     # seed 9's run went wrong at the opposite throw, whose cinch undid the knot, not at the double throw after it
     assert "- the opposite throw failed its look: 2 (7, 9)" in text
     assert "- the knot loosened to half knot after the tie: 1 (8)" in text
+
+
+def test_bench_bot_rate_times_the_ticks_and_says_where_the_slowest_steps_go():
+    """Timing counts each tick in the `stats` histograms' 10 µs bins and keeps the stages of its slowest 1 % of
+    steps apart; the table pools the runs: percentiles from the histograms summed, the means over the ticks."""
+    from suturesim.solver.timers import STAGES
+    from suturesim.tools.bench_bot_rate import ROUND_KEYS, Timing, render_timing
+
+    timing = Timing(capacity=64)   # grown past its capacity on the way
+    timers = np.zeros(len(STAGES))
+    stats, contact = np.zeros(32), np.zeros(16)
+    tissue = STAGES.index("tissue")
+    for k in range(1000):
+        slow = k % 100 == 0                      # 10 ticks of 1000: the slowest 1 %
+        timers[:] = 0.0
+        timers[tissue] = (300.0 if slow else 50.0) / timing.us_per_cycle
+        timing.add((400_000 if slow else 150_000) + k, 200_000 + k, timers, stats, contact)
+    got = timing.summary()
+    assert sum(got["step_hist"]) == 1000 and got["step_hist"][15] == 990 and got["step_hist"][40] == 10
+    assert got["slowest"]["ticks"] == 10 and abs(got["slowest"]["tissue"] - 3000.0) < 1e-6
+    assert got["all"]["ticks"] == 1000 and abs(got["all"]["tissue"] - (3000.0 + 990 * 50.0)) < 1e-6
+    lines = render_timing([got, got])
+    # of 2000 steps the 1980th is the last of the 1980 in the 150-160 µs bin: its top, 160 µs
+    assert any(line.startswith("| step | 160 | 160 | 160 |") for line in lines), lines
+    slowest = next(line for line in lines if line.startswith("| slowest 1 % | 20 |"))
+    assert slowest.split(" | ")[2 + tissue] == "300"
+    assert len(slowest.split(" | ")) == 3 + len(STAGES) + len(ROUND_KEYS)

@@ -11,8 +11,10 @@ driver's jaw, the opposite single throw on it), lets go and watches it 10 s. Wha
 - the server's tick over the whole run, from its `stats` topic (one message a second: that second's p50, p99
   and max): the solver step (`step_us`: `Stepper.tick` with its substeps) and the whole tick (`tick_us`: the
   step, the watch's events and knot reading, the styluses, the forces and the `state` published), pooled as
-  the median of the seconds' p50 and the largest of their p99 and max; the medians of the tick's other
-  stages (`inputs_us`, `watch_us`, `outputs_us`); the ticks more than 1 ms late;
+  the median of the seconds' p50, the p99 over every tick of the run (the seconds' histograms of 10 µs bins
+  pooled: the budget, TARGET_P99_US, is the tick's p99 through the whole suture), the largest of the seconds'
+  p99 and their max; the medians of the tick's other stages (`inputs_us`, `watch_us`, `outputs_us`); the ticks
+  more than 1 ms late;
 - the bot's own CPU time over its wall time: its share of one of the machine's cores, taken from the server's;
 - the same seconds split by the step of the suture the bot was working toward when each ended (the bot marks
   each step with the scene time of the newest `state` it saw), every run pooled: where the tick's budget goes;
@@ -38,6 +40,7 @@ import zmq
 
 from ..server import protocol
 from ..server.config import LoopConfig
+from ..server.physics import HIST_BIN_US
 from .bench_loop import Server
 from .machine_probe import SLOW_FACTOR, MachineFloor, measure_floor
 from ..solver.timers import STAGES
@@ -61,6 +64,24 @@ def pool(seconds: list[dict], key: str) -> tuple[float, float, float]:
     if not s:
         return (float("nan"),) * 3
     return (float(np.median([v["p50"] for v in s])), max(v["p99"] for v in s), max(v["max"] for v in s))
+
+
+def spanned(seconds: list[dict], key: str, q: float = 99.0) -> float:
+    """The ``q``-th percentile (µs) of ``key`` over every tick of the ``seconds`` (the server's `stats`), from their
+    histograms pooled (`hist`: ticks counted in 10 µs bins): the top of the bin that holds it, so at most 10 µs
+    above the exact figure; nan if no second carried a histogram."""
+    hists = [m[key]["hist"] for m in seconds if m.get("ticks") and "hist" in m.get(key, {})]
+    return hist_percentile(np.sum(hists, axis=0), q) if hists else float("nan")
+
+
+def hist_percentile(counts, q: float) -> float:
+    """The ``q``-th percentile (µs) of the ticks ``counts`` counts in 10 µs bins from 0 (`stats` `hist`): the top of
+    the bin that holds it; nan if it counts none."""
+    counts = np.asarray(counts)
+    if counts.sum() == 0:
+        return float("nan")
+    k = int(np.searchsorted(np.cumsum(counts), q / 100.0 * counts.sum()))
+    return (min(k, len(counts) - 1) + 1) * HIST_BIN_US
 
 
 def suture_done(report: dict) -> bool:
@@ -87,6 +108,10 @@ class BotRun:
     def pooled(self, key: str) -> tuple[float, float, float]:
         """(median of the seconds' p50, largest p99, largest max) of ``key`` (µs)."""
         return pool(self.stats, key)
+
+    def whole(self, key: str) -> float:
+        """The p99 of ``key`` (µs) over every tick of the run (its seconds' histograms pooled)."""
+        return spanned(self.stats, key)
 
     def phases(self) -> list[tuple[str, list[dict]]]:
         """The server's seconds by what the bot was doing: (the step it was working toward, the `stats` of the
@@ -152,7 +177,8 @@ def run_bot(seed: int, log: Callable[[str], None]) -> BotRun:
             ctx.term()
     log(f"  seed {seed}: {'done' if run.ok else 'NOT done'} "
         f"({run.error or run.report.get('failure') or run.report.get('knot_at_end')}), "
-        f"step p99 {run.pooled('step_us')[1]:.0f} µs, tick p99 {run.pooled('tick_us')[1]:.0f} µs")
+        f"step p99 {run.whole('step_us'):.0f} µs, tick p99 {run.whole('tick_us'):.0f} µs over the run "
+        f"(a second's at most {run.pooled('tick_us')[1]:.0f} µs)")
     return run
 
 
@@ -207,14 +233,17 @@ def render_bot(bench: BotBench) -> list[str]:
             what += "; followed by another throw: " + "; ".join(redone)
         stages = " / ".join(f"{r.pooled(k)[0]:.0f}" for k in ("inputs_us", "step_us", "watch_us", "outputs_us"))
         rows.append([str(r.seed), "yes" if r.ok else "**no**", what,
-                     f"{step[0]:.0f} / {step[1]:.0f} / {step[2]:.0f}", f"{tick[0]:.0f} / {tick[1]:.0f} / {tick[2]:.0f}",
+                     f"{step[0]:.0f} / {r.whole('step_us'):.0f} / {step[1]:.0f} / {step[2]:.0f}",
+                     f"{tick[0]:.0f} / {r.whole('tick_us'):.0f} / {tick[1]:.0f} / {tick[2]:.0f}",
                      stages,
                      f"{r.overruns} of {r.ticks}", f"{share:.2f}",
                      f"{rep.get('late_ticks', '')} / {rep.get('waited_ticks', '')}"])
     done = sum(r.ok for r in runs)
     phase_rows = render_phases(runs)
-    step99 = [r.pooled("step_us")[1] for r in runs if r.stats]
-    tick99 = [r.pooled("tick_us")[1] for r in runs if r.stats]
+    step99 = [r.whole("step_us") for r in runs if r.stats]
+    tick99 = [r.whole("tick_us") for r in runs if r.stats]
+    second99 = [r.pooled("tick_us")[1] for r in runs if r.stats]
+    every = [m for r in runs for m in r.stats]
     out = ["## 9. A suture by hand: the trainee bot (`suturesim bench bot`)", "",
            "`suturesim serve --device remote` of `suture-practice`, its needle moved and turned on the pad by each "
            "run's seed, sutured by the trainee bot (tools/trainee_bot.py: a client of the public protocol alone, "
@@ -229,8 +258,9 @@ def render_bot(bench: BotBench) -> list[str]:
            "the end (its last gap event `gap_closed`) and not opened after the hands let go, all by the server's "
            "events. Step: the "
            "solver's `Stepper.tick` with its substeps; tick: all of the server's tick (the step, the watch's "
-           "events and knot reading, the styluses, the forces and the state published); both µs, the median of "
-           "the seconds' p50 / the largest p99 / the largest max, from the server's `stats`. The tick's stages: "
+           "events and knot reading, the styluses, the forces and the state published); both µs, from the "
+           "server's `stats`: the median of the seconds' p50 / the p99 over every tick of the run (the seconds' "
+           "histograms pooled, to 10 µs) / the largest p99 of a second / the largest max. The tick's stages: "
            "the medians of the seconds' p50 (µs) of its inputs (the remote samples taken, the grasps and tools "
            "moved toward them), the step, the suture's watch and its outputs (the forces, the state, the "
            "messages published), from the same `stats`. Bot's share: its "
@@ -238,25 +268,30 @@ def render_bot(bench: BotBench) -> list[str]:
            "other to itself only if nothing else runs). Bot's late ticks: samples it sent more than a tick late; "
            "waits: ticks its hands held still because the scene time it read lagged its plan by more than "
            f"{LEAD_S * 1e3:.0f} ms (the server running late).", "",
-           "| seed | done | what the server said | step p50 / p99 / max µs | tick p50 / p99 / max µs "
+           "| seed | done | what the server said | step p50 / p99 / a second's p99 / max µs "
+           "| tick p50 / p99 / a second's p99 / max µs "
            "| tick's stages p50 µs: inputs / step / watch / outputs "
            "| ticks > 1 ms late | bot's share of a core | bot's late ticks / waits |",
            "|---|---|---|---|---|---|---|---|---|"]
     out += ["| " + " | ".join(row) + " |" for row in rows]
     redone = sum(bool(r.report.get("redone")) for r in runs)
     out += ["", f"- Done in **{done} of {len(runs)}** runs; a throw failed and another followed in {redone} of them.",
-            f"- Step p99 over the runs: largest {max(step99):.0f} µs; tick p99: largest {max(tick99):.0f} µs "
-            f"(target: p99 ≤ {TARGET_P99_US:.0f} µs): "
-            f"{'meets' if max(tick99, default=1e9) <= TARGET_P99_US else '**misses**'}." if step99 else
-            "- No stats were received.", ""]
+            f"- The p99 over a run's whole suture, the largest of the runs: step {max(step99):.0f} µs, tick "
+            f"{max(tick99):.0f} µs (target: tick p99 ≤ {TARGET_P99_US:.0f} µs through the whole suture): "
+            f"{'meets' if max(tick99, default=1e9) <= TARGET_P99_US else '**misses**'}; every run's ticks pooled: "
+            f"step {spanned(every, 'step_us'):.0f} µs, tick {spanned(every, 'tick_us'):.0f} µs. The largest p99 of "
+            f"one second: step {max(r.pooled('step_us')[1] for r in runs if r.stats):.0f} µs, tick "
+            f"{max(second99):.0f} µs." if step99 else "- No stats were received.", ""]
     if bench.machine:
         out += render_machine(bench.machine)
     if phase_rows:
         out += ["Where the tick goes, step by step of the suture (every run pooled): the server's seconds split by "
                 "the step the bot was working toward when each second ended (the bot marks each step with the "
                 "scene time of the newest `state` it saw), µs as above: the median of the seconds' p50 / the "
-                "largest of their p99. *watched*: the knot alone, both hands off it.", "",
-                "| the bot working toward | seconds | step p50 / p99 µs | tick p50 / p99 µs "
+                "p99 over their ticks / the largest p99 of a second. *watched*: the knot alone, both hands off it.",
+                "",
+                "| the bot working toward | seconds | step p50 / p99 / a second's p99 µs "
+                "| tick p50 / p99 / a second's p99 µs "
                 "| tick's stages p50 µs: inputs / step / watch / outputs |",
                 "|---|---|---|---|---|"]
         out += ["| " + " | ".join(row) + " |" for row in phase_rows]
@@ -319,6 +354,6 @@ def render_phases(runs: list[BotRun]) -> list[list[str]]:
             continue
         step, tick = pool(seconds, "step_us"), pool(seconds, "tick_us")
         stages = " / ".join(f"{pool(seconds, k)[0]:.0f}" for k in ("inputs_us", "step_us", "watch_us", "outputs_us"))
-        rows.append([name, str(len(seconds)), f"{step[0]:.0f} / {step[1]:.0f}", f"{tick[0]:.0f} / {tick[1]:.0f}",
-                     stages])
+        rows.append([name, str(len(seconds)), f"{step[0]:.0f} / {spanned(seconds, 'step_us'):.0f} / {step[1]:.0f}",
+                     f"{tick[0]:.0f} / {spanned(seconds, 'tick_us'):.0f} / {tick[1]:.0f}", stages])
     return rows

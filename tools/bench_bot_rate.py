@@ -28,7 +28,11 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .bench_bot import suture_done
+from ..server.physics import HIST_BIN_US, HIST_BINS
+from ..solver.contact_response import CS_ROUNDS
+from ..solver.integrator import STAT_TISSUE_NEEDLE, STAT_TISSUE_PADS, STAT_TISSUE_ROUNDS, STAT_TISSUE_THREAD
+from ..solver.timers import STAGES, seconds_per_cycle
+from .bench_bot import hist_percentile, suture_done
 from .trainee_bot import LEFT, RIGHT, UNIT, BotFailed, Sight, Trainee, broke, perturbation
 
 SEEDS_FULL = 60
@@ -36,6 +40,48 @@ SEEDS_QUICK = 2
 JITTER = 0.2           # a hand's sample held back for a tick with this probability
 START_TICKS = 20       # ticks the scene runs before the bot first looks, its hands resting at the origin
 WILSON_Z = 1.96        # the rate's 95 % interval
+SLOWEST = 1.0          # % of a run's ticks, its slowest steps, whose stages Timing keeps apart
+# what Timing keeps of each tick besides its stages' times: the self-contact's rounds, the tissue's rounds and
+# of them those in which the pads, the needle's hold in the tissue or the thread kept off its needle pushed
+ROUND_KEYS = ("contact rounds", "tissue rounds", "pads", "needle in tissue", "needle on thread")
+
+
+class Timing:
+    """Each tick of a run in process: the step's time and the scene's part of the tick (the styluses' samples
+    taken, the step, the watch, the forces, the state built, no sockets), µs, in 10 µs bins as the server's
+    `stats` count them (server/physics.py HIST_BIN_US), and the step's stage timers and rounds, kept per tick
+    (preallocated, grown by doubling off the step) to read where the slowest steps go."""
+
+    def __init__(self, capacity: int = 1 << 16):
+        self.step_hist = np.zeros(HIST_BINS, np.int64)
+        self.tick_hist = np.zeros(HIST_BINS, np.int64)
+        self.rows = np.zeros((capacity, 1 + len(STAGES) + len(ROUND_KEYS)))
+        self.n = 0
+        self.us_per_cycle = seconds_per_cycle() * 1e6
+
+    def add(self, step_ns: int, tick_ns: int, timers: np.ndarray, stats: np.ndarray, contact: np.ndarray) -> None:
+        self.step_hist[min(int(step_ns / (HIST_BIN_US * 1e3)), HIST_BINS - 1)] += 1
+        self.tick_hist[min(int(tick_ns / (HIST_BIN_US * 1e3)), HIST_BINS - 1)] += 1
+        if self.n == self.rows.shape[0]:
+            self.rows = np.concatenate((self.rows, np.zeros_like(self.rows)))
+        row = self.rows[self.n]
+        row[0] = step_ns * 1e-3
+        row[1:1 + len(STAGES)] = timers[:len(STAGES)]
+        k = 1 + len(STAGES)
+        row[k] = contact[CS_ROUNDS]
+        row[k + 1:k + 5] = stats[[STAT_TISSUE_ROUNDS, STAT_TISSUE_PADS, STAT_TISSUE_NEEDLE, STAT_TISSUE_THREAD]]
+        self.n += 1
+
+    def summary(self) -> dict:
+        """The histograms, and the mean a tick of each stage (µs) and each of ROUND_KEYS over the run's slowest
+        SLOWEST % of steps and over all its ticks, with the count of each."""
+        rows = self.rows[:self.n].copy()
+        rows[:, 1:1 + len(STAGES)] *= self.us_per_cycle
+        slow = rows[:, 0] >= np.percentile(rows[:, 0], 100.0 - SLOWEST) if self.n else np.zeros(0, bool)
+        keys = STAGES + ROUND_KEYS
+        return {"step_hist": self.step_hist.tolist(), "tick_hist": self.tick_hist.tolist(),
+                "slowest": {"ticks": int(slow.sum()), **{k: float(rows[slow, 1 + i].sum()) for i, k in enumerate(keys)}},
+                "all": {"ticks": self.n, **{k: float(rows[:, 1 + i].sum()) for i, k in enumerate(keys)}}}
 
 
 class Published(Sight):
@@ -70,15 +116,19 @@ class InProcess:
         self.poses = {d: (np.zeros(3), UNIT.copy(), 0) for d in (RIGHT, LEFT)}
         self.ticks = 0
         self.held = 0
+        self.timing = Timing()
 
     def tick(self, n: int = 1) -> None:
         """``n`` of the server's ticks, each taking every stylus's sample first as the remote backend does."""
         loop = self.loop
         for _ in range(n):
+            t0 = time.perf_counter_ns()
             for device, (pos, quat, buttons) in self.poses.items():
                 loop.stylus_sample(loop.devices[device], pos, quat, buttons)
             loop.seq += 1
-            loop.tick_scene(0)
+            _, step_ns = loop.tick_scene(0)
+            self.timing.add(step_ns, time.perf_counter_ns() - t0, loop.timers, loop.state.stats,
+                            loop.state.contact_stats)
             self.ticks += 1
 
     def take(self, hands: dict, jitter: float = 0.0, rng: np.random.Generator | None = None) -> None:
@@ -131,7 +181,8 @@ def run_in_process(seed: int, jitter: float = JITTER, until: str | None = None) 
     except Exception as exc:   # a fault of the bot's own: reported with the suture so far
         failure = broke(exc)
     report = bot.report(failure, time.process_time() - cpu0, time.monotonic() - wall0)
-    return {**report, "ok": suture_done(report), "ticks": scene.ticks, "held": scene.held}
+    return {**report, "ok": suture_done(report), "ticks": scene.ticks, "held": scene.held,
+            "timing": scene.timing.summary()}
 
 
 def _run(args: tuple[int, float]) -> dict:
@@ -215,4 +266,40 @@ def render_bot_rate(bench: RateBench) -> list[str]:
         out += [f"- {cause}: {len(seeds)} ({', '.join(map(str, seeds))})"
                 for cause, seeds in sorted(causes.items(), key=lambda kv: -len(kv[1]))]
         out.append("")
+    timed = [r["timing"] for r in reports if r.get("timing", {}).get("all", {}).get("ticks")]
+    if timed:
+        out += render_timing(timed)
     return out
+
+
+def render_timing(timed: list[dict]) -> list[str]:
+    """The step's and the in-process tick's percentiles over every run's ticks, and where the runs' slowest steps
+    go (Timing.summary of each run)."""
+    def pct(key: str, q: float) -> float:
+        return hist_percentile(np.sum([t[key] for t in timed], axis=0), q)
+
+    def row(name: str, part: str) -> str:
+        ticks = sum(t[part]["ticks"] for t in timed)
+        cells = [f"{sum(t[part][k] for t in timed) / ticks:.0f}" for k in STAGES]
+        cells.append(f"{sum(sum(t[part][k] for k in STAGES) for t in timed) / ticks:.0f}")
+        cells += [f"{sum(t[part][k] for t in timed) / ticks:.1f}" for k in ROUND_KEYS]
+        return f"| {name} | {ticks} | " + " | ".join(cells) + " |"
+    largest = max(hist_percentile(t["tick_hist"], 99.0) for t in timed)
+    return ["The same runs' timing, in process (two at once, one a core; µs, to the 10 µs of the histograms "
+            "the server's `stats` count in): the step (`Stepper.tick` with its substeps) and the scene's part of "
+            "a tick (the styluses' samples taken, the step, the watch, the forces and the state built, without "
+            "the sockets of Sec. 9, whose tick is the target's): p50 / p99 over every run's ticks, and the "
+            "largest of a run's own p99.", "",
+            "| | p50 | p99 | a run's p99 at most |", "|---|---|---|---|",
+            f"| step | {pct('step_hist', 50.0):.0f} | {pct('step_hist', 99.0):.0f} "
+            f"| {max(hist_percentile(t['step_hist'], 99.0) for t in timed):.0f} |",
+            f"| tick in process | {pct('tick_hist', 50.0):.0f} | {pct('tick_hist', 99.0):.0f} | {largest:.0f} |",
+            "",
+            f"Where the slowest steps go: each run's slowest {SLOWEST:g} % of steps (at or above its own p99) "
+            "against all its ticks, every run pooled; each stage's mean µs a tick (solver/timers.py, the stages "
+            "of Sec. 9's table), then the mean a tick of the self-contact's rounds and the tissue's, and of the "
+            "tissue's those in which the pads, the needle held by the tissue or the needle against its own thread "
+            "still pushed (a tick has up to 4 substeps).", "",
+            "| ticks | count | " + " | ".join(STAGES) + " | all | " + " | ".join(ROUND_KEYS) + " |",
+            "|---|---|" + "---|" * (len(STAGES) + 1 + len(ROUND_KEYS)),
+            row(f"slowest {SLOWEST:g} %", "slowest"), row("all", "all"), ""]
