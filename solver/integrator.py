@@ -72,6 +72,14 @@ STAT_TIMERS = STAT_SLOTS  # from here, N_TIMERS slots: the last tick's cycles in
 DIVERGED_RESIDUAL = 1e-3
 
 
+# the tissue's rounds of a substep in which the needle is kept off its own thread (needle.needle_thread). A needle
+# held in a jaw with its taut strand pressed on it (an instrument tie's wind) never settles: each push moves the
+# light needle and each solve draws the strand after it, so every round of every substep ran, and those substeps
+# were the run's slowest steps (docs/PHYSICS.md Sec. 9). What the rounds leave, the next substep's pushes take up,
+# each measured from that substep's start on the side the strand came from
+NEEDLE_THREAD_ROUNDS = 2
+
+
 PAD_CRACK = 3.0      # thread radii left between two pads that meet: the thread that crosses between them
 TOOL_ROUNDS = 3     # rounds of the tool contact per substep at most (a wrap round a jaw settles in two or three)
 FRICTION_H = 2.5e-4  # s: the substep the tolerance and the contact rounds are set for (4 substeps of a 1 ms tick)
@@ -640,8 +648,9 @@ def contact_rounds(h: float, n_cand: int, rod: Rod, sv: Settings, body: Body, wk
 def tissue_rounds(h: float, held: bool, rod: Rod, sv: Settings, body: Body, wk: Work, ts: Tissue, nd: Needle,
                   iters: int, residual: float) -> tuple:
     """Stage 7: the needle's tip pierces; vertices that entered a pad go back out of it, the needle is held by
-    the tissue and kept off its own thread, and the constraints are solved again, for up to the tissue's rounds
-    (tissue.collide_pads, needle.needle_constraints, needle.needle_thread); then the punctures' forces.
+    the tissue and kept off its own thread (in the first NEEDLE_THREAD_ROUNDS), and the constraints are solved
+    again, for up to the tissue's rounds (tissue.collide_pads, needle.needle_constraints, needle.needle_thread);
+    then the punctures' forces.
     Returns (iterations, residual) with the rounds' added."""
     x = body.x
     xbar = wk.xbar
@@ -660,7 +669,8 @@ def tissue_rounds(h: float, held: bool, rod: Rod, sv: Settings, body: Body, wk: 
             needle = needle_constraints(h, x, xbar, w_eff, rod.rest, nd.par, nd.nst, ts.par, ts.pads, ts.pst,
                                         ts.pun_i, ts.pun_f, held, wk.closest)
             # and against its own thread (a thread and its needle are both solid)
-            thread = needle_thread(h, x, xbar, w_eff, nd.par, nd.nst, ts.par, ts.pst, wk.closest)
+            if r < NEEDLE_THREAD_ROUNDS:
+                thread = needle_thread(h, x, xbar, w_eff, nd.par, nd.nst, ts.par, ts.pst, wk.closest)
         stats[STAT_TISSUE_ROUNDS] += 1.0
         if pads > 0:
             stats[STAT_TISSUE_PADS] += 1.0

@@ -161,9 +161,10 @@ def test_a_needle_tie_ties_the_second_throw_of_a_surgeons_knot(needle_tie):
     assert [n for _, n in knots] == ["half knot", "double throw", "surgeon's knot"], knots
     assert 22.4 <= knots[2][0] <= 23.5, knots          # after the drive (20.9-22.4 s), read twice running
     assert [d["throws"] for _, k, d in events if k == "throw"] == [1, 2]     # the double throw is one throw
-    # within the budget: 22 ticks run again, one at 15.6 s as the first pull eases, the others at 26.6-50.6 s as
-    # the released needle and strands settle
-    assert stepper.past_budget == 0 and stepper.retries <= 50
+    # within the budget: 53 ticks run again, one at 15.6 s as the first pull eases, the others at 27.6-30.4 s as
+    # the released needle and strands settle (22 with the needle kept off its thread in every tissue round, not
+    # the first NEEDLE_THREAD_ROUNDS: solver/integrator.py)
+    assert stepper.past_budget == 0 and stepper.retries <= 60
 
 
 @pytest.mark.xdist_group("suture-needle-tie")   # one worker runs the module's needle_tie (under -n)
