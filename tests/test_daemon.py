@@ -112,7 +112,11 @@ def check_raw_types(topic: bytes, raw: dict) -> None:
             assert all(isinstance(v, float) for v in raw[key].values()), raw
         for key in ("step_us", "tick_us", "inputs_us", "watch_us", "outputs_us"):
             assert set(raw[key]) >= {"p50", "p99", "max"}, raw
-            assert all(isinstance(v, float) and v >= 0.0 for v in raw[key].values()), raw
+            assert all(isinstance(v, float) and v >= 0.0 for k, v in raw[key].items() if k != "hist"), raw
+        for key in ("step_us", "tick_us"):   # the second's ticks in 10 µs bins: every one counted once
+            h = raw[key]["hist"]
+            assert isinstance(h, list) and len(h) == 200 and all(_is_int(c) and c >= 0 for c in h), raw
+            assert 0 < sum(h) <= raw["ticks"], raw
         # the stages are parts of the tick: their medians add up to no more than its largest
         assert sum(raw[k]["p50"] for k in ("step_us", "inputs_us", "watch_us", "outputs_us")) <= \
             raw["tick_us"]["max"], raw
