@@ -45,6 +45,7 @@ from .snapshot import Snapshot, SnapshotScene
 
 STYLUS_MAX_POS_M = protocol.STYLUS_MAX_POS_M   # m: a remote or linked pose farther from the origin is rejected
 STYLUS_DRAIN_PER_TICK = 32     # remote stylus messages read per tick at most
+STYLUS_INTAKE_GUARD_NS = 60_000   # the wait takes no sample this close to a deadline: the tick takes it
 CATCH_UP_TICKS = 50            # further behind than this, the schedule is re-anchored (and an event says so)
 # Phase lock to a device's servo clock: start each tick this long after the device's newest pose, so the force
 # is ready for the servo's next callback (pose-to-force = one servo period) instead of, at an unlucky phase,
@@ -358,6 +359,13 @@ class PhysicsLoop:
         self._tool = np.zeros(3)                # a stylus's pose through its device's mapping (Device.to_tool)
         self._tool_quat = np.zeros(4)
         self._quat2 = np.zeros(4)
+        # the inbox: remote samples received and checked while the loop waits, applied by the next tick
+        self._inbox_pos = np.zeros((STYLUS_DRAIN_PER_TICK, 3))
+        self._inbox_quat = np.zeros((STYLUS_DRAIN_PER_TICK, 4))
+        self._inbox_has_quat = [False] * STYLUS_DRAIN_PER_TICK
+        self._inbox_buttons = [0] * STYLUS_DRAIN_PER_TICK
+        self._inbox_dev: list[Device | None] = [None] * STYLUS_DRAIN_PER_TICK
+        self._inbox_n = 0
         self.holds: dict[str, Hold] = {}        # grasp id -> what a tool's jaw holds by it (server/jaws.py)
         self.last_stats: dict = {}
         self.link_devices = list(cfg.link_devices)   # link slot i carries device link_devices[i], for the run
@@ -893,18 +901,23 @@ class PhysicsLoop:
                 return True
         return False
 
-    def drain_stylus(self) -> None:
-        """Take up to STYLUS_DRAIN_PER_TICK remote stylus samples. Each is checked by protocol.decode_stylus
-        (its size before it is decoded) and taken only for a device whose backend is `remote`, from the one
-        CURVE client the device may be bound to (`devices.<name>.client_key`), and only for a device the server
-        knows (a grasp's device, or one configured under `devices`); any other is counted in
-        ``stats.stylus_rejected`` and dropped: no sample steers an OpenHaptics, simulated, replayed or unknown
-        device, nor fills grasp slots through one."""
-        if self.stylus is None:
+    def intake_stylus(self, until_ns: int | None = None) -> None:
+        """Receive and check remote stylus samples into the inbox, to be applied by the next tick's
+        :meth:`drain_stylus`, until the socket is empty, the inbox holds STYLUS_DRAIN_PER_TICK, or (``until_ns``,
+        time.monotonic_ns) that time has come. The loop calls this while it waits for a tick, so that a tick seldom
+        decodes a sample. Each is checked by protocol.decode_stylus (its size before it is decoded) and taken only
+        for a device whose backend is `remote`, from the one CURVE client the device may be bound to
+        (`devices.<name>.client_key`), and only for a device the server knows (a grasp's device, or one configured
+        under `devices`); any other is counted in ``stats.stylus_rejected`` and dropped: no sample steers an
+        OpenHaptics, simulated, replayed or unknown device, nor fills grasp slots through one. Changes nothing
+        the scene reads: a sample taken here acts only when a tick applies it."""
+        sock = self.stylus
+        if sock is None:
             return
         cfg = self.cfg
-        sock = self.stylus
-        for _ in range(STYLUS_DRAIN_PER_TICK):
+        while self._inbox_n < STYLUS_DRAIN_PER_TICK:
+            if until_ns is not None and time.monotonic_ns() >= until_ns:
+                return
             # asked first: a recv that finds nothing raises zmq.Again, which costs the tick about 3 us more
             if not sock.get(_EVENTS) & _POLLIN:
                 return
@@ -925,33 +938,75 @@ class PhysicsLoop:
                     dc.client_key is not None and _user_id(frame) != dc.client_key):
                 self.stats.stylus_rejected += 1
                 continue
-            quat = self.sample_in_scene(dc, sample)
+            i = self._inbox_n
+            quat = self.sample_in_scene(dc, sample, self._inbox_pos[i], self._inbox_quat[i])
             if quat is False:
                 self.stats.stylus_rejected += 1
                 continue
-            if self.stylus_sample(dev, self._pose, quat, sample.buttons) or sample.buttons:
+            self._inbox_dev[i] = dev
+            self._inbox_has_quat[i] = quat is not None
+            self._inbox_buttons[i] = sample.buttons
+            self._inbox_n = i + 1
+
+    def drain_stylus(self) -> None:
+        """Apply the remote stylus samples the inbox holds, and any the socket still has (:meth:`intake_stylus`),
+        in the order they came: each moves its device's tool and acts on its buttons (:meth:`stylus_sample`).
+        One that drives no grasp and presses no button, or whose device's stream ended since it was taken, is
+        counted in ``stats.stylus_rejected``."""
+        self.intake_stylus()
+        streams = self.builder.streams
+        for i in range(self._inbox_n):
+            dev, buttons = self._inbox_dev[i], self._inbox_buttons[i]
+            self._inbox_dev[i] = None
+            quat = self._inbox_quat[i] if self._inbox_has_quat[i] else None
+            if dev not in streams:   # its stream ended (a scene loaded) since the sample was taken
+                self.stats.stylus_rejected += 1
+            elif self.stylus_sample(dev, self._inbox_pos[i], quat, buttons) or buttons:
                 self.stats.stylus_accepted += 1
             else:
                 self.stats.stylus_rejected += 1
+        self._inbox_n = 0
 
-    def sample_in_scene(self, dc, sample: protocol.StylusSample):
-        """A remote sample's position into ``self._pose`` (m, scene frame): as it came, or with ``frame: device``
-        mapped by the device's transform as a driver maps its own (device units, so the decoder's bound on the
-        raw position is looser); then no farther than STYLUS_MAX_POS_M from the origin. Returns its orientation
-        in the scene (a preallocated array, or None if it sent none), or False to reject it. Allocates nothing."""
+    def wait_taking_samples(self, deadline_ns: int, spin_ns: int) -> None:
+        """:func:`wait_until` ``deadline_ns`` (sleep, then spin the last ``spin_ns``), taking the remote stylus
+        samples that came (:meth:`intake_stylus`) when the wait starts and as they come while it spins, but none
+        later than STYLUS_INTAKE_GUARD_NS before the deadline: one being decoded then would make the tick late.
+        A sample that comes later is taken by the tick itself."""
+        if self.stylus is None:
+            wait_until(deadline_ns, spin_ns)
+            return
+        last = deadline_ns - STYLUS_INTAKE_GUARD_NS
+        self.intake_stylus(last)
+        now = time.monotonic_ns()
+        if deadline_ns - now > spin_ns:
+            time.sleep((deadline_ns - now - spin_ns) * 1e-9)
+        sock = self.stylus
+        while True:
+            now = time.monotonic_ns()
+            if now >= deadline_ns:
+                return
+            if now < last and sock.get(_EVENTS) & _POLLIN:
+                self.intake_stylus(last)
+
+    def sample_in_scene(self, dc, sample: protocol.StylusSample, pos_out: np.ndarray | None = None,
+                        quat_out: np.ndarray | None = None):
+        """A remote sample's position into ``pos_out`` (m, scene frame; default ``self._pose``): as it came, or
+        with ``frame: device`` mapped by the device's transform as a driver maps its own (device units, so the
+        decoder's bound on the raw position is looser); then no farther than STYLUS_MAX_POS_M from the origin.
+        Returns its orientation in the scene (``quat_out``, default ``self._quat``; None if it sent none), or
+        False to reject it. Allocates nothing."""
+        pos = self._pose if pos_out is None else pos_out
         quat = None
         if sample.quat is not None:   # optional; it turns a needle the device holds
-            quat = self._quat
+            quat = self._quat if quat_out is None else quat_out
             quat[0], quat[1], quat[2], quat[3] = sample.quat
         if dc.frame == "device":      # in the device's own frame and units
-            dc.transform.pose_to_scene(*sample.pos, None, self._pose, self._quat2)
+            dc.transform.pose_to_scene(*sample.pos, None, pos, self._quat2)
             if quat is not None:
-                quat_mul_into(dc.transform.quat, quat, self._quat2)
-                quat = self._quat2
+                quat_mul_into(dc.transform.quat, quat, quat)
         else:
-            self._pose[0], self._pose[1], self._pose[2] = sample.pos
-        p = self._pose
-        if p[0] * p[0] + p[1] * p[1] + p[2] * p[2] > STYLUS_MAX_POS_M * STYLUS_MAX_POS_M:
+            pos[0], pos[1], pos[2] = sample.pos
+        if pos[0] * pos[0] + pos[1] * pos[1] + pos[2] * pos[2] > STYLUS_MAX_POS_M * STYLUS_MAX_POS_M:
             return False
         return quat
 
@@ -1027,7 +1082,7 @@ class PhysicsLoop:
         pending_overruns, worst_late, last_overrun_event = 0, 0, 0
         while self.running and (stop is None or not stop.is_set()):
             deadline = t0 + k * tick_ns
-            wait_until(deadline, spin_allowed(spin_ns, tick_ns, busy_ns, duty))
+            self.wait_taking_samples(deadline, spin_allowed(spin_ns, tick_ns, busy_ns, duty))
             start = time.monotonic_ns()
             late = start - deadline
             if late > tick_ns:

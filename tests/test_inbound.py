@@ -319,3 +319,58 @@ def test_a_client_key_binds_only_a_remote_device_under_curve(tmp_path):
     (tmp_path / "c.yaml").write_text(curve + dev.replace("remote", "openhaptics"))
     with pytest.raises(ConfigError, match="devices.left.client_key: only a remote device"):
         load_server_config(tmp_path / "c.yaml")
+
+
+def test_samples_taken_while_the_loop_waits_act_at_the_next_tick(tmp_path):
+    """The loop receives and checks remote samples while it waits for a tick (PhysicsLoop.wait_taking_samples),
+    so that a tick seldom decodes one; what it took moves nothing until the tick applies it, every sample in the
+    order it came (the last position wins, each button edge acts), and the wait still ends at its deadline."""
+    import numpy as np
+
+    from suturesim.server.config import DeviceConfig, Endpoints
+    from suturesim.server.physics import STYLUS_INTAKE_GUARD_NS, PhysicsLoop
+    from suturesim.solver.scenario import load_scenario
+
+    ep = Endpoints(pub=f"ipc://{tmp_path}/pub", control=f"ipc://{tmp_path}/ctl", stylus=f"ipc://{tmp_path}/sty",
+                   score=None)
+    cfg = ServerConfig(file="<test>", scenario=load_scenario("suture-practice"), endpoints=ep, device="remote",
+                       devices=(DeviceConfig(name="stylus0", backend="remote"),))
+    loop = PhysicsLoop(cfg)
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    try:
+        push.connect(ep.stylus)
+        dev = loop.devices["stylus0"]
+        before = dev.stylus.copy(), loop.state.x.copy(), loop.stats.stylus_accepted, loop.stats.stylus_rejected
+        far = [0.0, 0.0, 0.09]                       # above the tissue: the jaw closes on nothing
+        for pos, buttons in (([0.0, 0.0, 0.08], 0), (far, 1), (far, 0)):
+            push.send(msgpack.packb({"device": "stylus0", "pos": pos, "quat": [1.0, 0.0, 0.0, 0.0],
+                                     "buttons": buttons}))
+        push.send(b"\x91\x01")                       # not a map: refused as it is taken
+        wait_for(lambda: loop.stylus.poll(0), 2.0)
+        time.sleep(0.05)                             # all four in the socket's queue
+        deadline = time.monotonic_ns() + 3_000_000
+        loop.wait_taking_samples(deadline, 1_000_000)
+        late = time.monotonic_ns() - deadline
+        assert 0 <= late < 2_000_000
+        assert loop._inbox_n == 3 and loop.stats.stylus_rejected == before[3] + 1
+        np.testing.assert_array_equal(dev.stylus, before[0])   # nothing moved before the tick
+        np.testing.assert_array_equal(loop.state.x, before[1])
+        out = []
+        loop.sink = lambda topic, payload: out.append((topic, bytes(payload)))
+        loop.seq += 1
+        loop.tick_scene(time.monotonic_ns())
+        assert loop._inbox_n == 0
+        np.testing.assert_allclose(dev.stylus, far, atol=1e-12)
+        kinds = [P.decode_event(p)["kind"] for t, p in out if t == P.TOPIC_EVENT]
+        assert kinds.count("grasp_missed") == 1       # the press acted, once; the release found nothing held
+        # the press counts as taken (a button), the two moves that drove no grasp do not
+        assert loop.stats.stylus_accepted == before[2] + 1
+        assert loop.stats.stylus_rejected == before[3] + 3
+        assert STYLUS_INTAKE_GUARD_NS < 1_000_000
+    finally:
+        push.close()
+        ctx.term()
+        loop.sink = None    # its sockets are closed and its context ended only by a loop without a sink
+        loop.close()
