@@ -14,7 +14,7 @@ import math
 import os
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import zmq
@@ -90,6 +90,18 @@ ROUNDS = ("contact", "contact_out", "tissue", "tissue_out")
 HIST_BIN_US = 10.0
 HIST_BINS = 200
 _HIST_EDGES = np.arange(1, HIST_BINS) * HIST_BIN_US
+
+
+@dataclass(slots=True)
+class InboxSample:
+    """One remote stylus sample received and checked while the loop waited (PhysicsLoop.intake_stylus), for the
+    next tick to apply: its device, position (m) and orientation (w x y z) in the scene, buttons. Preallocated,
+    written in place."""
+    pos: np.ndarray = field(default_factory=lambda: np.zeros(3))
+    quat: np.ndarray = field(default_factory=lambda: np.zeros(4))
+    has_quat: bool = False
+    buttons: int = 0
+    dev: Device | None = None
 
 
 @dataclass
@@ -360,12 +372,8 @@ class PhysicsLoop:
         self._tool_quat = np.zeros(4)
         self._quat2 = np.zeros(4)
         # the inbox: remote samples received and checked while the loop waits, applied by the next tick
-        self._inbox_pos = np.zeros((STYLUS_DRAIN_PER_TICK, 3))
-        self._inbox_quat = np.zeros((STYLUS_DRAIN_PER_TICK, 4))
-        self._inbox_has_quat = [False] * STYLUS_DRAIN_PER_TICK
-        self._inbox_buttons = [0] * STYLUS_DRAIN_PER_TICK
-        self._inbox_dev: list[Device | None] = [None] * STYLUS_DRAIN_PER_TICK
-        self._inbox_n = 0
+        self._inbox = [InboxSample() for _ in range(STYLUS_DRAIN_PER_TICK)]
+        self._inbox_n = 0                       # how many of them hold a sample
         self.holds: dict[str, Hold] = {}        # grasp id -> what a tool's jaw holds by it (server/jaws.py)
         self.last_stats: dict = {}
         self.link_devices = list(cfg.link_devices)   # link slot i carries device link_devices[i], for the run
@@ -938,15 +946,13 @@ class PhysicsLoop:
                     dc.client_key is not None and _user_id(frame) != dc.client_key):
                 self.stats.stylus_rejected += 1
                 continue
-            i = self._inbox_n
-            quat = self.sample_in_scene(dc, sample, self._inbox_pos[i], self._inbox_quat[i])
+            slot = self._inbox[self._inbox_n]
+            quat = self.sample_in_scene(dc, sample, slot.pos, slot.quat)
             if quat is False:
                 self.stats.stylus_rejected += 1
                 continue
-            self._inbox_dev[i] = dev
-            self._inbox_has_quat[i] = quat is not None
-            self._inbox_buttons[i] = sample.buttons
-            self._inbox_n = i + 1
+            slot.dev, slot.has_quat, slot.buttons = dev, quat is not None, sample.buttons
+            self._inbox_n += 1
 
     def drain_stylus(self) -> None:
         """Apply the remote stylus samples the inbox holds, and any the socket still has (:meth:`intake_stylus`),
@@ -956,12 +962,12 @@ class PhysicsLoop:
         self.intake_stylus()
         streams = self.builder.streams
         for i in range(self._inbox_n):
-            dev, buttons = self._inbox_dev[i], self._inbox_buttons[i]
-            self._inbox_dev[i] = None
-            quat = self._inbox_quat[i] if self._inbox_has_quat[i] else None
+            slot = self._inbox[i]
+            dev, slot.dev = slot.dev, None
             if dev not in streams:   # its stream ended (a scene loaded) since the sample was taken
                 self.stats.stylus_rejected += 1
-            elif self.stylus_sample(dev, self._inbox_pos[i], quat, buttons) or buttons:
+            elif self.stylus_sample(dev, slot.pos, slot.quat if slot.has_quat else None, slot.buttons) \
+                    or slot.buttons:
                 self.stats.stylus_accepted += 1
             else:
                 self.stats.stylus_rejected += 1
