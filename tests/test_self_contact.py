@@ -322,6 +322,23 @@ def test_the_crossing_checker_sees_a_crossing_and_only_a_crossing():
     assert d[0] == pytest.approx(0.1)
 
 
+
+def test_the_crossing_checker_finds_a_crossing_whichever_axis_the_thread_lies_along():
+    """The sweep runs along the axis the segments spread most on: the same crossing is found, at the same
+    instant, with the thread laid along x, y or z; and a tick's substeps, counted in one call, list it in the
+    substep it happened in."""
+    x0 = np.array([[0, 0, 0], [1, 0, 0], [2, 0, 0], [3, 0, 0], [1.5, -1, 0.1], [1.5, 1, 0.1]], float)
+    through = x0.copy()
+    through[4:, 2] -= 0.2
+    (i, j, tau), = crossings(x0, through, 1)
+    for perm in ([1, 0, 2], [2, 1, 0], [1, 2, 0]):
+        assert crossings(x0[:, perm], through[:, perm], 1) == [(i, j, tau)]
+    # three substeps: still, through, still
+    trace = np.stack([x0, through, through, through])
+    assert substep_crossings(x0, trace, 3, 1) == [(i, j, tau)]
+    assert substep_crossings(x0, trace, 1, 1) == [] and substep_crossings(x0, trace, 0, 1) == []
+    assert substep_crossings(x0[:, [2, 0, 1]], np.stack([x0, x0, through])[:, :, [2, 0, 1]], 3, 1) == [(i, j, tau)]
+
 def _run(sc, seconds: float, check: bool = True, exclude: int = 1):
     """Run ``sc`` for ``seconds``; with ``check``, look for crossings between every two consecutive states the
     integrator went through (substeps, traced by the stepper)."""

@@ -9,7 +9,8 @@ triple product V(tau) = (p1 - p0) . ((q0 - p0) x (q1 - p0)), a cubic in tau, is 
 change of V on [0, 1] (sampled finely, then bisected), and at each root test whether the two segments, now in
 one plane, actually meet (their distance is zero to round-off). Only pairs that could meet at all are
 examined: a pair whose distance at tau = 0 exceeds the largest motion of its vertices cannot touch. The pairs
-are found by sweep and prune along x over each segment's bounding sphere grown by its motion, so a check costs
+are found by sweep and prune, along the axis the thread spreads most on, over each segment's bounding
+sphere grown by its motion, so a check costs
 about as much as the step it checks, not the all-pairs sum it replaces.
 """
 from __future__ import annotations
@@ -114,7 +115,15 @@ def _crossings(x0, x1, exclude, parted, out_i, out_j, out_tau) -> int:
         for c in range(3):
             mid[s, c] = 0.5 * (x0[s, c] + x0[s + 1, c])
         half[s] = 0.5 * np.sqrt(np.sum((x0[s + 1] - x0[s]) ** 2)) + seg_move[s] + TOUCH
-        lo[s] = mid[s, 0] - half[s]
+    # sweep along the axis the midpoints spread most on: along one the thread lies across (a knot pulled along
+    # y, swept along x), every pair overlaps and the sweep visits all m^2 / 2 of them
+    axis, widest = 0, -1.0
+    for c in range(3):
+        w = np.max(mid[:, c]) - np.min(mid[:, c])
+        if w > widest:
+            axis, widest = c, w
+    for s in range(m):
+        lo[s] = mid[s, axis] - half[s]
     order = np.argsort(lo)
     taus = np.linspace(0.0, 1.0, SAMPLES + 1)
     v = np.empty(SAMPLES + 1)
@@ -122,7 +131,7 @@ def _crossings(x0, x1, exclude, parted, out_i, out_j, out_tau) -> int:
     count = 0
     for a in range(m):
         sa = order[a]
-        hi = mid[sa, 0] + half[sa]
+        hi = mid[sa, axis] + half[sa]
         for b in range(a + 1, m):
             sb = order[b]
             if lo[sb] > hi:
@@ -188,12 +197,36 @@ def crossings(x0: np.ndarray, x1: np.ndarray, exclude: int = 1,
         cap = n
     order = np.lexsort((ot[:n], oj[:n], oi[:n]))
     return [(int(oi[k]), int(oj[k]), float(ot[k])) for k in order]
+
+
+@njit(cache=True)
+def _substep_count(x_start, trace, substeps, exclude, parted, out_i, out_j, out_tau) -> int:
+    """How many crossings :func:`substep_crossings` finds (out_*: scratch for _crossings)."""
+    total = _crossings(x_start, trace[0], exclude, parted, out_i, out_j, out_tau) if substeps > 0 else 0
+    for s in range(1, substeps):
+        total += _crossings(trace[s - 1], trace[s], exclude, parted, out_i, out_j, out_tau)
+    return total
+
+
 def substep_crossings(x_start: np.ndarray, trace: np.ndarray, substeps: int, exclude: int = 1,
                       parted: np.ndarray | None = None) -> list[tuple[int, int, float]]:
     """The crossings (as :func:`crossings`) of one tick's ``substeps`` substeps: from ``x_start`` (the positions
     at the tick's start) through each of the stepper's ``trace`` rows in turn (Stepper.trace, the positions after
-    each substep). ``parted``: the state's at the tick's start (a break is applied after its tick, so its substeps
-    ran on the thread as it was)."""
+    each substep), each substep's in :func:`crossings`' order. ``parted``: the state's at the tick's start (a break
+    is applied after its tick, so its substeps ran on the thread as it was). The tick is counted in one call
+    (a check runs after every tick of a long validation); only a tick with crossings is listed substep by
+    substep."""
+    x_start = np.ascontiguousarray(x_start, dtype=np.float64)
+    trace = np.ascontiguousarray(trace, dtype=np.float64)
+    if x_start.shape[0] < 2 or substeps <= 0:
+        return []
+    flags = (np.zeros(x_start.shape[0] - 1, np.int8) if parted is None
+             else np.ascontiguousarray(parted, dtype=np.int8))
+    if flags.shape != (x_start.shape[0] - 1,):
+        raise ValueError(f"parted must have one entry per segment ({x_start.shape[0] - 1}), got shape {flags.shape}")
+    scratch = (np.empty(1, np.int64), np.empty(1, np.int64), np.empty(1))
+    if _substep_count(x_start, trace, int(substeps), int(exclude), flags, *scratch) == 0:
+        return []
     found: list[tuple[int, int, float]] = []
     prev = x_start
     for s in range(substeps):
