@@ -118,20 +118,22 @@ def test_polygon_friction_gives_a_coarse_wrap_the_capstan_of_a_rope():
         assert c.passed, c.row()
 
 
-@pytest.mark.long(cost=170)
-def test_choi_trefoil_audoly_law_and_speed_independence():
-    """At 6 and 12 mm/s, a factor of two apart (the law read at 6, as `suturesim validate` reads it; that runs 3,
-    6 and 9 mm/s, and 3 mm/s alone takes longer than these two together)."""
-    for c in vc.choi_n1_case(speeds=(6e-3, 12e-3)):
+@pytest.mark.long(cost=150)
+def test_choi_trefoil_follows_audolys_law():
+    """At 6 mm/s, as `suturesim validate` reads it (which pulls at 3, 6 and 9 mm/s as well and compares them:
+    3 mm/s alone takes longer than this whole test; the speed is compared here on the knot at a suture's
+    diameter, below)."""
+    for c in vc.choi_n1_case(speeds=(6e-3,)):
         assert c.passed, c.row()
 
 
 @pytest.mark.long(cost=70)
-def test_choi_trefoil_at_a_sutures_diameter_follows_audoly_without_crossing():
-    """Choi's n = 1 knot laid at 3-0 silk's 0.225 mm, in 3-0 silk, strands touching at that diameter: the median
-    of F / F_Audoly over the band within 0.5 ... 2, as at Choi's scale, and no segment passing through another
-    between any two substeps (25 s of pulling, 40 s of crossing checks)."""
-    for c in vc.choi_n1_silk_case(speeds=(6e-3,), check=True):
+def test_choi_trefoil_at_a_sutures_diameter_follows_audoly_at_any_speed_without_crossing():
+    """Choi's n = 1 knot laid at 3-0 silk's 0.225 mm, in 3-0 silk, strands touching at that diameter, pulled at
+    6 and 12 mm/s: the median of F / F_Audoly over the band within 0.5 ... 2 at each, as at Choi's scale, the two
+    medians within 15 % of each other (Coulomb friction does not see the speed), and no segment passing through
+    another between any two substeps."""
+    for c in vc.choi_n1_silk_case(speeds=(6e-3, 12e-3), check=True):
         assert c.passed, c.row()
 
 
