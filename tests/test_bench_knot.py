@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from suturesim.tools.bench_knot import PULL_FORCE, AudolyPull, KnotBench, KnotHold, knot_core, render_knot, run_hold
+from suturesim.tools.bench_knot import (PULL_FORCE, REEF_ROWS, AudolyPull, KnotBench, KnotHold, SutureReef, knot_core,
+                                         render_knot, run_hold)
 
 
 def _hairpin(gap: float) -> np.ndarray:
@@ -48,6 +49,19 @@ def test_the_audoly_pull_at_the_sutures_diameter_is_rendered_with_its_verdict():
     off = "\n".join(render_knot(KnotBench(audoly=AudolyPull(sim_s=9.0, wall_s=18.0, median=2.4, largest_mn=1.0))))
     assert "(**misses**)" in off
 
+
+
+def test_the_reef_knot_at_a_sutures_scale_is_a_row_per_contact():
+    """The reef knot's table: one row per contact, in REEF_ROWS' order (the suture scenes' 1 mm first, then the
+    diameter), saying whether it held; none without the pulls (--quick)."""
+    assert [label for label, _ in REEF_ROWS][0].startswith("as shipped (1 mm") and REEF_ROWS[1][1]["diameter"]
+    rows = [SutureReef(REEF_ROWS[0][0], "holds", 0.07, 0.011, 41, 0, 24.0),
+            SutureReef(REEF_ROWS[1][0], "undone", 28.05, 0.006, 25, 0, 22.0)]
+    text = "\n".join(render_knot(KnotBench(reef=rows)))
+    assert f"| {REEF_ROWS[0][0]} | holds | 0.07 | 0.011 | 41 | 0 | 24 |" in text
+    assert f"| {REEF_ROWS[1][0]} | undone | 28.05 | 0.006 | 25 | 0 | 22 |" in text
+    assert text.index("holds |") < text.index("undone |")
+    assert "reef-knot-suture" not in "\n".join(render_knot(KnotBench()))
 
 def test_a_row_whose_thread_broke_says_where_and_when_and_misses():
     """A knot pulled past the thread's rated strength parts (solver/breakage.py); its loose ends are not counted as

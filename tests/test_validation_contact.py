@@ -44,6 +44,17 @@ def test_reef_knot_at_a_sutures_scale_holds_at_silks_friction_and_comes_undone_b
     assert gone == "undone" and slip2 > vc.SUTURE_UNDONE, slip2
 
 
+
+def test_a_bends_contact_can_be_changed_beside_its_friction():
+    """bend_scenario's ``contact`` overrides (what `suturesim bench knot` pulls the suture's reef knot under):
+    they change the scene's contact, the friction given beside them still wins, and the scene's own keys stay."""
+    sc, _ = vc.bend_scenario("reef", 0.3, 1.0, scene="reef-knot-suture", mu_kinetic=0.25,
+                             contact={"distance": 2.25e-4, "warm_friction": False, "friction_static": 0.9})
+    c = sc.model.contact
+    assert (c.distance, c.warm_friction, c.friction_static, c.friction_kinetic, c.rounds) == (
+        2.25e-4, False, 0.3, 0.25, 6)
+    assert vc.bend_scenario("reef", 0.3, 1.0, scene="reef-knot-suture")[0].model.contact.distance == 1e-3
+
 @pytest.mark.long(cost=130)
 def test_a_held_reef_knot_does_not_creep_at_short_substeps():
     # the same knot at 64 substeps a tick (h = 16 us): with friction's tolerance fixed at 0.5 um the rounds

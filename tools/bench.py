@@ -665,7 +665,8 @@ def main(argv: list[str] | None = None) -> int:
                              "60 perturbed runs through the server's tick in process, a sample now and then a "
                              "tick late; "
                              "knot: an overhand knot in 3-0 silk pulled to 3 N by two styluses and held, as "
-                             "shipped and at the thread's own diameter; all: every one")
+                             "shipped and at the thread's own diameter, and the reef knot at a suture's scale "
+                             "under the suture scenes' contact and at the diameter; all: every one")
     parser.add_argument("--quick", action="store_true", help="short measurements (a smoke test)")
     parser.add_argument("--out", metavar="FILE", help="(re)write this markdown file, e.g. docs/BENCHMARKS.md")
     parser.add_argument("--no-elastica", action="store_true", help="skip the PyElastica comparison")

@@ -29,7 +29,9 @@ styluses at the true diameter: tick p99 <= 500 us, nothing frozen, no crossing, 
 
 Then (not under --quick) Choi's n = 1 knot laid at 3-0 silk's diameter is pulled tight as `suturesim validate`
 pulls it (tools/validate_contact.choi_n1_silk_case, 6 mm/s, without the crossing checks): its computing time per
-simulated second and the median of its pull force over Audoly's law (target 0.5-2).
+simulated second and the median of its pull force over Audoly's law (target 0.5-2). And the reef knot at a
+suture's scale (reef-knot-suture, 1.25 mm segments) held by its standing parts at silk's friction, under the
+suture scenes' 1 mm contact and at the thread's diameter, friction started warm and cold: whether it holds.
 """
 from __future__ import annotations
 
@@ -118,6 +120,27 @@ class KnotBench:
     rows: list[KnotHold] = field(default_factory=list)
     hold_s: float = HOLD_S
     audoly: AudolyPull | None = None
+    reef: list["SutureReef"] = field(default_factory=list)
+
+
+@dataclass
+class SutureReef:
+    """The reef knot at a suture's scale (reef-knot-suture: 3-0 silk in 1.25 mm segments, set by four ends, then
+    held by its standing parts at 0.37 N each; tools/validate_contact.suture_bend_pull) at silk's friction under
+    one contact: whether it holds."""
+    label: str
+    outcome: str          # holds / slips / undone (suture_bend_pull's)
+    slip_mm: float        # how much further apart the standing parts are at the end than 0.5 s after the let-go
+    creep_mm: float       # over the last 2 s
+    contacts: int         # the most contact pairs at any tick
+    crossings: int        # between substeps, every substep checked
+    wall_s: float         # s of computing
+
+
+REEF_S = 20.0   # s: the reef knot's pull, as suturesim validate's suture_reef_silk_case
+REEF_ROWS = (("as shipped (1 mm, friction started warm)", {}),
+             ("the diameter, friction started warm", {"diameter": True}),
+             ("the diameter, friction started cold", {"diameter": True, "warm_friction": False}))
 
 
 def knot_core(x: np.ndarray, diameter: float, exclude: int, samples: int = CORE_SAMPLES) -> float:
@@ -270,7 +293,26 @@ def measure_knot(quick: bool, log) -> KnotBench:
     if not quick:
         log("knot: Choi's n = 1 in 3-0 silk against Audoly's law ...")
         out.audoly = audoly_pull()
+        for label, contact in REEF_ROWS:
+            log(f"knot: the reef knot at a suture's scale, {label} ...")
+            out.reef.append(suture_reef(label, contact))
     return out
+
+
+def suture_reef(label: str, contact: dict) -> SutureReef:
+    """The reef knot at a suture's scale at silk's friction for REEF_S, ``contact`` over the scene's (its key
+    ``diameter``: strands touching at the preset's diameter, 2 x its contact_radius, for the scene's 1 mm)."""
+    from ..solver.presets import load_preset
+    from .validate_contact import suture_bend_pull
+    silk = load_preset("silk-3-0")
+    over = {k: v for k, v in contact.items() if k != "diameter"}
+    if contact.get("diameter"):
+        over["distance"] = 2.0 * silk.contact_radius
+    t0 = time.perf_counter()
+    outcome, slip, creep, run = suture_bend_pull("reef", silk.friction_static, silk.friction_kinetic, REEF_S,
+                                                 check=True, contact=over)
+    return SutureReef(label, outcome, 1e3 * slip, 1e3 * creep, run.max_contacts, len(run.crossings),
+                      time.perf_counter() - t0)
 
 
 def audoly_pull() -> AudolyPull:
@@ -338,6 +380,18 @@ def render_knot(res: KnotBench) -> list[str]:
                       f"{a.sim_s:.1f} s simulated in {a.wall_s:.1f} s of computing "
                       f"({a.wall_s / a.sim_s:.2f} s a simulated second), median F / F_Audoly {a.median:.2f} "
                       f"({'meets' if audoly_median_meets(a.median) else '**misses**'}), largest pull {a.largest_mn:.0f} mN."]
+    if res.reef:
+        lines += ["", "The reef knot at a suture's scale (`reef-knot-suture`: 3-0 silk in 400 segments of 1.25 mm, "
+                      "the suture scenes' segments, tied loose, set by all four ends at 0.37 N, then held by its "
+                      "standing parts alone at 0.37 N each, what each leg of the suture scenes' loop carries) at "
+                      f"silk's own friction (0.30 / 0.25), {REEF_S:g} s, under the suture scenes' 1 mm contact and at "
+                      "the thread's diameter (tools/validate_contact.suture_bend_pull; slip: how much further apart "
+                      "the standing parts are at the end than 0.5 s after the tails were let go; undone past 20 mm; "
+                      "creep over the last 2 s; crossings between substeps, every substep checked):", "",
+                  "| contact | outcome | slip (mm) | creep, last 2 s (mm) | most contact pairs | crossings | "
+                  "computing (s) |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r.label} | {r.outcome} | {r.slip_mm:.2f} | {r.creep_mm:.3f} | {r.contacts} | {r.crossings} | "
+                  f"{r.wall_s:.0f} |" for r in res.reef]
     lines += ["", "The targets, for a knot held at the styluses at the thread's own diameter: tick p99 ≤ 500 µs "
                   "(over the run and the hold), nothing frozen, no crossing, no segment's tension above 1.2 × the "
                   "pull, ≤ 5 mN above 50 Hz, a core of ≤ 10 mm of thread (a tight overhand knot of 3-0 takes "
