@@ -140,7 +140,9 @@ class SutureReef:
 REEF_S = 20.0   # s: the reef knot's pull, as suturesim validate's suture_reef_silk_case
 REEF_ROWS = (("as shipped (1 mm, friction started warm)", {}),
              ("the diameter, friction started warm", {"diameter": True}),
-             ("the diameter, friction started cold", {"diameter": True, "warm_friction": False}))
+             ("the diameter, friction started cold", {"diameter": True, "warm_friction": False}),
+             # the same thread cut into segments of about a diameter (0.25 mm): what a knot at the diameter holds in
+             ("the diameter, friction started warm, 2000 segments of 0.25 mm", {"diameter": True, "segments": 2000}))
 
 
 def knot_core(x: np.ndarray, diameter: float, exclude: int, samples: int = CORE_SAMPLES) -> float:
@@ -301,16 +303,17 @@ def measure_knot(quick: bool, log) -> KnotBench:
 
 def suture_reef(label: str, contact: dict) -> SutureReef:
     """The reef knot at a suture's scale at silk's friction for REEF_S, ``contact`` over the scene's (its key
-    ``diameter``: strands touching at the preset's diameter, 2 x its contact_radius, for the scene's 1 mm)."""
+    ``diameter``: strands touching at the preset's diameter, 2 x its contact_radius, for the scene's 1 mm;
+    ``segments``: the thread cut into that many)."""
     from ..solver.presets import load_preset
     from .validate_contact import suture_bend_pull
     silk = load_preset("silk-3-0")
-    over = {k: v for k, v in contact.items() if k != "diameter"}
+    over = {k: v for k, v in contact.items() if k not in ("diameter", "segments")}
     if contact.get("diameter"):
         over["distance"] = 2.0 * silk.contact_radius
     t0 = time.perf_counter()
     outcome, slip, creep, run = suture_bend_pull("reef", silk.friction_static, silk.friction_kinetic, REEF_S,
-                                                 check=True, contact=over)
+                                                 check=True, contact=over, segments=contact.get("segments"))
     return SutureReef(label, outcome, 1e3 * slip, 1e3 * creep, run.max_contacts, len(run.crossings),
                       time.perf_counter() - t0)
 
@@ -381,14 +384,14 @@ def render_knot(res: KnotBench) -> list[str]:
                       f"({a.wall_s / a.sim_s:.2f} s a simulated second), median F / F_Audoly {a.median:.2f} "
                       f"({'meets' if audoly_median_meets(a.median) else '**misses**'}), largest pull {a.largest_mn:.0f} mN."]
     if res.reef:
-        lines += ["", "The reef knot at a suture's scale (`reef-knot-suture`: 3-0 silk in 400 segments of 1.25 mm, "
-                      "the suture scenes' segments, tied loose, set by all four ends at 0.37 N, then held by its "
+        lines += ["", "The reef knot at a suture's scale (`reef-knot-suture`: 50 cm of 3-0 silk in 400 segments of "
+                      "1.25 mm, the suture scenes' segments, unless the row says otherwise, tied loose, set by all four ends at 0.37 N, then held by its "
                       "standing parts alone at 0.37 N each, what each leg of the suture scenes' loop carries) at "
                       f"silk's own friction (0.30 / 0.25), {REEF_S:g} s, under the suture scenes' 1 mm contact and at "
                       "the thread's diameter (tools/validate_contact.suture_bend_pull; slip: how much further apart "
                       "the standing parts are at the end than 0.5 s after the tails were let go; undone past 20 mm; "
                       "creep over the last 2 s; crossings between substeps, every substep checked):", "",
-                  "| contact | outcome | slip (mm) | creep, last 2 s (mm) | most contact pairs | crossings | "
+                  "| contact and thread | outcome | slip (mm) | creep, last 2 s (mm) | most contact pairs | crossings | "
                   "computing (s) |", "|---|---|---|---|---|---|---|"]
         lines += [f"| {r.label} | {r.outcome} | {r.slip_mm:.2f} | {r.creep_mm:.3f} | {r.contacts} | {r.crossings} | "
                   f"{r.wall_s:.0f} |" for r in res.reef]

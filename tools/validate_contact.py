@@ -250,15 +250,15 @@ SUTURE_UNDONE = 0.02    # m: by more than its 2 cm tails from 0.5 s after the le
 
 def suture_bend_pull(kind: str, mu: float, mu_kinetic: float | None = None, duration: float = 10.0,
                      check: bool = False, solver: dict | None = None,
-                     contact: dict | None = None) -> tuple[str, float, float, "TracedRun"]:
+                     contact: dict | None = None, segments: int | None = None) -> tuple[str, float, float, "TracedRun"]:
     """configs/scenarios/reef-knot-suture.yaml with the bend ``kind`` and friction ``mu`` (static; kinetic
     ``mu_kinetic``, by default the same): the knot set by all four ends, the tails let go at 1.5 s, the
-    standing parts pulled on with 0.37 N each; ``solver`` and ``contact`` override keys of those sections. Returns
+    standing parts pulled on with 0.37 N each; ``solver``, ``contact`` and ``segments`` as bend_scenario's. Returns
     (outcome, slip (m): how much further apart the standing parts are at the end than 0.5 s after the let-go,
     creep (m) over the last 2 s, the run). "undone" once the slip passes SUTURE_UNDONE (at any time), "slips"
     while the creep is over SUTURE_CREEP, else "holds"."""
     sc, (ga, gb) = bend_scenario(kind, mu, duration, scene="reef-knot-suture", mu_kinetic=mu_kinetic,
-                                 solver=solver, contact=contact)
+                                 solver=solver, contact=contact, segments=segments)
     run = TracedRun(sc, check=check)
     rows = np.array(run.run(duration, probe=lambda s: (float(s.time[0]), float(np.linalg.norm(s.x[ga] - s.x[gb]))),
                             every=50))
@@ -717,17 +717,28 @@ def capstan_polygon_case(mu: float = 0.3, load: float = 0.1) -> list[Case]:
 
 def bend_scenario(kind: str, mu: float, duration: float = 3.0, scene: str = "reef-knot",
                   mu_kinetic: float | None = None, solver: dict | None = None,
-                  contact: dict | None = None) -> tuple[Scenario, tuple[int, int]]:
+                  contact: dict | None = None, segments: int | None = None) -> tuple[Scenario, tuple[int, int]]:
     """configs/scenarios/``scene``.yaml (reef-knot or reef-knot-suture) with the bend ``kind``
     (solver/knots.py BEND_KINDS), friction ``mu`` (static; kinetic ``mu_kinetic``, by default the same),
-    ``duration`` s and ``solver`` and ``contact`` overrides of those sections. Returns the scenario and the two
-    grasped vertices of the standing parts (checked to be where they leave the knot)."""
+    ``duration`` s and ``solver`` and ``contact`` overrides of those sections; ``segments``: the thread cut into
+    that many, the grasps moved with it (the scene's first two on the standing parts, the others on the tails'
+    ends). Returns the scenario and the two grasped vertices of the standing parts (checked to be where they
+    leave the knot)."""
     from ..solver.knots import bend_thread
     mu_k = mu if mu_kinetic is None else mu_kinetic
     over = {"duration": duration, "shape": {"knot": kind},
             "contact": {**(contact or {}), "friction_static": mu, "friction_kinetic": mu_k}}
     if solver:
         over["solver"] = dict(solver)
+    if segments is not None:
+        source = load_scenario(scene).source
+        _, corners = bend_thread(kind, segments, float(source["thread"]["length"]),
+                                 float(source["shape"]["spacing"]), float(source["shape"]["tail"]))
+        grasps = [dict(g) for g in source["boundary"]["grasps"]]
+        for g, vertex in zip(grasps, (*corners, 0, segments)):
+            g["vertex"] = vertex
+        over["thread"] = {"segments": segments}
+        over["boundary"] = {**source["boundary"], "grasps": grasps}
     sc = load_scenario(scene, over)
     grasps = tuple(int(v) for v in sc.initial.grasp_vertex[:2])
     p = sc.model.params
