@@ -909,11 +909,11 @@ class PhysicsLoop:
                 return True
         return False
 
-    def intake_stylus(self, until_ns: int | None = None) -> None:
+    def intake_stylus(self, until_ns: int | None = None, max_frames: int | None = None) -> None:
         """Receive and check remote stylus samples into the inbox, to be applied by the next tick's
-        :meth:`drain_stylus`, until the socket is empty, the inbox holds STYLUS_DRAIN_PER_TICK, or (``until_ns``,
-        time.monotonic_ns) that time has come. The loop calls this while it waits for a tick, so that a tick seldom
-        decodes a sample. Each is checked by protocol.decode_stylus (its size before it is decoded) and taken only
+        :meth:`drain_stylus`, until the socket is empty, the inbox holds STYLUS_DRAIN_PER_TICK, (``until_ns``,
+        time.monotonic_ns) that time has come, or (``max_frames``) that many messages were read, taken or not.
+        The loop calls this while it waits for a tick, so that a tick seldom decodes a sample. Each is checked by protocol.decode_stylus (its size before it is decoded) and taken only
         for a device whose backend is `remote`, from the one CURVE client the device may be bound to
         (`devices.<name>.client_key`), and only for a device the server knows (a grasp's device, or one configured
         under `devices`); any other is counted in ``stats.stylus_rejected`` and dropped: no sample steers an
@@ -923,9 +923,14 @@ class PhysicsLoop:
         if sock is None:
             return
         cfg = self.cfg
+        read = 0
         while self._inbox_n < STYLUS_DRAIN_PER_TICK:
             if until_ns is not None and time.monotonic_ns() >= until_ns:
                 return
+            # a flood of refused messages fills no inbox: the tick's read is bounded by messages, not samples
+            if max_frames is not None and read >= max_frames:
+                return
+            read += 1
             # asked first: a recv that finds nothing raises zmq.Again, which costs the tick about 3 us more
             if not sock.get(_EVENTS) & _POLLIN:
                 return
@@ -958,8 +963,9 @@ class PhysicsLoop:
         """Apply the remote stylus samples the inbox holds, and any the socket still has (:meth:`intake_stylus`),
         in the order they came: each moves its device's tool and acts on its buttons (:meth:`stylus_sample`).
         One that drives no grasp and presses no button, or whose device's stream ended since it was taken, is
-        counted in ``stats.stylus_rejected``."""
-        self.intake_stylus()
+        counted in ``stats.stylus_rejected``. The tick reads at most STYLUS_DRAIN_PER_TICK messages from the
+        socket, whatever they are."""
+        self.intake_stylus(max_frames=STYLUS_DRAIN_PER_TICK)
         streams = self.builder.streams
         for i in range(self._inbox_n):
             slot = self._inbox[i]
