@@ -328,12 +328,11 @@ def test_a_client_key_binds_only_a_remote_device_under_curve(tmp_path):
         load_server_config(tmp_path / "c.yaml")
 
 
-
-def test_a_flood_of_refused_samples_costs_a_tick_at_most_its_per_tick_read(tmp_path):
-    """Refused samples fill no inbox, so the tick's read is bounded by messages: of 100 garbage frames in the
-    socket a tick reads STYLUS_DRAIN_PER_TICK, the next tick the next as many."""
+def _loop_on_ipc(tmp_path):
+    """A PhysicsLoop of suture-practice on ipc sockets with stylus0 remote, and a PUSH socket (in a context of its
+    own) connected to its stylus socket: (loop, context, push)."""
     from suturesim.server.config import DeviceConfig, Endpoints
-    from suturesim.server.physics import STYLUS_DRAIN_PER_TICK, PhysicsLoop
+    from suturesim.server.physics import PhysicsLoop
     from suturesim.solver.scenario import load_scenario
 
     ep = Endpoints(pub=f"ipc://{tmp_path}/pub", control=f"ipc://{tmp_path}/ctl", stylus=f"ipc://{tmp_path}/sty",
@@ -344,8 +343,17 @@ def test_a_flood_of_refused_samples_costs_a_tick_at_most_its_per_tick_read(tmp_p
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 0)
+    push.connect(ep.stylus)
+    return loop, ctx, push
+
+
+def test_a_flood_of_refused_samples_costs_a_tick_at_most_its_per_tick_read(tmp_path):
+    """Refused samples fill no inbox, so the tick's read is bounded by messages: of 100 garbage frames in the
+    socket a tick reads STYLUS_DRAIN_PER_TICK, the next tick the next as many."""
+    from suturesim.server.physics import STYLUS_DRAIN_PER_TICK
+
+    loop, ctx, push = _loop_on_ipc(tmp_path)
     try:
-        push.connect(ep.stylus)
         for _ in range(100):
             push.send(b"\x91\x01")                   # not a map: refused
         wait_for(lambda: loop.stylus.poll(0), 2.0)
@@ -360,26 +368,17 @@ def test_a_flood_of_refused_samples_costs_a_tick_at_most_its_per_tick_read(tmp_p
         ctx.term()
         loop.close()
 
+
 def test_samples_taken_while_the_loop_waits_act_at_the_next_tick(tmp_path):
     """The loop receives and checks remote samples while it waits for a tick (PhysicsLoop.wait_taking_samples),
     so that a tick seldom decodes one; what it took moves nothing until the tick applies it, every sample in the
     order it came (the last position wins, each button edge acts), and the wait still ends at its deadline."""
     import numpy as np
 
-    from suturesim.server.config import DeviceConfig, Endpoints
-    from suturesim.server.physics import STYLUS_INTAKE_GUARD_NS, PhysicsLoop
-    from suturesim.solver.scenario import load_scenario
+    from suturesim.server.physics import STYLUS_INTAKE_GUARD_NS
 
-    ep = Endpoints(pub=f"ipc://{tmp_path}/pub", control=f"ipc://{tmp_path}/ctl", stylus=f"ipc://{tmp_path}/sty",
-                   score=None)
-    cfg = ServerConfig(file="<test>", scenario=load_scenario("suture-practice"), endpoints=ep, device="remote",
-                       devices=(DeviceConfig(name="stylus0", backend="remote"),))
-    loop = PhysicsLoop(cfg)
-    ctx = zmq.Context()
-    push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.LINGER, 0)
+    loop, ctx, push = _loop_on_ipc(tmp_path)
     try:
-        push.connect(ep.stylus)
         dev = loop.devices["stylus0"]
         before = dev.stylus.copy(), loop.state.x.copy(), loop.stats.stylus_accepted, loop.stats.stylus_rejected
         far = [0.0, 0.0, 0.09]                       # above the tissue: the jaw closes on nothing
