@@ -913,8 +913,9 @@ class PhysicsLoop:
         """Receive and check remote stylus samples into the inbox, to be applied by the next tick's
         :meth:`drain_stylus`, until the socket is empty, the inbox holds STYLUS_DRAIN_PER_TICK, (``until_ns``,
         time.monotonic_ns) that time has come, or (``max_frames``) that many messages were read, taken or not.
-        The loop calls this while it waits for a tick, so that a tick seldom decodes a sample. Each is checked by protocol.decode_stylus (its size before it is decoded) and taken only
-        for a device whose backend is `remote`, from the one CURVE client the device may be bound to
+        The loop calls this while it waits for a tick, so that a tick seldom decodes a sample. Each is checked by
+        protocol.decode_stylus (its size before it is decoded) and taken only for a device whose backend is
+        `remote`, from the one CURVE client the device may be bound to
         (`devices.<name>.client_key`), and only for a device the server knows (a grasp's device, or one configured
         under `devices`); any other is counted in ``stats.stylus_rejected`` and dropped: no sample steers an
         OpenHaptics, simulated, replayed or unknown device, nor fills grasp slots through one. Changes nothing

@@ -9,9 +9,8 @@ triple product V(tau) = (p1 - p0) . ((q0 - p0) x (q1 - p0)), a cubic in tau, is 
 change of V on [0, 1] (sampled finely, then bisected), and at each root test whether the two segments, now in
 one plane, actually meet (their distance is zero to round-off). Only pairs that could meet at all are
 examined: a pair whose distance at tau = 0 exceeds the largest motion of its vertices cannot touch. The pairs
-are found by sweep and prune, along the axis the thread spreads most on, over each segment's bounding
-sphere grown by its motion, so a check costs
-about as much as the step it checks, not the all-pairs sum it replaces.
+are found by sweep and prune, along the axis the thread spreads most on, over each segment's bounding sphere
+grown by its motion, so a check costs about as much as the step it checks, not the all-pairs sum it replaces.
 """
 from __future__ import annotations
 
@@ -174,6 +173,14 @@ def _crossings(x0, x1, exclude, parted, out_i, out_j, out_tau) -> int:
     return count
 
 
+def _parted_flags(x: np.ndarray, parted: np.ndarray | None) -> np.ndarray:
+    """``parted`` as int8 flags, one per segment of x (none parted if None); a ValueError if it has another shape."""
+    flags = np.zeros(x.shape[0] - 1, np.int8) if parted is None else np.ascontiguousarray(parted, dtype=np.int8)
+    if flags.shape != (x.shape[0] - 1,):
+        raise ValueError(f"parted must have one entry per segment ({x.shape[0] - 1}), got shape {flags.shape}")
+    return flags
+
+
 def crossings(x0: np.ndarray, x1: np.ndarray, exclude: int = 1,
               parted: np.ndarray | None = None) -> list[tuple[int, int, float]]:
     """Every pair of segments (i, j), j - i > exclude, that passes through each other while the vertices move
@@ -185,9 +192,7 @@ def crossings(x0: np.ndarray, x1: np.ndarray, exclude: int = 1,
     x1 = np.ascontiguousarray(x1, dtype=np.float64)
     if x0.shape[0] < 2:
         return []
-    parted = np.zeros(x0.shape[0] - 1, np.int8) if parted is None else np.ascontiguousarray(parted, dtype=np.int8)
-    if parted.shape != (x0.shape[0] - 1,):
-        raise ValueError(f"parted must have one entry per segment ({x0.shape[0] - 1}), got shape {parted.shape}")
+    parted = _parted_flags(x0, parted)
     cap = 64
     while True:
         oi, oj, ot = np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap)
@@ -220,10 +225,7 @@ def substep_crossings(x_start: np.ndarray, trace: np.ndarray, substeps: int, exc
     trace = np.ascontiguousarray(trace, dtype=np.float64)
     if x_start.shape[0] < 2 or substeps <= 0:
         return []
-    flags = (np.zeros(x_start.shape[0] - 1, np.int8) if parted is None
-             else np.ascontiguousarray(parted, dtype=np.int8))
-    if flags.shape != (x_start.shape[0] - 1,):
-        raise ValueError(f"parted must have one entry per segment ({x_start.shape[0] - 1}), got shape {flags.shape}")
+    flags = _parted_flags(x_start, parted)
     scratch = (np.empty(1, np.int64), np.empty(1, np.int64), np.empty(1))
     if _substep_count(x_start, trace, int(substeps), int(exclude), flags, *scratch) == 0:
         return []
