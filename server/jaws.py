@@ -28,7 +28,7 @@ from ..solver.instruments import (SH_COUNT, SH_JAW_LENGTH, SH_JAW_RADIUS, SH_MU_
                                    SH_SHAFT_RADIUS)
 from ..solver.needle import NP_ARC, NP_RADIUS, NS_Q
 from ..solver.tissue import PD_HALF, PS_X
-from .device import quat_mul as mul
+from .device import python_floats, quat_mul as mul
 
 KIND_NEEDLE = "needle"
 KIND_THREAD = "thread"
@@ -81,8 +81,8 @@ def held_segments(kind: str, vertex: int, hold_offset: float, rest: float, n_seg
 
 def rotate(q, v) -> tuple[float, float, float]:
     """``v`` (3) turned by the unit quaternion ``q`` (w, x, y, z): q v q^-1."""
-    w, x, y, z = float(q[0]), float(q[1]), float(q[2]), float(q[3])
-    vx, vy, vz = float(v[0]), float(v[1]), float(v[2])
+    w, x, y, z = python_floats(q)
+    vx, vy, vz = python_floats(v)
     # t = 2 (q_xyz x v); v' = v + w t + q_xyz x t
     tx = 2.0 * (y * vz - z * vy)
     ty = 2.0 * (z * vx - x * vz)

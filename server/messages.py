@@ -47,7 +47,6 @@ class MessageBuilder:
         self.tick = float(scenario.model.solver.tick)
         self._axial = np.zeros(3)
         self._axial_next = np.zeros(3)
-        self._raw = np.zeros(3)
         self._torque = np.zeros(3)
         #: the devices with a `force` stream, in the order their messages go out
         self.streams: list[Device] = []
@@ -118,22 +117,24 @@ class MessageBuilder:
     def state(self, seq: int, state: ThreadState) -> bytes:
         """The `state` payload (docs/PROTOCOL.md Sec. 3.1): positions, tensions (N), twist (rad), grasps,
         energies (J), and the last tick's solver and self-contact statistics."""
-        grasps = [{"id": g.id, "vertex": g.vertex, "device": g.device, "holds": g.kind, "frac": g.frac,
-                   **({"pad": self.scenario.model.pad_ids[g.pad]} if g.pad >= 0 else {}),
-                   "pos": state.grasp_target[g.slot], "force": state.grasp_force[g.slot]}
+        # in the wire's own form (protocol.encode_canonical_state): Python values, maps in their keys' order
+        pad_ids = self.scenario.model.pad_ids
+        grasps = [{"id": g.id, "vertex": int(g.vertex), "device": g.device, "holds": g.kind, "frac": float(g.frac),
+                   **({"pad": pad_ids[g.pad]} if g.pad >= 0 else {}),
+                   "pos": state.grasp_target[g.slot].tolist(), "force": state.grasp_force[g.slot].tolist()}
                   for g in self.grasps]
-        cs = state.contact_stats
-        solver = {"iters": int(state.stats[STAT_MAX_ITERS]), "residual": float(state.stats[STAT_MAX_RESIDUAL]),
-                  "substeps": int(state.stats[STAT_SUBSTEPS]), "penetration": float(cs[CS_PENETRATION]),
-                  "projections": int(cs[CS_PROJECTIONS]), "candidates": int(cs[CS_COUNT]),
-                  "list_overflow": bool(cs[CS_OVERFLOW])}
+        stats = state.stats
+        cs = state.contact_stats.tolist()
+        solver = {"iters": int(stats[STAT_MAX_ITERS]), "residual": float(stats[STAT_MAX_RESIDUAL]),
+                  "substeps": int(stats[STAT_SUBSTEPS]), "candidates": int(cs[CS_COUNT]),
+                  "list_overflow": bool(cs[CS_OVERFLOW]), "penetration": cs[CS_PENETRATION],
+                  "projections": int(cs[CS_PROJECTIONS])}
         m = self.scenario.model
-        tissue = self._tissue(state) if m.tissue_on else None
-        needle = self._needle(state) if m.needle_on else None
-        return protocol.encode_state(seq, float(state.time[0]), state.x, state.tension, float(state.twist[0]),
-                                     grasps, int(cs[CS_CONTACTS]), diagnostics.energies(self.scenario.model, state),
-                                     solver, tissue=tissue, needle=needle, tools=self._tools(),
-                                     parted=None if whole(state) else np.flatnonzero(state.parted).tolist())
+        return protocol.encode_canonical_state(
+            seq, float(state.time[0]), state.x, state.tension, float(state.twist[0]), grasps, int(cs[CS_CONTACTS]),
+            diagnostics.energies(m, state), solver, self._tissue(state) if m.tissue_on else None,
+            self._needle(state) if m.needle_on else None, self._tools(),
+            None if whole(state) else np.flatnonzero(state.parted).tolist())
 
     def _tools(self) -> list[protocol.SortedMap] | None:
         """The `state` topic's `tools` (docs/PROTOCOL.md Sec. 3.1): each device with a stylus, its tool's tip
@@ -162,14 +163,11 @@ class MessageBuilder:
         pads = [protocol.SortedMap(id=pid, pos=centres[p], size=self._pad_sizes[p])
                 for p, pid in enumerate(m.pad_ids)]
         punctures = []
-        pun_f = None
         for q, row in enumerate(state.pun_i.tolist()):
             st = row[PI_STATE]
             if st == PUN_FREE:
                 continue
-            if pun_f is None:
-                pun_f = state.pun_f.tolist()
-            f = pun_f[q]
+            f = state.pun_f[q].tolist()   # a row at a time: most slots are free, and the whole table costs more
             p = row[PI_PAD]
             c = centres[p]
             punctures.append(protocol.SortedMap(
@@ -211,29 +209,25 @@ class MessageBuilder:
         magnitude of the thread's net constraint force at the grasped vertex (or point, :meth:`axial`); `flags`
         are the pipeline's OR the driver's."""
         t = float(state.time[0])
-        raw = self._raw
         caps = state.tool_cap
         per_tick = 1.0 / self.tick
+        # Python floats throughout: numpy's scalar reads and 3-vector operations cost the tick more than the sums
         for dev in self.streams:
-            raw[0] = raw[1] = raw[2] = 0.0
+            fx = fy = fz = 0.0
             axial = 0.0
             # a clutched hand moves freely: its force ramps to zero at the pipeline's slew rate, and back
             if not dev.clutched:
                 for g in self.grasps:
                     if g.device == dev.name:
-                        raw -= state.grasp_force[g.slot]
+                        gx, gy, gz = state.grasp_force[g.slot].tolist()
+                        fx, fy, fz = fx - gx, fy - gy, fz - gz
                         if g.vertex >= 0:   # the thread's axial force where a grasp holds it (a pad has none)
                             axial = max(axial, self.axial(state, g.vertex, float(state.grasp_frac[g.slot])))
                 if dev.tool_row >= 0:
-                    # Python floats of the capsules' impulses: the same sums as element by element, in a tenth of
-                    # the time of numpy's scalar reads
-                    r = raw.tolist()
                     for row in caps[CAPSULES_PER_TOOL * dev.tool_row:CAPSULES_PER_TOOL * (dev.tool_row + 1),
                                     TC_IMPULSE:TC_IMPULSE + 3].tolist():
-                        for d in range(3):
-                            r[d] -= row[d] * per_tick
-                    raw[0], raw[1], raw[2] = r
-            dev.flags = dev.safety.step(raw, t, t, self.tick, dev.force) | dev.driver_flags
+                        fx, fy, fz = fx - row[0] * per_tick, fy - row[1] * per_tick, fz - row[2] * per_tick
+            dev.flags = dev.safety.step((fx, fy, fz), t, t, self.tick, dev.force) | dev.driver_flags
             dev.axial = axial
 
     def encode_forces(self, seq: int, state: ThreadState) -> list[bytes]:

@@ -68,6 +68,7 @@ TOPIC_SCORE = b"score"     # the scorer process's own PUB socket (endpoints.scor
 _ENVELOPE_KEYS = ("v", "seq", "t")
 _ENERGY_KEYS = ("kinetic", "elastic", "gravity")
 _F32 = np.dtype("<f4")
+_F64 = np.dtype(np.float64)
 
 
 class ProtocolError(ValueError):
@@ -108,11 +109,18 @@ def _envelope(seq: int, t: float) -> dict:
 
 
 def _vec3(value: Iterable[float], what: str) -> list[float]:
-    if type(value) is np.ndarray and value.dtype == np.float64 and value.shape == (3,):
-        return value.tolist()    # Python floats, in a tenth of the time of the loop below (1 kHz per device)
+    return _floats(value, 3, what)
+
+
+def _floats(value: Iterable[float], size: int, what: str) -> list[float]:
+    """``value`` as ``size`` Python floats, or ProtocolError."""
+    # a float64 array's tolist is a tenth of the loop's time (1 kHz per device); its dtype is numpy's one float64
+    # descriptor unless it was made another way (byte-swapped, say), which the loop then reads as well
+    if type(value) is np.ndarray and value.dtype is _F64 and value.shape == (size,):
+        return value.tolist()
     out = [float(c) for c in value]
-    if len(out) != 3:
-        raise ProtocolError(f"{what} must have 3 components, got {len(out)}")
+    if len(out) != size:
+        raise ProtocolError(f"{what} must have {size} components, got {len(out)}")
     return out
 
 
@@ -197,23 +205,36 @@ def encode_state(seq: int, t: float, x: np.ndarray, tension: np.ndarray, twist: 
                       for g in grasps]
     except KeyError as exc:
         raise ProtocolError(f"state: missing key {exc.args[0]!r}") from exc
-    msg = _envelope(seq, t)
-    msg["n"] = int(n)
-    msg["x"] = x.astype(_F32, order="C", copy=False).tobytes()
-    msg["tension"] = tension.astype(_F32, order="C", copy=False).tobytes()
-    msg["twist"] = float(twist)
-    msg["grasps"] = grasps_out
-    msg["contacts"] = int(contacts)
-    msg["energy"] = energy_out
-    msg["solver"] = solver_out
+    return encode_canonical_state(int(seq), float(t), x, tension, float(twist), grasps_out, int(contacts),
+                                  energy_out, solver_out, None if tissue is None else _canonical(tissue),
+                                  None if needle is None else _canonical(needle),
+                                  None if tools is None else _canonical(tools),
+                                  [int(j) for j in parted] if parted else None)
+
+
+def encode_canonical_state(seq: int, t: float, x: np.ndarray, tension: np.ndarray, twist: float,
+                           grasps: list[dict], contacts: int, energy: dict, solver: dict,
+                           tissue: SortedMap | None, needle: SortedMap | None, tools: list[SortedMap] | None,
+                           parted: list[int] | None) -> bytes:
+    """:func:`encode_state` of values already as the wire has them, unchecked: the loop's own `state`, 100 times a
+    second (server/messages.py), where checking and copying them again cost the tick a third of the message.
+    Python ints, floats and strs; ``x`` (n, 3) and ``tension`` (n - 1,) float arrays; each grasp a dict of id,
+    vertex, device, holds, frac, pad if it holds one, pos and force [3] in that order; ``energy`` kinetic,
+    elastic, gravity and then any other key sorted; ``solver`` iters, residual, substeps and then the others
+    sorted; the maps as :class:`SortedMap` (their keys sorted); ``parted`` None while the thread is whole.
+    tests/test_protocol.py holds it to :func:`encode_state`'s bytes."""
+    msg = {"v": SCHEMA_VERSION, "seq": seq, "t": t, "n": x.shape[0],
+           "x": x.astype(_F32, order="C", copy=False).tobytes(),
+           "tension": tension.astype(_F32, order="C", copy=False).tobytes(), "twist": twist, "grasps": grasps,
+           "contacts": contacts, "energy": energy, "solver": solver}
     if tissue is not None:
-        msg["tissue"] = _canonical(tissue)
+        msg["tissue"] = tissue
     if needle is not None:
-        msg["needle"] = _canonical(needle)
+        msg["needle"] = needle
     if tools is not None:
-        msg["tools"] = _canonical(tools)
+        msg["tools"] = tools
     if parted:
-        msg["parted"] = [int(j) for j in parted]
+        msg["parted"] = parted
     return _pack(msg)
 
 
@@ -249,10 +270,7 @@ def encode_force(seq: int, t: float, device: str, pose: Sequence[float], force: 
     if torque is not None:
         msg["torque"] = _vec3(torque, "torque")
     if quat is not None:
-        q = [float(c) for c in quat]
-        if len(q) != 4:
-            raise ProtocolError(f"quat must have 4 components, got {len(q)}")
-        msg["quat"] = q
+        msg["quat"] = _floats(quat, 4, "quat")
     return _pack(msg)
 
 

@@ -240,3 +240,33 @@ def test_an_instrument_tie_holds_the_wound_closed_10_s_after_both_hands_let_go()
     assert rep["knots"][-2:] == ["double throw", "surgeon's knot"] and rep["gap_closed"], rep
     assert not rep["gap_opened_after_release"] and not rep["knot_changed_after_release"], rep
     assert rep["gap_at_end"] < 1e-3 and not [g for g in bot.st["grasps"]], rep
+
+
+def test_the_loops_state_is_the_bytes_encode_state_makes_of_the_same_values():
+    """The loop builds its `state` in the wire's own form and packs it unchecked (protocol.encode_canonical_state);
+    mid-suture (the needle held, punctures on the thread, two tools) those are the bytes the checked
+    encoder makes of the same values given in any order and type."""
+    import msgpack
+
+    from suturesim.tools.bench_bot_rate import watching
+    from suturesim.tools.trainee_bot import perturbation
+
+    scene = Scene(perturbation(1))
+    bot = watching(scene, 1)
+    drive(scene, bot, bot.plan(), until="drawn through")
+    st = scene.loop.state
+    payload = scene.loop.builder.state(scene.loop.seq, st)
+    m = msgpack.unpackb(payload)
+
+    def loose(v):   # maps with their keys reversed, lists of numbers as arrays
+        if isinstance(v, dict):
+            return {k: loose(v[k]) for k in reversed(list(v))}
+        if isinstance(v, list):
+            return np.array(v) if v and all(type(c) is float for c in v) else [loose(c) for c in v]
+        return v
+    assert m["tissue"]["punctures"] and len(m["tools"]) == 2 and [g["holds"] for g in m["grasps"]] == ["needle"]
+    again = protocol.encode_state(np.int64(m["seq"]), np.float64(m["t"]), st.x, list(st.tension), m["twist"],
+                                  loose(m["grasps"]), m["contacts"], loose(m["energy"]), loose(m["solver"]),
+                                  tissue=loose(m["tissue"]), needle=loose(m["needle"]), tools=loose(m["tools"]),
+                                  parted=m.get("parted"))
+    assert again == payload
