@@ -239,8 +239,10 @@ def play(tmp_path, lib_dir, scripts: dict, end_s: float):
 
 
 # the rehearsal (6.9 s of scene, about 6 s), the devices' start (up to 10 s on a busy machine, within HANDS_S),
-# the scripts (HANDS_S + 5.3 s), the stop
+# the scripts (HANDS_S + 5.3 s), the stop. Timed: the devices play their scripts on the wall clock, so a loop that
+# falls behind them (a long test on the other core) closes the jaws where the needle is not yet
 @pytest.mark.long(cost=50)
+@pytest.mark.timed
 def test_the_start_of_a_suture_by_hand_played_by_two_emulated_devices(tmp_path, lib_dir):
     cfg_path = tmp_path / "server.yaml"
     cfg_path.write_text(CONFIG)
