@@ -51,8 +51,7 @@ def quat_mul_into(a, b, out) -> None:
 
 def unit_quat_or_none(q) -> tuple[float, float, float, float] | None:
     """``q`` (w, x, y, z) normalised, or None if it has no direction or is not finite."""
-    w, x, y, z = q.tolist() if type(q) is np.ndarray else q   # Python floats: numpy's scalar reads cost more
-    w, x, y, z = float(w), float(x), float(y), float(z)
+    w, x, y, z = python_floats(q)
     n = math.sqrt(w ** 2 + x ** 2 + y ** 2 + z ** 2)
     if not (n > 1e-6 and math.isfinite(n)):
         return None

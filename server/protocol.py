@@ -222,7 +222,7 @@ def encode_canonical_state(seq: int, t: float, x: np.ndarray, tension: np.ndarra
     vertex, device, holds, frac, pad if it holds one, pos and force [3] in that order; ``energy`` kinetic,
     elastic, gravity and then any other key sorted; ``solver`` iters, residual, substeps and then the others
     sorted; the maps as :class:`SortedMap` (their keys sorted); ``parted`` None while the thread is whole.
-    tests/test_protocol.py holds it to :func:`encode_state`'s bytes."""
+    tests/test_suture_by_hand.py holds the loop's bytes to :func:`encode_state`'s."""
     msg = {"v": SCHEMA_VERSION, "seq": seq, "t": t, "n": x.shape[0],
            "x": x.astype(_F32, order="C", copy=False).tobytes(),
            "tension": tension.astype(_F32, order="C", copy=False).tobytes(), "twist": twist, "grasps": grasps,

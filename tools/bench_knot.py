@@ -385,14 +385,15 @@ def render_knot(res: KnotBench) -> list[str]:
                       f"({'meets' if audoly_median_meets(a.median) else '**misses**'}), largest pull {a.largest_mn:.0f} mN."]
     if res.reef:
         lines += ["", "The reef knot at a suture's scale (`reef-knot-suture`: 50 cm of 3-0 silk in 400 segments of "
-                      "1.25 mm, the suture scenes' segments, unless the row says otherwise, tied loose, set by all four ends at 0.37 N, then held by its "
-                      "standing parts alone at 0.37 N each, what each leg of the suture scenes' loop carries) at "
+                      "1.25 mm, the suture scenes' segments, unless the row says otherwise, tied loose, set by all "
+                      "four ends at 0.37 N, then held by its standing parts alone at 0.37 N each, what each leg of "
+                      "the suture scenes' loop carries) at "
                       f"silk's own friction (0.30 / 0.25), {REEF_S:g} s, under the suture scenes' 1 mm contact and at "
                       "the thread's diameter (tools/validate_contact.suture_bend_pull; slip: how much further apart "
                       "the standing parts are at the end than 0.5 s after the tails were let go; undone past 20 mm; "
                       "creep over the last 2 s; crossings between substeps, every substep checked):", "",
-                  "| contact and thread | outcome | slip (mm) | creep, last 2 s (mm) | most contact pairs | crossings | "
-                  "computing (s) |", "|---|---|---|---|---|---|---|"]
+                  "| contact and thread | outcome | slip (mm) | creep, last 2 s (mm) | most contact pairs | "
+                  "crossings | computing (s) |", "|---|---|---|---|---|---|---|"]
         lines += [f"| {r.label} | {r.outcome} | {r.slip_mm:.2f} | {r.creep_mm:.3f} | {r.contacts} | {r.crossings} | "
                   f"{r.wall_s:.0f} |" for r in res.reef]
     lines += ["", "The targets, for a knot held at the styluses at the thread's own diameter: tick p99 ≤ 500 µs "

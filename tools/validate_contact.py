@@ -250,7 +250,8 @@ SUTURE_UNDONE = 0.02    # m: by more than its 2 cm tails from 0.5 s after the le
 
 def suture_bend_pull(kind: str, mu: float, mu_kinetic: float | None = None, duration: float = 10.0,
                      check: bool = False, solver: dict | None = None,
-                     contact: dict | None = None, segments: int | None = None) -> tuple[str, float, float, "TracedRun"]:
+                     contact: dict | None = None,
+                     segments: int | None = None) -> tuple[str, float, float, "TracedRun"]:
     """configs/scenarios/reef-knot-suture.yaml with the bend ``kind`` and friction ``mu`` (static; kinetic
     ``mu_kinetic``, by default the same): the knot set by all four ends, the tails let go at 1.5 s, the
     standing parts pulled on with 0.37 N each; ``solver``, ``contact`` and ``segments`` as bend_scenario's. Returns
