@@ -80,8 +80,8 @@ _POLLIN = int(zmq.POLLIN)
 
 # the `stats` message's `rounds` (docs/PROTOCOL.md Sec. 3.3), each over the substeps of the interval: the
 # self-contact's rounds of floor, friction and solve a substep ran (solver/integrator.py contact_rounds), the share
-# of substeps whose rounds ran out before the floor and friction settled, and the same for the tissue's rounds
-# (tissue_rounds). Rounds that always run out put a step's cost at its ceiling.
+# of substeps whose rounds ended before the floor and friction settled (ran out, or stalled: contact.stall), and
+# the same for the tissue's rounds (tissue_rounds). Rounds that always run out put a step's cost at its ceiling.
 ROUNDS = ("contact", "contact_out", "tissue", "tissue_out")
 # the `stats` message's histograms of the step and the tick (docs/PROTOCOL.md Sec. 3.3): the interval's ticks
 # counted in HIST_BINS bins HIST_BIN_US wide from 0, the last also counting every longer one. A client pools them
@@ -190,7 +190,7 @@ class LoopStats:
         out["substeps"] = {"mean": float(sub.mean()), "max": int(sub.max())}
         stepped = float(sub.sum())
         if stepped > 0.0:
-            # a substep's rounds, and the share of substeps whose rounds ran out before they settled
+            # a substep's rounds, and the share of substeps whose rounds ended before they settled
             per = (self.rounds[:n].sum(axis=0) / stepped).tolist()
             out["rounds"] = {key: per[k] for k, key in enumerate(ROUNDS)}
         if self._us_per_cycle > 0.0:

@@ -61,7 +61,9 @@ CP_NEAR = 10        # segments apart (exclude + 1) at or below which a pair coun
 CP_SETTLE = 11      # friction has settled when a round moves no contact point by more than this x min_gap, at
                     # substeps of 0.25 ms or longer (integrator.friction_rounds)
 CP_WARM = 12        # 1: each substep's friction starts from the force of the one before (warm_friction)
-CP_SIZE = 13
+CP_STALL = 13       # the rounds also end once a friction pass changes a contact point by more than this fraction of
+                    # the pass before's change, the floor raising nothing (friction no longer converging); 0: never
+CP_SIZE = 14
 
 # contact_stats slots (per tick, filled by the integrator)
 CS_COUNT = 0        # candidate pairs in the neighbour list
@@ -77,7 +79,7 @@ CS_SKIN = 8         # m, the skin the neighbour list was built with
 CS_ROUNDS = 9       # rounds run
 CS_ROUNDS_RAISED = 10   # of them, rounds whose floor raised a gap
 CS_ROUNDS_SLID = 11     # of them, rounds whose friction changed a contact point by more than it settles within
-CS_ROUNDS_OUT = 12      # substeps whose rounds ran out before the floor and friction settled
+CS_ROUNDS_OUT = 12      # substeps whose rounds ended before the floor and friction settled (ran out or stalled)
 
 # how far ahead of touching a pair one segment past the excluded ones (j, j + exclude + 1) counts for the
 # stability bound: its present approach per substep times REACH_SUBSTEPS (the substep budget's default), but at

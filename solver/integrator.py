@@ -30,7 +30,7 @@ from .breakage import BK_PARTED, find_break, part
 from .constraints import inertial_tension, solve_multipliers
 from .contact_response import (CS_CONTACTS, CS_COUNT, CS_PENETRATION, CS_PROJECTIONS, CS_REBUILDS,
                                CS_REVERTED, CS_ROUNDS, CS_ROUNDS_OUT, CS_ROUNDS_RAISED, CS_ROUNDS_SLID, CS_SKIN,
-                               CS_STICKING, CP_MIN_GAP, CP_ROUNDS, CP_SETTLE, CP_SKIN, CP_WARM,
+                               CS_STICKING, CP_MIN_GAP, CP_ROUNDS, CP_SETTLE, CP_SKIN, CP_STALL, CP_WARM,
                                FLOOR_MARGIN, apply_friction, enforce_min_gap, floor_pairs, floor_reach,
                                guard_crossings, keep_friction, largest_step, neighbours_stale, penalty_forces,
                                rebuild_neighbours, warm_friction)
@@ -602,6 +602,13 @@ def contact_rounds(h: float, n_cand: int, rod: Rod, sv: Settings, body: Body, wk
     reach = -1.0
     n_near = 0
     stats = ct.stats
+    # friction's largest change of the round before: a held knot's friction and solve can stop converging, each
+    # pass changing its pairs by about as much as the one before, far above the tolerance, so that every substep
+    # ran all its rounds and ended no nearer to settled. With contact.stall set, a pass that shrinks the change
+    # by less than that factor is followed by its solve and ends the rounds, as running out of them does; the
+    # floor's rounds (raised > 0) are never cut (docs/PHYSICS.md Sec. 7, "When friction stops converging")
+    stall = ct.par[CP_STALL]
+    slid_before = math.inf
     for r in range(rounds):
         step = largest_step(xbar, x)
         if 2.0 * step + FLOOR_MARGIN * min_gap > reach:
@@ -620,11 +627,15 @@ def contact_rounds(h: float, n_cand: int, rod: Rod, sv: Settings, body: Body, wk
             stats[CS_ROUNDS_SLID] += 1.0
         if raised == 0 and slid <= settled:
             break
-        if r == rounds - 1:
+        stalled = stall > 0.0 and raised == 0 and slid > stall * slid_before
+        slid_before = slid
+        if r == rounds - 1 or stalled:
             stats[CS_ROUNDS_OUT] += 1.0
         stats[CS_PROJECTIONS] += raised
         it2, residual = _solve_again(h, rod, sv, body, wk)
         iters += it2
+        if stalled:
+            break
     reverted = 0
     if raised > 0:
         reverted = guard_crossings(x, xbar, rod.kinematic, ct.par, n_cand, ct.cand_i, ct.cand_j, ct.cand_s,

@@ -93,6 +93,7 @@ class ContactSettings:
     polygon_friction: bool = True   # friction's normal force scaled so a polyline's capstan is a rope's
     settle: float = 1e-3          # friction has settled when a round moves no contact point more than this x min_gap
     warm_friction: bool = True    # each substep's friction starts from the force of the one before
+    stall: float = 0.0            # the rounds end once friction's change shrinks by less than this factor a round
 
     def near_pairs_clear(self, rest_length: np.ndarray) -> bool:
         """Whether the pair one segment past the excluded ones lies clear of touching on a straight thread (the
@@ -115,7 +116,7 @@ class ContactSettings:
         return np.array([self.stiffness, self.distance, self.smooth, self.min_gap, self.friction_static,
                          self.friction_kinetic, self.skin, self.recover_speed, float(self.rounds),
                          float(self.polygon_friction), float(self.exclude + 1) if near_reach else 0.0,
-                         self.settle, float(self.warm_friction)])
+                         self.settle, float(self.warm_friction), self.stall])
 
 
 @dataclass

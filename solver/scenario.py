@@ -623,7 +623,8 @@ def _contact(sec: Section | None, params, rest: np.ndarray) -> ContactSettings:
         rounds=sec.get("rounds", int, 32, minval=1, maxval=256),
         polygon_friction=sec.get("polygon_friction", bool, True),
         settle=sec.get("settle", float, ContactSettings.settle, above=0.0, maxval=1.0),
-        warm_friction=sec.get("warm_friction", bool, True))
+        warm_friction=sec.get("warm_friction", bool, True),
+        stall=sec.get("stall", float, ContactSettings.stall, minval=0.0, maxval=1.0))
     sec.finish()
     return settings
 

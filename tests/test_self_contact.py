@@ -13,9 +13,9 @@ from suturesim.tools.bench_contact import (CONTACT_3MM, HELD_UNTIL, HELD_UNTIL_3
 from suturesim.tools.crossings import crossings, segment_distance, substep_crossings
 from suturesim.tools.validate_contact import TracedRun
 from suturesim.solver.config import ConfigError
-from suturesim.solver.contact_response import (CP_NEAR, CP_SETTLE, CP_SIZE, CS_CONTACTS, CS_COUNT, CS_PENETRATION,
-                                               CS_PROJECTIONS, CS_REBUILDS, CS_REVERTED, CS_ROUNDS, CS_ROUNDS_OUT,
-                                               CS_ROUNDS_RAISED, CS_ROUNDS_SLID, CP_MIN_GAP,
+from suturesim.solver.contact_response import (CP_NEAR, CP_SETTLE, CP_SIZE, CP_STALL, CS_CONTACTS, CS_COUNT,
+                                               CS_PENETRATION, CS_PROJECTIONS, CS_REBUILDS, CS_REVERTED, CS_ROUNDS,
+                                               CS_ROUNDS_OUT, CS_ROUNDS_RAISED, CS_ROUNDS_SLID, CP_MIN_GAP,
                                                apply_friction, enforce_min_gap, floor_pairs, floor_reach,
                                                largest_step, penalty_forces)
 from suturesim.solver.integrator import Stepper, friction_rounds
@@ -532,6 +532,18 @@ def test_a_knot_held_at_the_styluses_keeps_its_tension_and_stays_live():
     assert run.tension < 1.2 * run.force      # N
     assert run.undone == 0
     assert abs(run.slip) < 1e-3               # m over the hold
+
+
+def test_contact_stall_reaches_the_kernels_and_is_checked():
+    """`contact.stall` is off by default (every scene but suture-practice runs all its rounds, bit for bit as
+    before), lands in the kernels' parameter vector, and a value out of [0, 1] names its key."""
+    assert load_scenario("default").model.contact_par[CP_STALL] == 0.0
+    assert load_scenario("suture-practice").model.contact_par[CP_STALL] == 0.5
+    m = load_scenario("default", {"contact": {"stall": 0.25}}).model
+    assert m.contact.stall == 0.25 and m.contact_par[CP_STALL] == 0.25
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ConfigError, match="stall"):
+            load_scenario("default", {"contact": {"stall": bad}})
 
 
 def test_a_knot_pulled_as_hard_as_the_device_allows_does_not_pass_through_itself():

@@ -230,11 +230,17 @@ def test_an_instrument_tie_holds_the_wound_closed_10_s_after_both_hands_let_go()
     each end pulled to its own side; the driver lets go. The opposite throw: the jaw takes the tail's end again,
     lined up along it, brings it back over the wound, the strand wound 1.5 times round the jaw the other way, the
     jaw drawn back through the wrap, the ends pulled crossed. The server reads a double throw, then a surgeon's
-    knot; the wound closes, and 10 s after both hands let go the knot and the wound are as they were."""
+    knot; the wound closes, and 10 s after both hands let go the knot and the wound are as they were. While the
+    knot lies alone, its friction and solve no longer converging toward the scene's `contact.settle`, the
+    scene's `contact.stall` ends each substep's contact rounds after about two of its six (without it every
+    substep ran all six: 24 a tick)."""
+    from suturesim.solver.timers import STAGES
     from suturesim.tools.trainee_bot import perturbation
 
     scene, bot = trainee_in_process(1, perturbation(1))
     drive(scene, bot, bot.plan())
+    rounds = scene.timing.rows[scene.timing.n - 9000:scene.timing.n, 1 + len(STAGES)]   # the watch's last 9 s
+    assert rounds.mean() < 12.0, rounds.mean()
     assert bot.done[-5:] == ["double throw", "driver clear", "second throw", "let go", "watched"], bot.done
     rep = bot.report(None, 0.0, 0.0)
     assert rep["knots"][-2:] == ["double throw", "surgeon's knot"] and rep["gap_closed"], rep
