@@ -93,7 +93,7 @@ class ContactSettings:
     polygon_friction: bool = True   # friction's normal force scaled so a polyline's capstan is a rope's
     settle: float = 1e-3          # friction has settled when a round moves no contact point more than this x min_gap
     warm_friction: bool = True    # each substep's friction starts from the force of the one before
-    stall: float = 0.0            # the rounds end once friction's change shrinks by less than this factor a round
+    stall: float = 0.0            # the rounds end once a friction pass changes more than this x the pass before's
 
     def near_pairs_clear(self, rest_length: np.ndarray) -> bool:
         """Whether the pair one segment past the excluded ones lies clear of touching on a straight thread (the

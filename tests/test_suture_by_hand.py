@@ -239,9 +239,9 @@ def test_an_instrument_tie_holds_the_wound_closed_10_s_after_both_hands_let_go()
 
     scene, bot = trainee_in_process(1, perturbation(1))
     drive(scene, bot, bot.plan())
+    assert bot.done[-5:] == ["double throw", "driver clear", "second throw", "let go", "watched"], bot.done
     rounds = scene.timing.rows[scene.timing.n - 9000:scene.timing.n, 1 + len(STAGES)]   # the watch's last 9 s
     assert rounds.mean() < 12.0, rounds.mean()
-    assert bot.done[-5:] == ["double throw", "driver clear", "second throw", "let go", "watched"], bot.done
     rep = bot.report(None, 0.0, 0.0)
     assert rep["knots"][-2:] == ["double throw", "surgeon's knot"] and rep["gap_closed"], rep
     assert not rep["gap_opened_after_release"] and not rep["knot_changed_after_release"], rep
