@@ -9,8 +9,8 @@ in both the server's events must show the needle's steps (the grasps, four punct
 through); in one at least, the whole suture (the instrument's double throw read as one, a surgeon's knot read, the
 wound closed and still closed 10 s after both hands let go). A wound throw that does not catch is the closed
 loop's failure to expect now and then, not a broken bot: `suturesim bench bot` has seen a throw fail in 2 of 10
-runs, and `suturesim bench bot-rate` does the whole suture in 80 % of its runs, so two runs both failing is about
-one try in 25 and the suite's second try (tests/conftest.py) makes it about one in 600. The bot ties
+runs, and `suturesim bench bot-rate` does the whole suture in 78 % of its runs, so two runs both failing is about
+one try in 20 and the suite's second try (tests/conftest.py) makes it about one in 400. The bot ties
 looking at what the server reads, so a throw that failed is followed by the one the knot then read calls for; a
 throw that leaves a half knot or another knot ends the run. The whole suture in process, bit for bit, is
 tests/test_suture_by_hand.py's; how often it succeeds is measured over ten seeds by `suturesim bench bot`

@@ -309,8 +309,9 @@ def render_bot(bench: BotBench) -> list[str]:
                 "out of the pads and off the needle, each round followed by a solve, and the punctures' forces; "
                 "*commit*: the tensions and the grasps' forces; *neighbours*: the self-contact list kept fresh; "
                 "*masses*: the mass scaling. *Rounds*: the contact's and the tissue's rounds a substep ran, and "
-                "the share of substeps whose rounds ran out before they settled (`stats` `rounds`, the mean over "
-                "the seconds): a stage whose rounds run out in every substep costs all its rounds allow.", "",
+                "the share of substeps whose rounds ended before they settled, out of rounds or, for the "
+                "contact's, stalled (`contact.stall`) (`stats` `rounds`, the mean over the seconds): a stage whose "
+                "rounds run out in every substep costs all its rounds allow.", "",
                 "| the bot working toward | " + " | ".join(STAGES) + " | all | contact rounds (run out) "
                 "| tissue rounds (run out) |",
                 "|---|" + "---|" * (len(STAGES) + 3)]
@@ -321,7 +322,7 @@ def render_bot(bench: BotBench) -> list[str]:
 
 def render_step_stages(runs: list[BotRun]) -> list[list[str]]:
     """One row per step of the bot's plan: the mean over its seconds (every run pooled) of each stage's mean µs
-    a tick, and of the rounds a substep and the share run out (`stats` `rounds`; - if none came); no rows if the
+    a tick, and of the rounds a substep and the share ended unsettled (`stats` `rounds`; - if none came); no rows if the
     server reported no stage timers."""
     pooled: dict[str, list[dict]] = {}
     for r in runs:
