@@ -235,12 +235,15 @@ def test_an_instrument_tie_holds_the_wound_closed_10_s_after_both_hands_let_go()
     scene's `contact.stall` ends each substep's contact rounds after about two of its six (without it every
     substep ran all six: 24 a tick)."""
     from suturesim.solver.timers import STAGES
+    from suturesim.tools.bench_bot_rate import ROUND_KEYS
     from suturesim.tools.trainee_bot import perturbation
 
     scene, bot = trainee_in_process(1, perturbation(1))
     drive(scene, bot, bot.plan())
     assert bot.done[-5:] == ["double throw", "driver clear", "second throw", "let go", "watched"], bot.done
-    rounds = scene.timing.rows[scene.timing.n - 9000:scene.timing.n, 1 + len(STAGES)]   # the watch's last 9 s
+    # Timing's rows: the step's µs, the stages, then ROUND_KEYS; the watch's last 9 s
+    column = 1 + len(STAGES) + ROUND_KEYS.index("contact rounds")
+    rounds = scene.timing.rows[scene.timing.n - 9000:scene.timing.n, column]
     assert rounds.mean() < 12.0, rounds.mean()
     rep = bot.report(None, 0.0, 0.0)
     assert rep["knots"][-2:] == ["double throw", "surgeon's knot"] and rep["gap_closed"], rep
